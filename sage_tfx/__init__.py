@@ -1,0 +1,1 @@
+"""sage-tfx privacy core."""

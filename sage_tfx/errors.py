@@ -1,0 +1,41 @@
+"""Errors raised by the sage-tfx core.
+
+Every error that reports bad input subclasses ``ValueError`` so callers can catch input problems
+in one place; raising one of these guarantees that nothing was written.
+"""
+
+
+class SageError(Exception):
+    """Base class of sage-tfx errors."""
+
+
+class InvalidPrivacyParameterError(SageError, ValueError):
+    """An epsilon, delta or DpEvent that cannot be accounted (NaN, negative, delta >= 1, ...)."""
+
+
+class AccountingModeError(SageError, ValueError):
+    """A request whose form does not match the stream's accounting mode."""
+
+
+class UnknownStreamError(SageError, ValueError):
+    """The named stream is not in the ledger."""
+
+
+class UnknownBlockError(SageError, ValueError):
+    """A named block is not in the stream."""
+
+
+class RetiredBlockError(SageError, ValueError):
+    """A named block is retired: no charge will ever be accepted on it again."""
+
+
+class InvalidRequestError(SageError, ValueError):
+    """A malformed request (empty block list, bad window, conflicting run id, ...)."""
+
+
+class GrantStateError(SageError, ValueError):
+    """An operation that the grant's state forbids (e.g. cancelling released data)."""
+
+
+class MissingGrantError(SageError, ValueError):
+    """A DP component was run without a grant, or with a grant it cannot use."""
