@@ -1,0 +1,1 @@
+"""DP Transform: differentially private tf.Transform analyzers for Sage (Sage §3.1, List. 1)."""

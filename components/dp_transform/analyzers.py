@@ -1,0 +1,703 @@
+"""Differentially private tf.Transform analyzers, for use inside a ``preprocessing_fn``.
+
+Sage §3.1, List. 1: a DP training pipeline replaces Transform analyzers (``tft.mean``,
+``tft.scale_to_0_1``, a group-by mean) with DP versions and splits the ε that Sage grants the run
+across them. Why these analyzers exist at all: a stock Transform analyzer bakes the *exact*
+statistic into the saved graph, so adding noise after ``tft.sum`` in the graph is not DP (the
+exact value is still in the graph, and each batch would get fresh noise). Here every analyzer is
+a ``tft.experimental.ptransform_analyzer`` whose Beam PTransform
+
+1. computes exact additive partial aggregates of each batch (numpy, ``sage_tfx.mechanisms``
+   queries),
+2. combines them globally, and
+3. adds noise with numpy in one ``Map`` after the global combine,
+
+so the noise is drawn exactly once per Transform run and only the noisy value reaches the
+transform graph, as a constant shared by every instance. The queries are the same objects the
+numpy reference functions of ``sage_tfx.mechanisms`` run, so for one seed both give the same value.
+
+Budget. Every analyzer charges its ε to the active :class:`DPBudget` and raises
+:class:`DPBudgetExceededError` before building anything if the charge does not fit. Run a
+Transform under a budget by wrapping its ``preprocessing_fn``::
+
+    preprocessing_fn = DPPreprocessingFn(user_preprocessing_fn, epsilon=grant.epsilon)
+    ... tft_beam.AnalyzeAndTransformDataset(preprocessing_fn) ...
+    event = preprocessing_fn.budget.dp_event()      # what the run spent, for the ledger
+
+The wrapper carries its budget with it: tf.Transform pickles the ``preprocessing_fn`` and traces
+it again inside Beam (``CreateSavedModelForAnalyzerInputs``), possibly in worker processes.
+``with dp_budget(epsilon) as budget:`` activates a budget for the enclosed code only; it suits
+graph construction in tests, or a Transform built and run entirely in the calling thread (Beam's
+in-process runner); a trace in another process or thread finds no active budget and fails with
+``MissingGrantError``.
+
+tf.Transform traces a ``preprocessing_fn`` several times for one run (five times in TF2 mode,
+once with ``force_tf_compat_v1``), each trace in its own graph, while the analyzers of only one
+graph run in Beam. A budget therefore accounts spends per trace graph: every trace must spend the
+same, and that common spend is what the run costs. One budget accounts for ONE analysis run: use a
+fresh ``DPPreprocessingFn`` for every run (running the analysis twice releases twice, and the
+budget cannot see that; the Beam counter ``noise_draws`` in :data:`METRICS_NAMESPACE` can).
+
+Common keyword arguments of the analyzers: ``seed`` seeds the numpy generator that draws the
+noise, for tests only (analyzers sharing a seed draw correlated noise, which voids the
+composition argument); the default None draws from OS entropy. ``name`` names the analyzer in the
+graph and in the budget's spends (made unique per trace).
+
+Privacy assumptions are those of ``sage_tfx.mechanisms``: add-or-remove-one-record adjacency,
+one value (and key) per record, public clipping bounds, key domains and bin edges, Laplace noise.
+An instance is a record: dense inputs must have shape [batch] or [batch, 1]; for a SparseTensor
+(a column with missing values) only the value in column 0 of each row is used, so a record still
+contributes at most one value. Group-by keys and values must be dense (fill missing values first).
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import itertools
+import weakref
+from decimal import Decimal
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
+
+import apache_beam as beam
+import dp_accounting
+import numpy as np
+import tensorflow as tf
+import tensorflow_transform as tft
+
+from sage_tfx import mechanisms
+from sage_tfx.accounting import check_epsilon, exact
+from sage_tfx.errors import InvalidPrivacyParameterError, MissingGrantError
+
+TensorLike = Union[tf.Tensor, tf.SparseTensor]
+
+# Beam metrics namespace of the analyzers: counter "noise_draws" counts noisy releases (one per
+# analyzer per run), so a pipeline result can be checked for "noise drawn exactly once".
+METRICS_NAMESPACE = "sage_tfx.dp_transform"
+NOISE_DRAWS_COUNTER = "noise_draws"
+
+# Under-spending is safe, so "fully spent" tolerates float rounding of a user's split; over-
+# spending is never tolerated (exact decimal comparison, as the ledger does).
+_FULL_SPEND_RELATIVE_TOLERANCE = 1e-9
+
+
+class DPBudgetExceededError(InvalidPrivacyParameterError):
+    """DP analyzers asked for more ε than the preprocessing_fn was granted."""
+
+
+# --- budget -----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class DPSpend:
+    """One DP analyzer's charge: its name in the trace, its ε and its dp_accounting event."""
+
+    name: str
+    epsilon: float
+    event: dp_accounting.DpEvent
+
+
+class DPBudget:
+    """The ε granted to one Transform analysis run and what its DP analyzers spent.
+
+    Spends are recorded per trace (tf.Transform traces the preprocessing_fn in several graphs);
+    every trace must fit the grant, and all traces must spend the same.
+    """
+
+    def __init__(self, epsilon: float, *, require_full_spend: bool = True) -> None:
+        """Creates an empty budget.
+
+        Args:
+          epsilon: the ε the run may spend (e.g. the ledger grant's epsilon), finite and > 0.
+          require_full_spend: if True, :meth:`check_fully_spent` (called at the end of
+            ``dp_budget`` and of each ``DPPreprocessingFn`` call) fails on an under-spend too:
+            an unspent share usually means an analyzer was forgotten.
+
+        Raises:
+          InvalidPrivacyParameterError: bad ε.
+        """
+        self.epsilon = check_epsilon(epsilon)
+        self.require_full_spend = require_full_spend
+        # Trace graphs are only weakly referenced (and not pickled): their spends outlive them.
+        self._trace_ids: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
+        self._traces: dict[int, list[DPSpend]] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        # tf.Transform pickles the preprocessing_fn (and with it this budget) to trace it again
+        # in Beam workers; graphs do not pickle, spends do.
+        state = dict(self.__dict__)
+        state["_trace_ids"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._trace_ids = weakref.WeakKeyDictionary()
+
+    def _trace(self, trace: Any) -> list[DPSpend]:
+        if trace not in self._trace_ids:
+            self._trace_ids[trace] = max(self._traces, default=-1) + 1
+        return self._traces.setdefault(self._trace_ids[trace], [])
+
+    @staticmethod
+    def _total(spends: Sequence[DPSpend]) -> Decimal:
+        return sum((exact(s.epsilon) for s in spends), Decimal(0))
+
+    def spend(self, name: str, epsilon: float, event: dp_accounting.DpEvent,
+              trace: Any) -> DPSpend:
+        """Charges one analyzer's ε to the budget of ``trace`` (the graph being traced).
+
+        Args:
+          name: analyzer name; made unique within the trace by a ``_<n>`` suffix.
+          epsilon: ε the analyzer's release is DP for.
+          event: its dp_accounting DpEvent.
+          trace: the object identifying the trace, normally ``tf.compat.v1.get_default_graph()``.
+
+        Returns:
+          The recorded spend.
+
+        Raises:
+          InvalidPrivacyParameterError: bad ε.
+          DPBudgetExceededError: the trace's spends plus ``epsilon`` exceed the grant.
+        """
+        epsilon = check_epsilon(epsilon)
+        spends = self._trace(trace)
+        spent = self._total(spends)
+        if spent + exact(epsilon) > exact(self.epsilon):
+            remaining = exact(self.epsilon) - spent
+            raise DPBudgetExceededError(
+                f"DP analyzer {name!r} requests epsilon={epsilon!r} but only {remaining} of the "
+                f"preprocessing_fn's epsilon={self.epsilon!r} remains (spent {spent}); over by "
+                f"{spent + exact(epsilon) - exact(self.epsilon)}. Split the grant with "
+                f"sage_tfx.mechanisms.split_budget.")
+        taken = {s.name for s in spends}
+        unique = name
+        for n in itertools.count(1):
+            if unique not in taken:
+                break
+            unique = f"{name}_{n}"
+        record = DPSpend(unique, epsilon, event)
+        spends.append(record)
+        return record
+
+    def trace_spent(self, trace: Any) -> float:
+        """ε spent so far in ``trace``."""
+        return float(self._total(self._trace(trace)))
+
+    def check_fully_spent(self, trace: Any = None) -> None:
+        """Raises unless every trace (or just ``trace``) spent the whole grant.
+
+        Raises:
+          InvalidPrivacyParameterError: some trace spent less than the grant.
+        """
+        traces = [self._trace(trace)] if trace is not None else list(self._traces.values())
+        for spends in traces:
+            spent = float(self._total(spends))
+            if spent < self.epsilon * (1.0 - _FULL_SPEND_RELATIVE_TOLERANCE):
+                raise InvalidPrivacyParameterError(
+                    f"the preprocessing_fn spent epsilon={spent!r} of its grant "
+                    f"epsilon={self.epsilon!r} ({[s.name for s in spends]}); spend the whole grant "
+                    f"or pass require_full_spend=False")
+
+    @property
+    def spends(self) -> tuple[DPSpend, ...]:
+        """The spends of the run: those of its traces, which must all agree.
+
+        Raises:
+          InvalidPrivacyParameterError: two traces spent differently (a non-deterministic
+            preprocessing_fn cannot be accounted).
+        """
+        distinct: list[tuple[DPSpend, ...]] = []
+        for spends in self._traces.values():
+            if tuple(spends) not in distinct:
+                distinct.append(tuple(spends))
+        if len(distinct) > 1:
+            raise InvalidPrivacyParameterError(
+                f"the preprocessing_fn spent differently in different traces: {distinct}")
+        return distinct[0] if distinct else ()
+
+    @property
+    def spent(self) -> float:
+        """Total ε of :attr:`spends` (basic composition)."""
+        return float(self._total(self.spends))
+
+    @property
+    def remaining(self) -> float:
+        """Grant minus :attr:`spent`."""
+        return float(exact(self.epsilon) - self._total(self.spends))
+
+    def dp_event(self) -> dp_accounting.DpEvent:
+        """The composition of all spends' events (``NoOpDpEvent`` if nothing was spent)."""
+        events = [s.event for s in self.spends]
+        if not events:
+            return dp_accounting.NoOpDpEvent()
+        return dp_accounting.ComposedDpEvent(events)
+
+
+_ACTIVE_BUDGET: contextvars.ContextVar[Optional[DPBudget]] = contextvars.ContextVar(
+    "sage_tfx_active_dp_budget", default=None)
+
+
+@contextlib.contextmanager
+def _activate(budget: DPBudget) -> Iterator[DPBudget]:
+    active = _ACTIVE_BUDGET.get()
+    if active is not None and active is not budget:
+        raise InvalidPrivacyParameterError(
+            "a DP budget is already active: nest neither dp_budget nor DPPreprocessingFn")
+    token = _ACTIVE_BUDGET.set(budget)
+    try:
+        yield budget
+    finally:
+        _ACTIVE_BUDGET.reset(token)
+
+
+def active_budget() -> DPBudget:
+    """The budget DP analyzers charge now.
+
+    Raises:
+      MissingGrantError: no ``dp_budget`` / ``DPPreprocessingFn`` is active.
+    """
+    budget = _ACTIVE_BUDGET.get()
+    if budget is None:
+        raise MissingGrantError(
+            "DP analyzers must run under a budget: wrap the preprocessing_fn in "
+            "DPPreprocessingFn(fn, epsilon=...) or build the Transform inside dp_budget(epsilon)")
+    return budget
+
+
+@contextlib.contextmanager
+def dp_budget(epsilon: float, *, require_full_spend: bool = True) -> Iterator[DPBudget]:
+    """Runs the enclosed code under a fresh :class:`DPBudget` (this thread only; see module doc).
+
+    For a Transform run prefer :class:`DPPreprocessingFn`, whose budget travels with the
+    pickled ``preprocessing_fn`` to wherever tf.Transform traces it. On a normal exit, checks that all traces spent the same and, if ``require_full_spend``,
+    that each spent the whole grant.
+
+    Args:
+      epsilon: ε granted to the run.
+      require_full_spend: see :class:`DPBudget`.
+
+    Yields:
+      The budget; read ``budget.spends`` / ``budget.dp_event()`` after the block.
+
+    Raises:
+      InvalidPrivacyParameterError: bad ε, a nested budget, inconsistent traces or an
+        under-spend (with ``require_full_spend``).
+    """
+    budget = DPBudget(epsilon, require_full_spend=require_full_spend)
+    with _activate(budget):
+        yield budget
+    _ = budget.spends  # raises on inconsistent traces
+    if require_full_spend:
+        budget.check_fully_spent()
+
+
+class DPPreprocessingFn:
+    """A ``preprocessing_fn`` whose every trace runs under one :class:`DPBudget` of ``epsilon``.
+
+    Sage's module files define ``preprocessing_fn(inputs, epsilon)`` (List. 1); adapt them with
+    ``DPPreprocessingFn(functools.partial(fn, epsilon=e), epsilon=e)``. After the run,
+    ``.budget.spends`` / ``.budget.dp_event()`` say what it spent. One instance per analysis run.
+    """
+
+    def __init__(self, preprocessing_fn: Callable[[Mapping[str, Any]], Mapping[str, Any]],
+                 epsilon: float, *, require_full_spend: bool = True) -> None:
+        """Wraps ``preprocessing_fn``.
+
+        Args:
+          preprocessing_fn: the user's function of the Transform inputs.
+          epsilon: ε granted to one analysis run.
+          require_full_spend: see :class:`DPBudget`.
+
+        Raises:
+          InvalidPrivacyParameterError: bad ε.
+        """
+        self.preprocessing_fn = preprocessing_fn
+        self.budget = DPBudget(epsilon, require_full_spend=require_full_spend)
+
+    def __call__(self, inputs: Mapping[str, Any]) -> Mapping[str, Any]:
+        with _activate(self.budget):
+            outputs = self.preprocessing_fn(inputs)
+        if self.budget.require_full_spend:
+            self.budget.check_fully_spent(trace=tf.compat.v1.get_default_graph())
+        return outputs
+
+
+# --- Beam side: exact aggregate, global combine, noise once -----------------------------------
+
+
+class _SumAggregates(beam.CombineFn):
+    """Adds exact float64 aggregates; an empty input gives the query's zero aggregate."""
+
+    def __init__(self, zero: np.ndarray) -> None:
+        super().__init__()
+        self._zero = np.asarray(zero, dtype=np.float64)
+
+    def create_accumulator(self) -> np.ndarray:
+        return self._zero.copy()
+
+    def add_input(self, accumulator: np.ndarray, element: np.ndarray) -> np.ndarray:
+        return accumulator + element
+
+    def merge_accumulators(self, accumulators: Any) -> np.ndarray:
+        total = self._zero.copy()
+        for acc in accumulators:
+            total = total + acc
+        return total
+
+    def extract_output(self, accumulator: np.ndarray) -> np.ndarray:
+        return accumulator
+
+
+def _aggregate_batch(batch: Sequence[np.ndarray], query: mechanisms.Query) -> np.ndarray:
+    return np.asarray(query.aggregate(*batch), dtype=np.float64)
+
+
+def _release_total(total: np.ndarray, query: mechanisms.Query, seed: Optional[int],
+                   shape: Sequence[int], name: str) -> np.ndarray:
+    beam.metrics.Metrics.counter(METRICS_NAMESPACE, NOISE_DRAWS_COUNTER).inc()
+    beam.metrics.Metrics.counter(METRICS_NAMESPACE, f"{NOISE_DRAWS_COUNTER}/{name}").inc()
+    value = query.release(total, np.random.default_rng(seed))
+    return np.asarray(value, dtype=np.float32).reshape(shape)
+
+
+class _DPRelease(beam.PTransform):
+    """Exact partial aggregates → global combine → one noisy release (the only noise draw)."""
+
+    def __init__(self, query: mechanisms.Query, seed: Optional[int], shape: Sequence[int],
+                 name: str) -> None:
+        super().__init__()
+        self._query = query
+        self._seed = seed
+        self._shape = tuple(shape)
+        self._name = name
+
+    def expand(self, pcoll: beam.PCollection) -> beam.PCollection:
+        return (pcoll
+                | "ExactPartialAggregates" >> beam.Map(_aggregate_batch, self._query)
+                | "ExactTotal" >> beam.CombineGlobally(_SumAggregates(self._query.zero()))
+                | "AddNoiseOnce" >> beam.Map(_release_total, self._query, self._seed,
+                                             self._shape, self._name))
+
+
+def _check_seed(seed: Optional[int]) -> Optional[int]:
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))
+                             or seed < 0):
+        raise ValueError(f"seed must be None or an int >= 0, got {seed!r}")
+    return None if seed is None else int(seed)
+
+
+def _release(query: mechanisms.Query, inputs: Sequence[tf.Tensor], shape: Sequence[int],
+             name: str, seed: Optional[int]) -> tf.Tensor:
+    """Charges the active budget, then adds the query as a ptransform analyzer (float32 output)."""
+    seed = _check_seed(seed)
+    spend = active_budget().spend(name, query.epsilon, query.dp_event(),
+                                  trace=tf.compat.v1.get_default_graph())
+    (output,) = tft.experimental.ptransform_analyzer(
+        inputs=list(inputs),
+        ptransform=_DPRelease(query, seed, shape, spend.name),
+        output_dtypes=[tf.float32],
+        output_shapes=[list(shape)],
+        name=spend.name)
+    return output
+
+
+# --- TF side: one value per record ------------------------------------------------------------
+
+
+def _record_values(x: TensorLike, what: str = "x") -> tf.Tensor:
+    """A 1-D numeric tensor with at most one value per record (see module doc)."""
+    if isinstance(x, tf.RaggedTensor):
+        raise TypeError(f"{what}: RaggedTensor inputs are not supported; densify them first")
+    if isinstance(x, tf.SparseTensor):
+        if not (x.dtype.is_floating or x.dtype.is_integer):
+            raise TypeError(f"{what} must be numeric, got {x.dtype}")
+        if x.shape.rank is not None and x.shape.rank != 2:
+            raise ValueError(f"{what}: SparseTensor must have rank 2, got {x.shape}")
+        return tf.boolean_mask(x.values, tf.equal(x.indices[:, 1], 0))
+    x = tf.convert_to_tensor(x)
+    if not (x.dtype.is_floating or x.dtype.is_integer):
+        raise TypeError(f"{what} must be numeric, got {x.dtype}")
+    return _flatten_one_per_record(x, what)
+
+
+def _flatten_one_per_record(x: tf.Tensor, what: str) -> tf.Tensor:
+    rank = x.shape.rank
+    if rank == 1:
+        return x
+    if rank == 2 and x.shape[1] == 1:
+        return tf.reshape(x, [-1])
+    raise ValueError(f"{what} must have shape [batch] or [batch, 1] (one value per record), "
+                     f"got {x.shape}")
+
+
+def _record_keys(keys: tf.Tensor, key_domain: tuple[Any, ...]) -> tf.Tensor:
+    """A 1-D key tensor matching the domain's kind (int64 or string)."""
+    if isinstance(keys, (tf.SparseTensor, tf.RaggedTensor)):
+        raise TypeError("group-by keys must be a dense Tensor; fill missing keys first "
+                        "(e.g. tf.sparse.to_dense with a default outside the key domain)")
+    keys = _flatten_one_per_record(tf.convert_to_tensor(keys), "keys")
+    if isinstance(key_domain[0], int):
+        if not keys.dtype.is_integer:
+            raise TypeError(f"the key domain holds ints but keys are {keys.dtype}")
+        return tf.cast(keys, tf.int64)
+    if keys.dtype != tf.string:
+        raise TypeError(f"the key domain holds strings but keys are {keys.dtype}")
+    return keys
+
+
+def _dense_values(values: tf.Tensor, what: str = "values") -> tf.Tensor:
+    if isinstance(values, (tf.SparseTensor, tf.RaggedTensor)):
+        raise TypeError(f"group-by {what} must be a dense Tensor; fill missing values first")
+    return _record_values(values, what)
+
+
+# --- analyzers --------------------------------------------------------------------------------
+
+
+def dp_count(x: TensorLike, epsilon: float, *, seed: Optional[int] = None,
+             name: str = "dp_count") -> tf.Tensor:
+    """DP number of records (rows of ``x``; for a SparseTensor, rows with a value).
+
+    Args:
+      x: any dense tensor with a batch dimension, or a rank-2 SparseTensor.
+      epsilon: ε charged to the active budget (Laplace, sensitivity 1).
+      seed: seed of the noise, for tests; None (default) uses OS randomness.
+      name: analyzer name (in the graph and in the budget's spends).
+
+    Returns:
+      A float32 scalar, the same constant for every instance.
+
+    Raises:
+      InvalidPrivacyParameterError: bad ε; DPBudgetExceededError: ε does not fit the budget;
+      MissingGrantError: no active budget.
+    """
+    query = mechanisms.CountQuery(epsilon)
+    if isinstance(x, tf.SparseTensor):
+        present = _record_values(x, "x")
+    else:
+        present = tf.convert_to_tensor(x)
+        if present.shape.rank == 0:
+            raise ValueError("x must have a batch dimension")
+        present = tf.zeros(tf.shape(present)[:1], tf.float32)
+    return _release(query, [present], [], name, seed)
+
+
+def dp_sum(x: TensorLike, lower: float, upper: float, epsilon: float, *,
+           seed: Optional[int] = None, name: str = "dp_sum") -> tf.Tensor:
+    """DP sum of ``x`` clipped to the public bounds [lower, upper] (NaN values are ignored).
+
+    Laplace noise of sensitivity max(|lower|, |upper|).
+
+    Returns:
+      A float32 scalar constant.
+
+    Raises:
+      InvalidPrivacyParameterError: bad ε or bounds; DPBudgetExceededError; MissingGrantError.
+    """
+    query = mechanisms.SumQuery(lower, upper, epsilon)
+    return _release(query, [_record_values(x)], [], name, seed)
+
+
+def dp_mean(x: TensorLike, lower: float, upper: float, epsilon: float, *,
+            seed: Optional[int] = None, name: str = "dp_mean") -> tf.Tensor:
+    """DP mean of ``x`` clipped to [lower, upper]: noisy sum / noisy count (Sage List. 1).
+
+    ε is split in half between the (midpoint-centered) sum and the count.
+
+    Returns:
+      A float32 scalar constant in [lower, upper].
+
+    Raises:
+      InvalidPrivacyParameterError: bad ε or bounds; DPBudgetExceededError; MissingGrantError.
+    """
+    query = mechanisms.MeanQuery(lower, upper, epsilon)
+    return _release(query, [_record_values(x)], [], name, seed)
+
+
+def dp_group_by_count(keys: tf.Tensor, key_domain: Sequence[Any], epsilon: float, *,
+                      seed: Optional[int] = None, name: str = "dp_group_by_count") -> tf.Tensor:
+    """DP number of records per key of the public ``key_domain`` (parallel composition).
+
+    Keys outside the domain are dropped; every domain key is released, even without records.
+
+    Args:
+      keys: dense int or string tensor, one key per record.
+      key_domain: the public keys (all ints or all strings), in output order.
+      epsilon: ε charged to the active budget (vector Laplace, L1 sensitivity 1).
+
+    Returns:
+      A float32 vector of shape [len(key_domain)].
+
+    Raises:
+      InvalidPrivacyParameterError: bad ε or domain; DPBudgetExceededError; MissingGrantError.
+    """
+    query = mechanisms.GroupByCountQuery(tuple(key_domain), epsilon)
+    return _release(query, [_record_keys(keys, query.key_domain)], [len(query.key_domain)],
+                    name, seed)
+
+
+def dp_group_by_sum(keys: tf.Tensor, values: tf.Tensor, key_domain: Sequence[Any], lower: float,
+                    upper: float, epsilon: float, *, seed: Optional[int] = None,
+                    name: str = "dp_group_by_sum") -> tf.Tensor:
+    """DP sum per key of the public ``key_domain`` of values clipped to [lower, upper].
+
+    Returns:
+      A float32 vector of shape [len(key_domain)].
+
+    Raises:
+      InvalidPrivacyParameterError: bad ε, bounds or domain; DPBudgetExceededError;
+      MissingGrantError.
+    """
+    query = mechanisms.GroupBySumQuery(tuple(key_domain), lower, upper, epsilon)
+    return _release(query, [_record_keys(keys, query.key_domain), _dense_values(values)],
+                    [len(query.key_domain)], name, seed)
+
+
+def dp_group_by_mean_per_key(keys: tf.Tensor, values: tf.Tensor, key_domain: Sequence[Any],
+                             lower: float, upper: float, epsilon: float, *,
+                             seed: Optional[int] = None,
+                             name: str = "dp_group_by_mean") -> tf.Tensor:
+    """DP mean per key of the public ``key_domain`` of values clipped to [lower, upper].
+
+    Sage List. 1 ``dp_group_by_mean`` before its final gather: per-key noisy (centered) sums
+    divided by per-key noisy counts, ε split in half between the two vectors.
+
+    Returns:
+      A float32 vector of shape [len(key_domain)], each entry in [lower, upper].
+
+    Raises:
+      InvalidPrivacyParameterError: bad ε, bounds or domain; DPBudgetExceededError;
+      MissingGrantError.
+    """
+    query = mechanisms.GroupByMeanQuery(tuple(key_domain), lower, upper, epsilon)
+    return _release(query, [_record_keys(keys, query.key_domain), _dense_values(values)],
+                    [len(query.key_domain)], name, seed)
+
+
+def dp_group_by_mean(keys: tf.Tensor, values: tf.Tensor, key_domain: Sequence[Any],
+                     lower: float, upper: float, epsilon: float, *,
+                     default_value: Optional[float] = None, seed: Optional[int] = None,
+                     name: str = "dp_group_by_mean") -> tf.Tensor:
+    """Each instance's key's DP mean value: Sage List. 1 ``dp_group_by_mean``.
+
+    E.g. the mean speed of rides in the ride's hour of day:
+    ``dp_group_by_mean(inputs["hour"], speed, range(24), 0.0, 1.0, epsilon)``.
+
+    Args:
+      keys: dense int or string tensor, one key per record.
+      values: dense numeric tensor aligned with ``keys``.
+      key_domain: the public keys.
+      lower, upper: public clipping bounds of ``values``.
+      epsilon: ε charged to the active budget.
+      default_value: the feature for keys outside the domain; default (lower + upper) / 2.
+      seed: noise seed for tests; None uses OS randomness.
+      name: analyzer name.
+
+    Returns:
+      A float32 tensor of the shape of ``keys``.
+
+    Raises:
+      InvalidPrivacyParameterError: bad ε, bounds or domain; DPBudgetExceededError;
+      MissingGrantError.
+    """
+    query = mechanisms.GroupByMeanQuery(tuple(key_domain), lower, upper, epsilon)
+    if default_value is None:
+        default_value = (query.lower + query.upper) / 2.0
+    keys_tensor = tf.convert_to_tensor(keys) if not isinstance(
+        keys, (tf.SparseTensor, tf.RaggedTensor)) else keys
+    flat_keys = _record_keys(keys_tensor, query.key_domain)
+    means = _release(query, [flat_keys, _dense_values(values)], [len(query.key_domain)], name,
+                     seed)
+    domain = tf.constant(list(query.key_domain),
+                         dtype=tf.int64 if isinstance(query.key_domain[0], int) else tf.string)
+    matches = tf.equal(tf.expand_dims(flat_keys, 1), tf.expand_dims(domain, 0))
+    in_domain = tf.reduce_any(matches, axis=1)
+    index = tf.argmax(tf.cast(matches, tf.int32), axis=1)
+    per_record = tf.where(in_domain, tf.gather(means, index),
+                          tf.constant(default_value, tf.float32))
+    return tf.reshape(per_record, tf.shape(keys_tensor))
+
+
+def dp_histogram(x: TensorLike, bin_edges: Sequence[float], epsilon: float, *,
+                 seed: Optional[int] = None, name: str = "dp_histogram") -> tf.Tensor:
+    """DP counts per public bin [e_i, e_{i+1}) (last bin closed; outside values clipped in).
+
+    Returns:
+      A float32 vector of shape [len(bin_edges) - 1].
+
+    Raises:
+      InvalidPrivacyParameterError: bad ε or edges; DPBudgetExceededError; MissingGrantError.
+    """
+    query = mechanisms.HistogramQuery(mechanisms.check_bin_edges(bin_edges), epsilon)
+    return _release(query, [_record_values(x)], [len(query.bin_edges) - 1], name, seed)
+
+
+def dp_min_max(x: TensorLike, lower: float, upper: float, epsilon: float, *,
+               num_bins: int = 100, failure_probability: float = 0.05,
+               seed: Optional[int] = None, name: str = "dp_min_max") -> tuple[tf.Tensor, tf.Tensor]:
+    """DP approximate (min, max) of ``x`` clipped to [lower, upper], from a DP histogram.
+
+    See ``sage_tfx.mechanisms.MinMaxQuery``: ``lower <= min < max <= upper``, exact to a bin
+    width where the data near the extremes is dense enough to beat the noise threshold.
+
+    Returns:
+      Two float32 scalar constants.
+
+    Raises:
+      InvalidPrivacyParameterError: bad ε, bounds, num_bins or failure_probability;
+      DPBudgetExceededError; MissingGrantError.
+    """
+    query = mechanisms.MinMaxQuery(lower, upper, epsilon, num_bins, failure_probability)
+    both = _release(query, [_record_values(x)], [2], name, seed)
+    return both[0], both[1]
+
+
+def dp_scale_to_0_1(x: TensorLike, lower: float, upper: float, epsilon: float, *,
+                    num_bins: int = 100, failure_probability: float = 0.05,
+                    seed: Optional[int] = None, name: str = "dp_scale_to_0_1") -> TensorLike:
+    """DP replacement of ``tft.scale_to_0_1``: scales ``x`` with a DP (min, max), clipping.
+
+    ``tft.scale_to_0_1`` uses the exact min and max, which are not DP. Here the min and max come
+    from :func:`dp_min_max`; values outside them are clipped, so outputs lie in [0, 1].
+
+    Returns:
+      float32 of the structure of ``x`` (a SparseTensor's values are scaled).
+
+    Raises:
+      InvalidPrivacyParameterError: bad ε, bounds or histogram parameters;
+      DPBudgetExceededError; MissingGrantError.
+    """
+    low, high = dp_min_max(x, lower, upper, epsilon, num_bins=num_bins,
+                           failure_probability=failure_probability, seed=seed, name=name)
+
+    def scale(values: tf.Tensor) -> tf.Tensor:
+        values = tf.cast(values, tf.float32)
+        return (tf.clip_by_value(values, low, high) - low) / (high - low)
+
+    if isinstance(x, tf.SparseTensor):
+        return tf.SparseTensor(x.indices, scale(x.values), x.dense_shape)
+    return scale(tf.convert_to_tensor(x))
+
+
+def dp_quantiles(x: TensorLike, quantiles: Sequence[float], lower: float, upper: float,
+                 epsilon: float, *, num_bins: int = 100, seed: Optional[int] = None,
+                 name: str = "dp_quantiles") -> tf.Tensor:
+    """DP quantiles of ``x`` clipped to [lower, upper], all from one DP histogram (ε once).
+
+    Returns:
+      A float32 vector of shape [len(quantiles)], non-decreasing.
+
+    Raises:
+      InvalidPrivacyParameterError: bad ε, bounds or num_bins; ValueError: bad quantiles;
+      DPBudgetExceededError; MissingGrantError.
+    """
+    query = mechanisms.QuantilesQuery(tuple(quantiles), lower, upper, epsilon, num_bins)
+    return _release(query, [_record_values(x)], [len(query.quantiles)], name, seed)
+
+
+__all__ = [
+    "DPBudget", "DPBudgetExceededError", "DPPreprocessingFn", "DPSpend", "METRICS_NAMESPACE",
+    "NOISE_DRAWS_COUNTER", "active_budget", "dp_budget", "dp_count", "dp_group_by_count",
+    "dp_group_by_mean", "dp_group_by_mean_per_key", "dp_group_by_sum", "dp_histogram",
+    "dp_mean", "dp_min_max", "dp_quantiles", "dp_scale_to_0_1", "dp_sum",
+]

@@ -1,0 +1,284 @@
+"""The ``sage-tfx`` command: operate a block ledger from the shell.
+
+Examples::
+
+    sage-tfx --ledger sqlite:///ledger.db create-stream flights --epsilon-g 1 --delta-g 1e-6 \
+        --granularity time:timestamp:day
+    sage-tfx import flights data.csv --scheme time:timestamp:day --block-root blocks/
+    sage-tfx blocks flights
+    sage-tfx request flights --run-id train-1 --last 30 --epsilon 0.1 --delta 1e-8
+    sage-tfx audit --limit 20
+    sage-tfx verify
+
+The ledger URL comes from ``--ledger``, else ``$SAGE_LEDGER_URL``, else
+``sqlite:///sage-ledger.db`` in the working directory.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Optional, Sequence
+
+from sage_tfx import accounting
+from sage_tfx.errors import SageError
+from sage_tfx.ledger import DEFAULT_CONTEXT, BlockSpec, Grant, Window, open_ledger
+
+DEFAULT_URL = "sqlite:///sage-ledger.db"
+
+
+def _table(rows: Sequence[Sequence], header: Sequence[str]) -> str:
+    cells = [[str(c) for c in header]] + [[("" if c is None else str(c)) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _fmt(x: Optional[float]) -> str:
+    return "" if x is None else f"{x:.6g}"
+
+
+def format_blocks(ledger, stream: str, context: str = DEFAULT_CONTEXT,
+                  limit: Optional[int] = None) -> str:
+    """A table of a stream's blocks with spent and remaining budget."""
+    s = ledger.stream(stream)
+    blocks = ledger.blocks(stream, context)
+    shown = blocks[-limit:] if limit else blocks
+    rows = [(b.block_id, b.records, b.status, b.charges, _fmt(b.epsilon_spent),
+             _fmt(s.epsilon_g - b.epsilon_spent) if s.mode == accounting.BASIC else "",
+             _fmt(b.delta_spent)) for b in shown]
+    header = ("block", "records", "status", "charges",
+              "eps spent" + (" (at delta_g)" if s.mode == accounting.RDP else ""),
+              "eps left" if s.mode == accounting.BASIC else "", "delta spent")
+    active = sum(b.active for b in blocks)
+    title = (f"stream {s.name}: mode={s.mode} epsilon_g={s.epsilon_g} delta_g={s.delta_g} "
+             f"granularity={s.granularity or '-'} context={context}; {len(blocks)} blocks, "
+             f"{active} active, {len(blocks) - active} retired")
+    if limit and len(blocks) > limit:
+        title += f" (last {limit} shown)"
+    return title + "\n" + _table(rows, header)
+
+
+def _print_grant(g: Grant) -> None:
+    cost = (f"epsilon={g.epsilon} delta={g.delta}" if g.event is None
+            else f"event={accounting.event_to_json(g.event)}")
+    print(f"grant {g.grant_id} run={g.run_id} stream={g.stream} context={g.context} "
+          f"status={g.status} {cost}")
+    print(f"  blocks ({len(g.blocks)}): {', '.join(g.block_ids[:12])}"
+          + (" ..." if len(g.blocks) > 12 else ""))
+
+
+def _cmd_create_stream(led, a) -> int:
+    s = led.create_stream(a.name, epsilon_g=a.epsilon_g, delta_g=a.delta_g, mode=a.mode,
+                          granularity=a.granularity or "", contexts=a.contexts.split(","),
+                          retire_epsilon=a.retire_epsilon)
+    print(f"created stream {s.name}: mode={s.mode} epsilon_g={s.epsilon_g} delta_g={s.delta_g} "
+          f"contexts={','.join(s.contexts)} retire_epsilon={s.retire_epsilon}")
+    return 0
+
+
+def _cmd_streams(led, a) -> int:
+    rows = [(s.name, s.mode, s.epsilon_g, s.delta_g, s.granularity, ",".join(s.contexts),
+             len(led.blocks(s.name, s.contexts[0]))) for s in led.streams()]
+    print(_table(rows, ("stream", "mode", "epsilon_g", "delta_g", "granularity", "contexts",
+                        "blocks")))
+    return 0
+
+
+def _cmd_add_block(led, a) -> int:
+    led.add_blocks(a.stream, [BlockSpec(a.block_id, a.location, a.start, a.end, a.records)])
+    print(f"added block {a.block_id} to {a.stream}")
+    return 0
+
+
+def _cmd_import(led, a) -> int:
+    from sage_tfx.blocks import scheme_from_spec
+    from sage_tfx.splitter import split_and_register
+    scheme = scheme_from_spec(a.scheme)
+    result = split_and_register(led, a.stream, a.source, scheme, a.block_root,
+                                on_malformed=a.on_malformed, verbose=True)
+    print(f"imported {len(result.blocks)} blocks into {a.stream}")
+    return 0
+
+
+def _cmd_blocks(led, a) -> int:
+    print(format_blocks(led, a.stream, a.context, a.limit))
+    return 0
+
+
+def _cmd_request(led, a) -> int:
+    event = accounting.event_from_json(a.event_json) if a.event_json else None
+    kwargs = dict(blocks=a.blocks.split(",")) if a.blocks else dict(
+        window=Window(last=a.last, min_blocks=a.min_blocks))
+    d = led.request(a.stream, run_id=a.run_id, epsilon=a.epsilon, delta=a.delta, event=event,
+                    context=a.context, release=not a.reserve, **kwargs)
+    if not d.granted:
+        print(f"DENIED: {d.reason}")
+        return 3
+    _print_grant(d.grant)
+    if d.replayed:
+        print("  (existing grant for this run id; nothing charged)")
+    return 0
+
+
+def _cmd_grant(led, a) -> int:
+    g = led.grant(a.grant_id)
+    print(g.to_json() if a.json else "")
+    if not a.json:
+        _print_grant(g)
+    return 0
+
+
+def _cmd_grants(led, a) -> int:
+    rows = [(g.grant_id, g.run_id, g.context, g.status, _fmt(g.epsilon), _fmt(g.delta),
+             type(g.event).__name__ if g.event else "", len(g.blocks), g.created_at)
+            for g in led.grants(a.stream)]
+    print(_table(rows, ("grant", "run", "context", "status", "epsilon", "delta", "event",
+                        "blocks", "created")))
+    return 0
+
+
+def _cmd_release(led, a) -> int:
+    _print_grant(led.release(a.grant_id))
+    return 0
+
+
+def _cmd_cancel(led, a) -> int:
+    _print_grant(led.cancel(a.grant_id))
+    return 0
+
+
+def _cmd_retire(led, a) -> int:
+    led.retire_block(a.stream, a.block_id, a.reason, context=a.context)
+    print(f"retired {a.stream}/{a.block_id}")
+    return 0
+
+
+def _cmd_audit(led, a) -> int:
+    for e in led.audit_log(a.stream, a.limit):
+        print(f"{e.seq:>6} {e.ts} {e.stream or '-':<12} {e.kind:<13} "
+              f"{json.dumps(e.payload, sort_keys=True)[:160]}")
+    return 0
+
+
+def _cmd_verify(led, a) -> int:
+    report = led.verify_audit()
+    print(f"audit chain: {'OK' if report.ok else 'BROKEN'} ({report.message})")
+    problems = []
+    for s in led.streams():
+        p = led.check_consistency(s.name)
+        print(f"stream {s.name}: {'consistent' if not p else f'{len(p)} problem(s)'}")
+        problems += p
+    for p in problems[:50]:
+        print("  " + p)
+    return 0 if report.ok and not problems else 4
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sage-tfx", description=(
+        "Operate a Sage block ledger: streams, blocks, grants and the audit log."))
+    p.add_argument("--ledger", default=os.environ.get("SAGE_LEDGER_URL", DEFAULT_URL),
+                   help="ledger URL: sqlite:///path.db or postgresql://user@host:port/db "
+                        "(default: $SAGE_LEDGER_URL or %(default)s)")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("create-stream", help="create a stream with a global (epsilon_g, delta_g)")
+    c.add_argument("name")
+    c.add_argument("--epsilon-g", type=float, required=True)
+    c.add_argument("--delta-g", type=float, required=True)
+    c.add_argument("--mode", choices=accounting.MODES, default=accounting.BASIC)
+    c.add_argument("--granularity", help="block scheme, e.g. time:timestamp:day or hash:user:64:salt")
+    c.add_argument("--contexts", default=DEFAULT_CONTEXT,
+                   help="comma-separated non-colluding contexts, each with its own budgets")
+    c.add_argument("--retire-epsilon", type=float)
+    c.set_defaults(fn=_cmd_create_stream)
+
+    c = sub.add_parser("streams", help="list streams")
+    c.set_defaults(fn=_cmd_streams)
+
+    c = sub.add_parser("add-block", help="register one block already in block storage")
+    c.add_argument("stream")
+    c.add_argument("block_id")
+    c.add_argument("--location", required=True)
+    c.add_argument("--start")
+    c.add_argument("--end")
+    c.add_argument("--records", type=int)
+    c.set_defaults(fn=_cmd_add_block)
+
+    c = sub.add_parser("import", help="split CSV/TFRecord data into blocks (Beam) and register them")
+    c.add_argument("stream")
+    c.add_argument("source", nargs="+", help="files or globs (CSV with header, or TFRecord)")
+    c.add_argument("--scheme", required=True, help="e.g. time:timestamp:day or hash:user_id:64:salt")
+    c.add_argument("--block-root", required=True, help="root directory of block storage")
+    c.add_argument("--on-malformed", choices=("error", "skip"), default="error")
+    c.set_defaults(fn=_cmd_import)
+
+    c = sub.add_parser("blocks", help="show blocks and remaining budget")
+    c.add_argument("stream")
+    c.add_argument("--context", default=DEFAULT_CONTEXT)
+    c.add_argument("--limit", type=int, help="show only the most recent N blocks")
+    c.set_defaults(fn=_cmd_blocks)
+
+    c = sub.add_parser("request", help="request a grant (charged before release)")
+    c.add_argument("stream")
+    c.add_argument("--run-id", required=True)
+    g = c.add_mutually_exclusive_group(required=True)
+    g.add_argument("--blocks", help="comma-separated block ids")
+    g.add_argument("--last", type=int, help="window: the N most recent blocks with budget")
+    c.add_argument("--min-blocks", type=int)
+    c.add_argument("--epsilon", type=float)
+    c.add_argument("--delta", type=float)
+    c.add_argument("--event-json", help="rdp streams: a DpEvent as JSON "
+                                        '(e.g. \'{"class": "GaussianDpEvent", "noise_multiplier": 5}\')')
+    c.add_argument("--context", default=DEFAULT_CONTEXT)
+    c.add_argument("--reserve", action="store_true", help="reserve without releasing data")
+    c.set_defaults(fn=_cmd_request)
+
+    c = sub.add_parser("grant", help="show one grant")
+    c.add_argument("grant_id")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(fn=_cmd_grant)
+
+    c = sub.add_parser("grants", help="list a stream's grants")
+    c.add_argument("stream")
+    c.set_defaults(fn=_cmd_grants)
+
+    c = sub.add_parser("release", help="release a reserved grant's data")
+    c.add_argument("grant_id")
+    c.set_defaults(fn=_cmd_release)
+
+    c = sub.add_parser("cancel", help="cancel a reservation that released no data (refund)")
+    c.add_argument("grant_id")
+    c.set_defaults(fn=_cmd_cancel)
+
+    c = sub.add_parser("retire", help="retire a block for good")
+    c.add_argument("stream")
+    c.add_argument("block_id")
+    c.add_argument("--reason", default="operator")
+    c.add_argument("--context")
+    c.set_defaults(fn=_cmd_retire)
+
+    c = sub.add_parser("audit", help="show the audit log")
+    c.add_argument("--stream")
+    c.add_argument("--limit", type=int, default=50)
+    c.set_defaults(fn=_cmd_audit)
+
+    c = sub.add_parser("verify", help="verify the audit hash chain and every stream's budgets")
+    c.set_defaults(fn=_cmd_verify)
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        with open_ledger(args.ledger) as led:
+            return args.fn(led, args)
+    except (SageError, ValueError) as exc:
+        print(f"sage-tfx: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
