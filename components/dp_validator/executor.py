@@ -1,0 +1,502 @@
+"""DPModelValidator executor: Sage's SLAed DP validation of a model, written as a ModelBlessing.
+
+Sage §3.3 (SLAed DP validation, List. 2): the model's per-example losses (or 0/1 correctness) on
+the held-out ``eval`` split are reduced to a DP count and a DP sum of clipped values
+(``sage_tfx.validation``), corrected for the DP noise and bounded with Bernstein's inequality.
+The decision is ACCEPT, REJECT or RETRY; only ACCEPT blesses the model.
+
+Privacy. The validator spends exactly the ``validate`` part of the run's privacy plan, which the
+gate charged to the granted blocks together with the other stages (``sage_tfx.plan``):
+
+* basic plans: the part's ε (its δ, if any, is not needed: validation is (ε, 0)-DP);
+* rdp plans: the part's DpEvent must be this validator's own ``dp_event(ε)`` (two Laplace
+  mechanisms of noise multiplier 2/ε); ε is recovered from it and the event is re-derived and
+  compared, so the noise drawn is exactly what was charged. Any other event is refused.
+
+Everything this executor publishes (blessing properties, ``validation.json``, logs) is a
+post-processing of the DP count and sum. The raw eval loss, the raw number of eval examples and
+per-example values are never written or logged. Per-example values that cannot be computed (a
+missing or non-numeric label, a NaN prediction, a log-loss prediction outside [0, 1]) count as
+the worst value (loss B, or a wrong prediction) rather than raising, because an exception that
+depends on the eval data would itself release information.
+
+Assumptions, beyond those of ``sage_tfx.validation``: the eval split was not used in training,
+and its records come from the granted blocks (an Examples artifact that records a ``grant_id``,
+as BlockExampleGen's do, must name this grant).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+from absl import logging
+from dp_accounting import dp_event as dp_event_lib
+from tfx import types
+from tfx.components.util import examples_utils
+from tfx.dsl.components.base import base_executor
+from tfx.dsl.io import fileio
+from tfx.proto import example_gen_pb2
+from tfx.types import artifact_utils
+from tfx.utils import path_utils
+
+from sage_tfx import accounting
+from sage_tfx import plan as plan_lib
+from sage_tfx import validation
+from sage_tfx.components import artifacts, plan_io
+from sage_tfx.components.block_example_gen.spec import GRANT_ID_PROPERTY as EXAMPLES_GRANT_ID
+from sage_tfx.components.dp_validator import spec
+from sage_tfx.errors import MissingGrantError
+
+_GZIP_FILE_FORMAT = "tfrecords_gzip"  # ExampleGen's default output (examples_utils)
+
+
+# ---------------------------------------------------------------------------------------------
+# Configuration: checked once, by the component at construction and by the executor at run time.
+
+
+@dataclasses.dataclass(frozen=True)
+class ValidatorConfig:
+    """A DPModelValidator's configuration, checked (see :func:`check_config`)."""
+
+    metric: str
+    loss_fn: Optional[str]
+    target: float
+    loss_bound: float
+    eta: float
+    label_key: str
+    prediction_key: Optional[str]
+    eval_split: str
+    signature_name: str
+    batch_size: int
+    seed: Optional[int]
+
+    def validator(self) -> "validation.LossValidator | validation.AccuracyValidator":
+        """The Sage validator of ``sage_tfx.validation`` this configuration describes."""
+        if self.metric == spec.ACCURACY:
+            return validation.AccuracyValidator(target=self.target, eta=self.eta)
+        return validation.LossValidator(target=self.target, loss_bound=self.loss_bound,
+                                        eta=self.eta, metric_name=self.loss_fn)
+
+
+def _check_name(name: str, value: Any, optional: bool = False) -> Optional[str]:
+    if optional and (value is None or value == ""):
+        return None
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+    return value
+
+
+def check_config(*, metric: Any, loss_fn: Any = None, target: Any, loss_bound: Any = None,
+                 eta: Any = spec.DEFAULT_ETA, label_key: Any, prediction_key: Any = None,
+                 eval_split: Any = spec.DEFAULT_EVAL_SPLIT,
+                 signature_name: Any = spec.DEFAULT_SIGNATURE_NAME,
+                 batch_size: Any = spec.DEFAULT_BATCH_SIZE,
+                 seed: Any = None) -> ValidatorConfig:
+    """Checks a validator's arguments and fills in the defaults that depend on the metric.
+
+    ``loss_fn`` defaults to ``squared_error`` for the ``loss`` metric and must be unset for
+    ``accuracy``; ``loss_bound`` (B) is required for ``loss`` and is 1 for ``accuracy``.
+    Nothing is clamped: a bad value raises.
+
+    Returns:
+      The checked ValidatorConfig (its ``validator()`` builds without error).
+
+    Raises:
+      ValueError: an unknown metric or loss_fn, a missing or invalid B, target, η, batch size,
+        seed or name.
+    """
+    if metric not in spec.METRICS:
+        raise ValueError(f"metric must be one of {spec.METRICS}, got {metric!r}")
+    loss_fn = None if loss_fn == "" else loss_fn
+    if metric == spec.ACCURACY:
+        if loss_fn is not None:
+            raise ValueError(f"loss_fn applies to metric 'loss' only; metric 'accuracy' is the "
+                             f"binary accuracy at threshold {spec.ACCURACY_THRESHOLD}, got "
+                             f"loss_fn={loss_fn!r}")
+        if loss_bound is not None and loss_bound != 1.0:
+            raise ValueError(f"accuracy is a 0/1 metric: loss_bound must be 1 or unset, got "
+                             f"{loss_bound!r}")
+        loss_bound = 1.0
+    else:
+        loss_fn = spec.SQUARED_ERROR if loss_fn is None else loss_fn
+        if loss_fn not in spec.LOSS_FNS:
+            raise ValueError(f"loss_fn must be one of {spec.LOSS_FNS}, got {loss_fn!r}")
+        if loss_bound is None:
+            raise ValueError(
+                "metric 'loss' needs loss_bound B: per-example losses are clipped to [0, B] and "
+                "the DP noise on their sum scales with B (List. 2 line 15)")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise ValueError(f"seed must be a non-negative int or None, got {seed!r}")
+    config = ValidatorConfig(
+        metric=metric, loss_fn=loss_fn, target=target, loss_bound=loss_bound, eta=eta,
+        label_key=_check_name("label_key", label_key),
+        prediction_key=_check_name("prediction_key", prediction_key, optional=True),
+        eval_split=_check_name("eval_split", eval_split),
+        signature_name=_check_name("signature_name", signature_name), batch_size=batch_size,
+        seed=seed)
+    validator = config.validator()  # checks target, eta and B (ValueError)
+    return dataclasses.replace(config, target=validator.target, eta=validator.eta,
+                               loss_bound=validator.loss_bound)
+
+
+def config_from_exec_properties(exec_properties: Dict[str, Any]) -> ValidatorConfig:
+    """:func:`check_config` on a DPModelValidator's exec properties."""
+    def get(key, default=None):
+        value = exec_properties.get(key)
+        return default if value is None else value
+    return check_config(
+        metric=get(spec.METRIC_KEY), loss_fn=get(spec.LOSS_FN_KEY),
+        target=get(spec.TARGET_KEY), loss_bound=get(spec.LOSS_BOUND_KEY),
+        eta=get(spec.ETA_KEY, spec.DEFAULT_ETA), label_key=get(spec.LABEL_KEY),
+        prediction_key=get(spec.PREDICTION_KEY),
+        eval_split=get(spec.EVAL_SPLIT_KEY, spec.DEFAULT_EVAL_SPLIT),
+        signature_name=get(spec.SIGNATURE_NAME_KEY, spec.DEFAULT_SIGNATURE_NAME),
+        batch_size=get(spec.BATCH_SIZE_KEY, spec.DEFAULT_BATCH_SIZE), seed=get(spec.SEED_KEY))
+
+
+# ---------------------------------------------------------------------------------------------
+# Privacy: the plan's validate part.
+
+
+def _epsilon_of_event(event: dp_event_lib.DpEvent) -> Optional[float]:
+    """ε if ``event`` has the shape of ``dp_event(ε)`` (two Laplace(2/ε) events), else None."""
+    if not isinstance(event, dp_event_lib.ComposedDpEvent) or len(event.events) != 2:
+        return None
+    first = event.events[0]
+    if not isinstance(first, dp_event_lib.LaplaceDpEvent):
+        return None
+    multiplier = first.noise_multiplier
+    if (isinstance(multiplier, bool) or not isinstance(multiplier, (int, float))
+            or not math.isfinite(multiplier) or multiplier <= 0):
+        return None
+    return 2.0 / float(multiplier)
+
+
+def validation_epsilon(plan: plan_lib.PrivacyPlan, validator: Any) -> float:
+    """The ε the validator may spend: exactly the plan's ``validate`` part.
+
+    Args:
+      plan: the run's privacy plan, already verified against the charged grant.
+      validator: the validator that will spend it (its ``dp_event(ε)`` is what it consumes).
+
+    Returns:
+      ε (finite, > 0). In basic mode the part's ε; in rdp mode the ε whose
+      ``validator.dp_event(ε)`` is the part's event (compared as canonical JSON).
+
+    Raises:
+      MissingGrantError: no ``validate`` part, or an rdp part whose event is not
+        ``validator.dp_event(ε)`` for any ε (the validator would spend something not charged).
+    """
+    part = plan.part(plan_lib.VALIDATE)
+    if part.event is None:
+        epsilon = accounting.check_epsilon(part.epsilon, "validate.epsilon")
+        if part.delta:
+            logging.warning("DPModelValidator: the plan's validate part charged delta=%s; "
+                            "validation is (epsilon, 0)-DP and spends none of it", part.delta)
+        return epsilon
+    charged = accounting.event_to_json(part.event)
+    epsilon = _epsilon_of_event(part.event)
+    if epsilon is not None and math.isfinite(epsilon) and epsilon > 0:
+        if accounting.event_to_json(validator.dp_event(epsilon)) == charged:
+            return epsilon
+    raise MissingGrantError(
+        f"the plan's validate part charged the DpEvent {charged}, which is not this validator's "
+        "dp_event(epsilon) (a ComposedDpEvent of two LaplaceDpEvent(noise_multiplier=2/epsilon): "
+        "the DP count and the DP sum); refusing to spend a budget that was not charged. Build "
+        "the part as PlanPart('validate', event=validator.dp_event(epsilon))")
+
+
+def check_examples_grant(examples: types.Artifact, grant_id: str) -> None:
+    """Refuses Examples that record a grant other than the one whose plan pays for validation.
+
+    Raises:
+      MissingGrantError: the Examples artifact's ``grant_id`` custom property names another grant.
+    """
+    if examples.has_custom_property(EXAMPLES_GRANT_ID):
+        recorded = examples.get_string_custom_property(EXAMPLES_GRANT_ID)
+        if recorded and recorded != grant_id:
+            raise MissingGrantError(
+                f"the eval Examples ({examples.uri}) were read under grant {recorded}, but the "
+                f"grant input is {grant_id}: validation must spend the plan charged for the data "
+                "it reads")
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-example values (numpy; NaN marks a value that cannot be computed: the worst one).
+
+
+def per_example_values(metric: str, loss_fn: Optional[str], labels: np.ndarray,
+                       predictions: np.ndarray) -> np.ndarray:
+    """Per-example losses (metric ``loss``) or correctness in {0, 1} (metric ``accuracy``).
+
+    * ``squared_error``: (p − y)²; ``absolute_error``: |p − y|;
+    * ``log_loss``: −(y·ln p + (1 − y)·ln(1 − p)) with 0·ln 0 = 0, for a probability
+      p ∈ [0, 1] and a label y ∈ [0, 1] (NaN outside);
+    * ``accuracy``: 1 if (p > 0.5) equals (y == 1) for a label y ∈ {0, 1}, NaN for other labels.
+
+    NaN (an unknown label, a NaN prediction) is the worst value for the validators: they clip it
+    to B (a loss) or count it as wrong (accuracy).
+
+    Args:
+      metric: "loss" or "accuracy".
+      loss_fn: one of ``spec.LOSS_FNS`` for metric "loss".
+      labels: 1-D float labels (NaN where missing).
+      predictions: 1-D float predictions.
+
+    Returns:
+      A 1-D float64 array, one value per example.
+    """
+    y = np.asarray(labels, dtype=np.float64)
+    p = np.asarray(predictions, dtype=np.float64)
+    if y.shape != p.shape or y.ndim != 1:
+        raise ValueError(f"labels {y.shape} and predictions {p.shape} must be 1-D and aligned")
+    with np.errstate(all="ignore"):
+        if metric == spec.ACCURACY:
+            valid = ((y == 0.0) | (y == 1.0)) & np.isfinite(p)
+            correct = ((p > spec.ACCURACY_THRESHOLD) == (y == 1.0)).astype(np.float64)
+            return np.where(valid, correct, np.nan)
+        if loss_fn == spec.SQUARED_ERROR:
+            return np.square(p - y)
+        if loss_fn == spec.ABSOLUTE_ERROR:
+            return np.abs(p - y)
+        if loss_fn == spec.LOG_LOSS:
+            valid = (y >= 0.0) & (y <= 1.0) & (p >= 0.0) & (p <= 1.0)
+            pos = np.where(y > 0.0, y * np.log(np.where(valid, p, 1.0)), 0.0)
+            neg = np.where(y < 1.0, (1.0 - y) * np.log(np.where(valid, 1.0 - p, 1.0)), 0.0)
+            return np.where(valid, -(pos + neg), np.nan)
+    raise ValueError(f"unknown metric {metric!r} / loss_fn {loss_fn!r}")
+
+
+def label_values(serialized: Sequence[bytes], label_key: str) -> np.ndarray:
+    """The label of each serialized tf.Example: its single int64 or float value, NaN otherwise."""
+    from tensorflow.core.example import example_pb2
+    out = np.full(len(serialized), np.nan, dtype=np.float64)
+    example = example_pb2.Example()
+    for i, record in enumerate(serialized):
+        example.ParseFromString(record)
+        feature = example.features.feature.get(label_key)
+        if feature is None:
+            continue
+        kind = feature.WhichOneof("kind")
+        if kind in ("float_list", "int64_list"):
+            values = getattr(feature, kind).value
+            if len(values) == 1:
+                out[i] = float(values[0])
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading the eval split and running the model.
+
+
+def eval_files(examples: types.Artifact, split: str) -> List[str]:
+    """The data files of one split of an Examples artifact (gzip TFRecords of tf.Example).
+
+    Raises:
+      ValueError: no such split, or a payload / file format other than gzip tf.Example records.
+    """
+    names = artifact_utils.decode_split_names(examples.split_names) if examples.split_names \
+        else []
+    if names and split not in names:
+        raise ValueError(f"the Examples artifact {examples.uri} has no split {split!r} (splits: "
+                         f"{names}); set eval_split")
+    payload = examples_utils.get_payload_format(examples)
+    if payload != example_gen_pb2.FORMAT_TF_EXAMPLE:
+        raise ValueError(f"DPModelValidator reads tf.Example records, got payload format "
+                         f"{example_gen_pb2.PayloadFormat.Name(payload)}")
+    file_format = examples_utils.get_file_format(examples)
+    if file_format != _GZIP_FILE_FORMAT:
+        raise ValueError(f"DPModelValidator reads {_GZIP_FILE_FORMAT} files, got {file_format!r}")
+    [pattern] = examples_utils.get_split_file_patterns([examples], split)
+    if not names and not fileio.exists(os.path.dirname(pattern)):
+        raise ValueError(f"the Examples artifact {examples.uri} has no split {split!r}")
+    return sorted(fileio.glob(pattern))
+
+
+class ServingModel:
+    """A SavedModel's serving signature on serialized tf.Examples, and the output to validate."""
+
+    def __init__(self, model_dir: str, *, signature_name: str,
+                 prediction_key: Optional[str]) -> None:
+        """Loads the model and checks its signature (shape only: no data is read).
+
+        Raises:
+          FileNotFoundError: no SavedModel in ``model_dir``.
+          ValueError: no such signature, not one string input, no such (or an ambiguous)
+            output, or an output that is not one value per example.
+        """
+        import tensorflow as tf
+        if not fileio.exists(os.path.join(model_dir, "saved_model.pb")):
+            raise FileNotFoundError(
+                f"no SavedModel at {model_dir}: the model artifact must hold the serving model "
+                "under Format-Serving, as the TFX Trainer writes it")
+        self._model = tf.saved_model.load(model_dir)
+        signatures = self._model.signatures
+        if signature_name not in signatures:
+            raise ValueError(f"the model has no signature {signature_name!r} (signatures: "
+                             f"{sorted(signatures)})")
+        self._fn = signatures[signature_name]
+        _, inputs = self._fn.structured_input_signature
+        if len(inputs) != 1 or next(iter(inputs.values())).dtype != tf.string:
+            raise ValueError(
+                f"signature {signature_name!r} must take one string tensor of serialized "
+                f"tf.Examples (the TFX serving signature), got inputs "
+                f"{ {k: str(v) for k, v in inputs.items()} }")
+        self._input_name = next(iter(inputs))
+        outputs = self._fn.structured_outputs
+        if prediction_key is None:
+            if len(outputs) != 1:
+                raise ValueError(f"signature {signature_name!r} has outputs {sorted(outputs)}: "
+                                 "set prediction_key to the one to validate")
+            prediction_key = next(iter(outputs))
+        elif prediction_key not in outputs:
+            raise ValueError(f"signature {signature_name!r} has no output {prediction_key!r} "
+                             f"(outputs: {sorted(outputs)})")
+        shape = outputs[prediction_key].shape
+        if shape.rank is not None and not (
+                shape.rank == 1 or (shape.rank == 2 and shape[1] in (1, None))):
+            raise ValueError(f"output {prediction_key!r} has shape {shape}: DPModelValidator "
+                             "needs one prediction per example ([batch] or [batch, 1])")
+        self.prediction_key = prediction_key
+
+    def predict(self, serialized: Any) -> np.ndarray:
+        """One float prediction per serialized tf.Example of a batch (a 1-D string tensor)."""
+        out = self._fn(**{self._input_name: serialized})[self.prediction_key]
+        values = np.asarray(out.numpy(), dtype=np.float64)
+        n = int(serialized.shape[0])
+        if values.size != n:
+            raise ValueError(f"output {self.prediction_key!r} gave {values.shape} for a batch "
+                             "of examples: DPModelValidator needs one prediction per example")
+        return values.reshape(n)
+
+
+def labels_and_predictions(files: Sequence[str], model: ServingModel, *, label_key: str,
+                           batch_size: int) -> Tuple[np.ndarray, np.ndarray]:
+    """Runs the model on every record of ``files`` in batches; returns (labels, predictions)."""
+    import tensorflow as tf
+    labels, predictions = [], []
+    if files:
+        dataset = tf.data.TFRecordDataset(list(files), compression_type="GZIP").batch(batch_size)
+        for batch in dataset:
+            labels.append(label_values(batch.numpy().tolist(), label_key))
+            predictions.append(model.predict(batch))
+    if not labels:
+        return np.zeros(0), np.zeros(0)
+    return np.concatenate(labels), np.concatenate(predictions)
+
+
+# ---------------------------------------------------------------------------------------------
+# The decision (Evaluator's blessing layout).
+
+
+def _write_marker(blessing: types.Artifact, blessed: bool) -> None:
+    """Exactly one of BLESSED / NOT_BLESSED, and the int property ``blessed`` saying the same."""
+    fileio.makedirs(blessing.uri)
+    for name in (spec.BLESSED_FILE_NAME, spec.NOT_BLESSED_FILE_NAME):
+        path = os.path.join(blessing.uri, name)
+        if fileio.exists(path):
+            fileio.remove(path)
+    name = spec.BLESSED_FILE_NAME if blessed else spec.NOT_BLESSED_FILE_NAME
+    with fileio.open(os.path.join(blessing.uri, name), "w") as f:
+        f.write("")
+    blessing.set_int_custom_property(
+        spec.BLESSED_PROPERTY, spec.BLESSED_VALUE if blessed else spec.NOT_BLESSED_VALUE)
+
+
+def write_decision(blessing: types.Artifact, result: validation.ValidationResult, *,
+                   loss_bound: float, grant_id: str, model: types.Artifact) -> None:
+    """Writes a validation result as a ModelBlessing: blessed iff the outcome is ACCEPT.
+
+    Only the DP quantities of ``result`` are recorded (custom properties, and the full
+    ``result.to_dict()`` in ``validation.json``).
+    """
+    _write_marker(blessing, result.outcome == validation.Outcome.ACCEPT)
+    blessing.set_string_custom_property(spec.OUTCOME_PROPERTY, result.outcome.value)
+    blessing.set_string_custom_property(spec.METRIC_NAME_PROPERTY, result.metric_name)
+    for key in spec.RESULT_FLOAT_PROPERTIES:
+        value = float(getattr(result, key))
+        if math.isfinite(value):  # MLMD cannot store ±inf / NaN; validation.json has them
+            blessing.set_float_custom_property(key, value)
+    blessing.set_float_custom_property(spec.LOSS_BOUND_PROPERTY, float(loss_bound))
+    blessing.set_string_custom_property(spec.GRANT_ID_PROPERTY, grant_id)
+    blessing.set_string_custom_property(spec.CURRENT_MODEL_PROPERTY, model.uri)
+    blessing.set_int_custom_property(spec.CURRENT_MODEL_ID_PROPERTY, model.id)
+    with fileio.open(os.path.join(blessing.uri, spec.VALIDATION_FILE_NAME), "w") as f:
+        f.write(json.dumps(result.to_dict(), sort_keys=True, indent=2))
+
+
+class Executor(base_executor.BaseExecutor):
+    """Validates a model with Sage's SLAed DP validator at the plan's validate ε."""
+
+    def Do(self, input_dict: Dict[str, List[types.Artifact]],
+           output_dict: Dict[str, List[types.Artifact]],
+           exec_properties: Dict[str, Any]) -> None:
+        """Reads the plan, runs the model on the eval split, writes the DP decision.
+
+        The blessing is NOT_BLESSED from the start: if anything below raises, the artifact still
+        holds a decision and it is not a blessing.
+
+        Args:
+          input_dict: ``examples`` (Examples), ``model`` (Model), ``grant`` (SageGrant); one
+            artifact each.
+          output_dict: ``blessing``: a list of one ModelBlessing artifact.
+          exec_properties: the keys of ``sage_tfx.components.dp_validator.spec``.
+
+        Raises:
+          MissingGrantError: no grant, a denial, no privacy plan, no ``validate`` part, an rdp
+            part that is not this validator's event, or eval Examples of another grant. Raised
+            before the model or any example is read.
+          ValueError, FileNotFoundError: bad configuration, split, model or signature.
+        """
+        self._log_startup(input_dict, output_dict, exec_properties)
+        blessing = artifact_utils.get_single_instance(output_dict[spec.BLESSING_KEY])
+        _write_marker(blessing, blessed=False)
+        stale = os.path.join(blessing.uri, spec.VALIDATION_FILE_NAME)
+        if fileio.exists(stale):  # a retried execution: no result until this one has one
+            fileio.remove(stale)
+        config = config_from_exec_properties(exec_properties)
+        validator = config.validator()
+        examples = artifact_utils.get_single_instance(input_dict[spec.EXAMPLES_KEY])
+        model_artifact = artifact_utils.get_single_instance(input_dict[spec.MODEL_KEY])
+        grant_artifact = artifact_utils.get_single_instance(input_dict[spec.GRANT_INPUT_KEY])
+        try:
+            plan = plan_io.read_plan(grant_artifact)
+            grant = artifacts.read_grant(grant_artifact)
+            epsilon = validation_epsilon(plan, validator)
+            check_examples_grant(examples, grant.grant_id)
+        except MissingGrantError as e:
+            blessing.set_string_custom_property(spec.REASON_PROPERTY, str(e))
+            raise
+
+        files = eval_files(examples, config.eval_split)
+        model = ServingModel(
+            path_utils.serving_model_path(model_artifact.uri,
+                                          path_utils.is_old_model_artifact(model_artifact)),
+            signature_name=config.signature_name, prediction_key=config.prediction_key)
+        labels, predictions = labels_and_predictions(
+            files, model, label_key=config.label_key, batch_size=config.batch_size)
+        values = per_example_values(config.metric, config.loss_fn, labels, predictions)
+        del labels, predictions
+
+        if config.seed is not None:
+            logging.warning("DPModelValidator: seed=%d makes the DP noise reproducible; anyone "
+                            "who knows the seed can remove it. Use a seed for tests only.",
+                            config.seed)
+        rng = np.random.default_rng(config.seed)  # OS entropy when seed is None
+        result = validator.validate(values, epsilon=epsilon, rng=rng)
+        del values
+
+        write_decision(blessing, result, loss_bound=config.loss_bound,
+                       grant_id=grant.grant_id, model=model_artifact)
+        # Only DP quantities are logged: the raw loss and example count are never released.
+        logging.info("DPModelValidator: grant %s, %s target %s at epsilon=%s, eta=%s: %s "
+                     "(DP estimate %.6g, bounds [%.6g, %.6g], DP count %.1f)", grant.grant_id,
+                     result.metric_name, result.target, epsilon, result.eta,
+                     result.outcome.value, result.dp_estimate, result.lower_bound,
+                     result.upper_bound, result.n_test_dp)
