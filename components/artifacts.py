@@ -1,0 +1,198 @@
+"""Artifact types of sage-tfx components: the ledger's decision as a TFX artifact.
+
+Sage §3.2 (Sage Access Control): a pipeline reaches block storage only through a grant the ledger
+issued after charging the blocks. ``SageGate`` writes its decision into a :class:`SageGrant`
+artifact; ``BlockExampleGen`` reads the grant (and re-checks it against the ledger) before it
+touches any block.
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from tfx.dsl.io import fileio
+from tfx.types.artifact import Artifact, Property, PropertyType
+
+from sage_tfx.errors import MissingGrantError
+from sage_tfx.ledger import Grant
+
+# On-disk layout (see SageGrant).
+GRANT_FILE_NAME = "grant.json"
+GRANTED_FILE_NAME = "GRANTED"
+DENIED_FILE_NAME = "DENIED"
+
+# The decision, as an int custom property (like the Evaluator's 'blessed').
+GRANTED_KEY = "granted"
+GRANTED_VALUE = 1
+DENIED_VALUE = 0
+
+# Property names.
+STREAM_KEY = "stream"
+CONTEXT_KEY = "context"
+RUN_ID_KEY = "run_id"
+GRANT_ID_KEY = "grant_id"
+EPSILON_KEY = "epsilon"
+DELTA_KEY = "delta"
+EVENT_JSON_KEY = "event_json"
+LEDGER_URL_KEY = "ledger_url"
+NUM_BLOCKS_KEY = "num_blocks"
+REASON_KEY = "reason"
+
+
+class SageGrant(Artifact):
+    """The ledger's decision on one run's request for blocks: a grant or a denial.
+
+    Exactly one marker file is written, as with the Evaluator's ``ModelBlessing``, and the int
+    custom property ``granted`` (1 / 0) says the same, so ``tfx.dsl.Cond`` works downstream::
+
+        gate = SageGate(ledger_url=..., stream="flights", window_last=30, epsilon=0.1, delta=1e-7)
+        with tfx.dsl.Cond(gate.outputs["grant"].future()[0].custom_property("granted") == 1):
+            example_gen = BlockExampleGen(grant=gate.outputs["grant"])
+
+    * File structure:
+        - ``{uri}/``
+            - ``GRANTED``: empty marker, the ledger granted the request, and
+            - ``grant.json``: the grant, ``sage_tfx.ledger.Grant.to_json()`` (grant id, run id,
+              stream, context, mode, epsilon / delta or DpEvent, granted blocks with their
+              storage locations, status "released").
+          or
+            - ``DENIED``: marker holding the ledger's reason for the denial (UTF-8 text).
+
+    * Properties:
+        - ``stream``, ``context``, ``run_id``: what was requested (always set).
+        - ``ledger_url``: the ledger that decided (always set).
+        - ``reason``: why the request was denied (denials only).
+        - ``grant_id``, ``num_blocks``: the grant (grants only).
+        - ``epsilon``, ``delta``: the charged cost (basic-mode grants).
+        - ``event_json``: the charged dp_accounting DpEvent, ``sage_tfx.accounting.event_to_json``
+          (rdp-mode grants).
+
+    * Custom properties:
+        - ``granted``: 1 if granted, 0 if denied.
+    """
+
+    TYPE_NAME = "sage_tfx.SageGrant"
+    PROPERTIES = {
+        STREAM_KEY: Property(type=PropertyType.STRING),
+        CONTEXT_KEY: Property(type=PropertyType.STRING),
+        RUN_ID_KEY: Property(type=PropertyType.STRING),
+        GRANT_ID_KEY: Property(type=PropertyType.STRING),
+        EPSILON_KEY: Property(type=PropertyType.FLOAT),
+        DELTA_KEY: Property(type=PropertyType.FLOAT),
+        EVENT_JSON_KEY: Property(type=PropertyType.STRING),
+        LEDGER_URL_KEY: Property(type=PropertyType.STRING),
+        NUM_BLOCKS_KEY: Property(type=PropertyType.INT),
+        REASON_KEY: Property(type=PropertyType.STRING),
+    }
+
+
+def _write_text(path: str, text: str) -> None:
+    with fileio.open(path, "w") as f:
+        f.write(text)
+
+
+def _read_text(path: str) -> str:
+    with fileio.open(path, "r") as f:
+        text = f.read()
+    return text.decode("utf-8") if isinstance(text, bytes) else text
+
+
+def write_grant(artifact: SageGrant, grant: Optional[Grant], *, stream: str, run_id: str,
+                context: str, ledger_url: str, reason: str = "") -> None:
+    """Writes a ledger decision into a SageGrant artifact (files and properties).
+
+    Args:
+      artifact: the output artifact; its ``uri`` directory is created if missing.
+      grant: the released grant, or None for a denial.
+      stream, run_id, context: what was requested.
+      ledger_url: the ledger that decided.
+      reason: why the request was denied (required for a denial).
+
+    Raises:
+      ValueError: a denial without a reason, or a grant that was not released.
+    """
+    if grant is None and not reason:
+        raise ValueError("a denial needs the ledger's reason")
+    if grant is not None and grant.status != "released":
+        raise ValueError(f"grant {grant.grant_id} is {grant.status}: only a released grant can "
+                         "be handed to a pipeline")
+    fileio.makedirs(artifact.uri)
+    for name in (GRANT_FILE_NAME, GRANTED_FILE_NAME, DENIED_FILE_NAME):
+        path = os.path.join(artifact.uri, name)
+        if fileio.exists(path):  # an artifact holds exactly one decision
+            fileio.remove(path)
+    artifact.stream = stream
+    artifact.run_id = run_id
+    artifact.context = context
+    artifact.ledger_url = ledger_url
+    if grant is None:
+        _write_text(os.path.join(artifact.uri, DENIED_FILE_NAME), reason)
+        artifact.reason = reason
+        artifact.set_int_custom_property(GRANTED_KEY, DENIED_VALUE)
+        return
+    _write_text(os.path.join(artifact.uri, GRANT_FILE_NAME), grant.to_json())
+    _write_text(os.path.join(artifact.uri, GRANTED_FILE_NAME), "")
+    artifact.grant_id = grant.grant_id
+    artifact.num_blocks = len(grant.blocks)
+    if grant.epsilon is not None:
+        artifact.epsilon = float(grant.epsilon)
+    if grant.delta is not None:
+        artifact.delta = float(grant.delta)
+    if grant.event is not None:
+        from sage_tfx import accounting
+        artifact.event_json = accounting.event_to_json(grant.event)
+    artifact.set_int_custom_property(GRANTED_KEY, GRANTED_VALUE)
+
+
+def is_granted(artifact: Artifact) -> bool:
+    """Whether a SageGrant artifact holds a grant (GRANTED marker and ``granted`` == 1)."""
+    return (artifact.has_custom_property(GRANTED_KEY)
+            and artifact.get_int_custom_property(GRANTED_KEY) == GRANTED_VALUE
+            and fileio.exists(os.path.join(artifact.uri, GRANTED_FILE_NAME)))
+
+
+def denial_reason(artifact: Artifact) -> Optional[str]:
+    """The ledger's reason if the artifact is a denial, else None."""
+    path = os.path.join(artifact.uri, DENIED_FILE_NAME)
+    return _read_text(path) if fileio.exists(path) else None
+
+
+def read_grant(artifact: Artifact) -> Grant:
+    """Reads the grant held by a SageGrant artifact.
+
+    This only parses the artifact: whoever reads block data must also check the grant against
+    the ledger (``BlockExampleGen`` does).
+
+    Raises:
+      MissingGrantError: the artifact is a denial, holds no grant, or its files and properties
+        disagree.
+    """
+    if artifact.type_name != SageGrant.TYPE_NAME:
+        raise MissingGrantError(
+            f"expected a {SageGrant.TYPE_NAME} artifact from SageGate, got {artifact.type_name}")
+    reason = denial_reason(artifact)
+    if reason is not None:
+        raise MissingGrantError(
+            f"the ledger denied run {artifact.run_id!r} on stream {artifact.stream!r}: {reason}. "
+            "No block data may be read; run the reading components under "
+            "tfx.dsl.Cond(grant.future()[0].custom_property('granted') == 1) "
+            "to skip them on a denial")
+    path = os.path.join(artifact.uri, GRANT_FILE_NAME)
+    if not fileio.exists(path) or not fileio.exists(os.path.join(artifact.uri, GRANTED_FILE_NAME)):
+        raise MissingGrantError(
+            f"no grant in artifact {artifact.uri}: neither {GRANTED_FILE_NAME} + {GRANT_FILE_NAME} "
+            f"nor {DENIED_FILE_NAME} was written (was SageGate run?)")
+    if not (artifact.has_custom_property(GRANTED_KEY)
+            and artifact.get_int_custom_property(GRANTED_KEY) == GRANTED_VALUE):
+        raise MissingGrantError(
+            f"artifact {artifact.uri} has a {GRANT_FILE_NAME} but its '{GRANTED_KEY}' property "
+            "is not 1")
+    try:
+        grant = Grant.from_json(_read_text(path))
+    except (ValueError, KeyError, TypeError) as e:
+        raise MissingGrantError(f"unreadable {path}: {e}") from e
+    if artifact.grant_id and artifact.grant_id != grant.grant_id:
+        raise MissingGrantError(
+            f"{path} names grant {grant.grant_id} but the artifact records grant "
+            f"{artifact.grant_id}: the grant file was altered")
+    return grant

@@ -1,0 +1,1 @@
+"""BlockExampleGen: reads the granted blocks (and only those) into a standard Examples artifact."""

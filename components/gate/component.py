@@ -1,0 +1,110 @@
+"""SageGate: the only path from block storage into a pipeline starts here (Sage §3.2).
+
+The gate asks the block ledger to charge a run's privacy cost to a set of blocks (an explicit
+list, or a window such as "the last 30 blocks with budget left") and writes the ledger's decision
+into a ``SageGrant`` artifact. ``BlockExampleGen`` then reads exactly the granted blocks.
+
+Example::
+
+    gate = SageGate(ledger_url="sqlite:////data/ledger.db", stream="flights",
+                    window_last=30, epsilon=0.1, delta=1e-7)
+    # A denial is an explicit outcome (DENIED marker, granted=0). Either let BlockExampleGen fail
+    # with MissingGrantError, or skip the data-reading part of the pipeline on a denial:
+    with tfx.dsl.Cond(gate.outputs["grant"].future()[0].custom_property("granted") == 1):
+        example_gen = BlockExampleGen(grant=gate.outputs["grant"], ledger_url=...)
+        statistics_gen = tfx.components.StatisticsGen(examples=example_gen.outputs["examples"])
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Optional, Sequence, Union
+
+from tfx import types
+from tfx.dsl.components.base import base_component, executor_spec
+from tfx.dsl.placeholder import placeholder as ph
+
+from sage_tfx.components.artifacts import SageGrant
+from sage_tfx.components.gate import executor
+from sage_tfx.components.gate import spec
+from sage_tfx.ledger import DEFAULT_CONTEXT
+
+
+def _dynamic(value: Any) -> bool:
+    """A value resolved only at run time (placeholder or RuntimeParameter): not checked here."""
+    return isinstance(value, ph.Placeholder) or type(value).__name__ == "RuntimeParameter"
+
+
+class SageGate(base_component.BaseComponent):
+    """Requests blocks from the Sage block ledger; outputs the grant (or denial) as ``grant``.
+
+    Component ``outputs`` contains:
+      - ``grant``: Channel of type ``SageGrant`` (see ``sage_tfx.components.artifacts``).
+    """
+
+    SPEC_CLASS = spec.SageGateSpec
+    EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(executor.Executor)
+
+    def __init__(self, *, ledger_url: str, stream: str,
+                 epsilon: Optional[float] = None, delta: Optional[float] = None,
+                 event_json: Optional[str] = None,
+                 blocks: Optional[Sequence[str]] = None,
+                 window_last: Optional[int] = None, window_min_blocks: Optional[int] = None,
+                 context: str = DEFAULT_CONTEXT,
+                 run_id: Optional[Union[str, ph.Placeholder]] = None):
+        """Constructs a SageGate.
+
+        Args:
+          ledger_url: the block ledger, ``sqlite:////abs/path/ledger.db`` or
+            ``postgresql://user@host:port/db``.
+          stream: the stream to read.
+          epsilon: basic-mode cost ε (> 0, finite) charged to every granted block.
+          delta: basic-mode cost δ in [0, 1) (default 0).
+          event_json: rdp-mode cost: ``sage_tfx.accounting.event_to_json(dp_event)``; instead of
+            epsilon / delta.
+          blocks: explicit block ids (instead of a window).
+          window_last: request the ``window_last`` most recent blocks with budget left for the
+            charge.
+          window_min_blocks: with ``window_last``: how many such blocks suffice (default: all
+            ``window_last``); fewer means a denial.
+          context: the ledger context (budget list) to charge.
+          run_id: the ledger run id. Default: ``<pipeline>.<node id>.<pipeline run id>``, so
+            retrying the node in the same pipeline run returns the same grant without charging
+            twice, and every new pipeline run is a new request. An explicit run id makes every
+            pipeline run with it replay one grant.
+
+        Raises:
+          ValueError (sage_tfx.errors subclasses): both or neither of blocks / window_last,
+            invalid ε / δ / DpEvent, both (ε, δ) and event_json, a malformed name or URL.
+        """
+        if not _dynamic(ledger_url):
+            executor.check_ledger_url(ledger_url)
+        if not _dynamic(stream):
+            executor.check_name("stream", stream)
+        if not _dynamic(context):
+            executor.check_name("context", context)
+        if run_id is not None and not _dynamic(run_id):
+            executor.check_name("run_id", run_id)
+        values = (blocks, window_last, window_min_blocks, epsilon, delta, event_json)
+        if not any(_dynamic(v) for v in values):
+            request = executor.build_request(
+                blocks=blocks, window_last=window_last, window_min_blocks=window_min_blocks,
+                epsilon=epsilon, delta=delta, event_json=event_json)
+            epsilon, delta = request["epsilon"], request["delta"]  # validated floats
+            if blocks is not None:
+                blocks = request["blocks"]
+        blocks_json = (json.dumps(list(blocks)) if blocks is not None and not _dynamic(blocks)
+                       else blocks)
+        super().__init__(spec=spec.SageGateSpec(
+            ledger_url=ledger_url,
+            stream=stream,
+            context=context,
+            run_id=run_id,
+            pipeline_run_id=ph.execution_invocation().pipeline_run_id,
+            blocks=blocks_json,
+            window_last=window_last,
+            window_min_blocks=window_min_blocks,
+            epsilon=epsilon,
+            delta=delta,
+            event_json=event_json,
+            grant=types.Channel(type=SageGrant),
+        ))

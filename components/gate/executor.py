@@ -1,0 +1,223 @@
+"""SageGate executor: one ledger request, the decision written as a SageGrant artifact.
+
+Sage §3.2: the ledger charges every requested block (or none) and only then hands out block
+locations. A denial (not enough budget left) is an outcome, not a failure: the executor writes the
+DENIED marker and ``granted`` = 0 and returns normally. Bad configuration (unknown stream or block,
+a privacy cost that does not match the stream's accounting mode, a run id reused for a different
+request) raises a ``ValueError`` subclass and the component fails.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Any, Dict, List, Optional, Sequence
+
+from absl import logging
+from tfx import types
+from tfx.dsl.components.base import base_executor
+from tfx.types import artifact_utils
+
+from sage_tfx import accounting
+from sage_tfx.components import artifacts
+from sage_tfx.components.gate import spec
+from sage_tfx.errors import AccountingModeError, InvalidRequestError
+from sage_tfx.ledger import DEFAULT_CONTEXT, Window, open_ledger
+
+# Same alphabet as the ledger's names (stream, context, run id).
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}$")
+_BAD_CHARS_RE = re.compile(r"[^A-Za-z0-9_.:\-]")
+_MAX_NAME = 128
+
+REPLAYED_KEY = "replayed"
+
+
+def check_name(kind: str, name: Any) -> str:
+    """Checks a stream / context / run id against the ledger's name rules.
+
+    Raises:
+      InvalidRequestError: not 1-128 characters of letters, digits, '_', '.', ':' or '-'.
+    """
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise InvalidRequestError(
+            f"{kind} must be 1-128 characters of letters, digits, '_', '.', ':' or '-' "
+            f"starting with a letter or digit, got {name!r}")
+    return name
+
+
+def check_ledger_url(url: Any) -> str:
+    """Checks the form of a ledger URL (sqlite:///path or postgresql://...)."""
+    if not isinstance(url, str) or not url.startswith(
+            ("sqlite:///", "postgresql://", "postgres://")) or url == "sqlite:///":
+        raise InvalidRequestError(
+            f"ledger_url must be sqlite:///path/to/ledger.db or postgresql://user@host:port/db, "
+            f"got {url!r}")
+    return url
+
+
+def derive_run_id(pipeline_name: str, node_id: str, pipeline_run_id: str) -> str:
+    """The default ledger run id of a gate: ``<pipeline>.<node>.<pipeline run id>``.
+
+    Re-running (retrying) the node in the same pipeline run gives the same run id, so the ledger
+    returns the same grant without charging again; a new pipeline run gives a new run id.
+    Characters the ledger does not accept become '-'; an id longer than 128 characters keeps a
+    prefix and a hash of the whole.
+    """
+    raw = f"{pipeline_name}.{node_id}.{pipeline_run_id}"
+    run_id = _BAD_CHARS_RE.sub("-", raw)
+    if not run_id[:1].isalnum():
+        run_id = "r" + run_id
+    if len(run_id) > _MAX_NAME:
+        digest = hashlib.sha256(raw.encode()).hexdigest()[:16]
+        run_id = run_id[:_MAX_NAME - len(digest) - 1] + "-" + digest
+    return run_id
+
+
+def build_request(*, blocks: Optional[Sequence[str]] = None, window_last: Optional[int] = None,
+                  window_min_blocks: Optional[int] = None, epsilon: Optional[float] = None,
+                  delta: Optional[float] = None,
+                  event_json: Optional[str] = None) -> Dict[str, Any]:
+    """Validates a gate's request and returns the keyword arguments of ``Ledger.request``.
+
+    Exactly one of ``blocks`` / ``window_last``; exactly one of ``epsilon`` (with optional
+    ``delta``, basic mode) / ``event_json`` (rdp mode). Privacy parameters are checked, never
+    clamped.
+
+    Returns:
+      ``{"blocks": list | None, "window": Window | None, "epsilon": float | None,
+      "delta": float | None, "event": DpEvent | None}``.
+
+    Raises:
+      InvalidRequestError, InvalidPrivacyParameterError, AccountingModeError (ValueErrors).
+    """
+    if (blocks is None) == (window_last is None):
+        raise InvalidRequestError(
+            "give exactly one of blocks=[block ids] or window_last=N (the last N blocks with "
+            f"budget left), got blocks={blocks!r}, window_last={window_last!r}")
+    window = None
+    if blocks is not None:
+        if window_min_blocks is not None:
+            raise InvalidRequestError("window_min_blocks needs window_last, not blocks")
+        if isinstance(blocks, (str, bytes)) or not all(isinstance(b, str) for b in blocks):
+            raise InvalidRequestError(f"blocks must be a list of block ids, got {blocks!r}")
+        blocks = list(blocks)
+        if not blocks:
+            raise InvalidRequestError("blocks is empty: request at least one block")
+        if len(set(blocks)) != len(blocks):
+            raise InvalidRequestError(f"a block is listed twice in blocks={blocks!r}")
+    else:
+        window = Window(last=window_last, min_blocks=window_min_blocks)
+    event = None
+    if event_json is not None:
+        if epsilon is not None or delta is not None:
+            raise AccountingModeError(
+                "give either epsilon (and delta) for a basic-mode stream or event_json (a "
+                "serialized dp_accounting DpEvent) for an rdp-mode stream, not both")
+        if not isinstance(event_json, str):
+            raise InvalidRequestError(
+                "event_json must be the text of sage_tfx.accounting.event_to_json(event), got "
+                f"{type(event_json).__name__}")
+        try:
+            event = accounting.event_from_json(event_json)
+        except (ValueError, TypeError) as e:  # json.JSONDecodeError is a ValueError
+            raise InvalidRequestError(f"event_json is not a serialized DpEvent: {e}") from e
+        accounting.check_event(event)
+    else:
+        if epsilon is None:
+            if delta is not None:
+                raise InvalidRequestError("delta was given without epsilon")
+            raise InvalidRequestError(
+                "give the run's privacy cost: epsilon (and delta) for a basic-mode stream, or "
+                "event_json for an rdp-mode stream")
+        epsilon = accounting.check_epsilon(epsilon)
+        if delta is not None:
+            delta = accounting.check_delta(delta)
+    return {"blocks": blocks, "window": window, "epsilon": epsilon, "delta": delta,
+            "event": event}
+
+
+def _get(exec_properties: Dict[str, Any], key: str) -> Any:
+    """An optional exec property; absent, None and "" all mean unset."""
+    value = exec_properties.get(key)
+    return None if value is None or value == "" else value
+
+
+def request_from_exec_properties(exec_properties: Dict[str, Any]) -> Dict[str, Any]:
+    """``build_request`` from a gate's exec properties."""
+    blocks_json = _get(exec_properties, spec.BLOCKS_KEY)
+    blocks = None
+    if blocks_json is not None:
+        try:
+            blocks = json.loads(blocks_json)
+        except ValueError as e:
+            raise InvalidRequestError(f"{spec.BLOCKS_KEY} must be a JSON list: {e}") from e
+    window_last = _get(exec_properties, spec.WINDOW_LAST_KEY)
+    window_min = _get(exec_properties, spec.WINDOW_MIN_BLOCKS_KEY)
+    epsilon = _get(exec_properties, spec.EPSILON_KEY)
+    delta = _get(exec_properties, spec.DELTA_KEY)
+    return build_request(
+        blocks=blocks,
+        window_last=int(window_last) if window_last is not None else None,
+        window_min_blocks=int(window_min) if window_min is not None else None,
+        epsilon=epsilon, delta=delta, event_json=_get(exec_properties, spec.EVENT_JSON_KEY))
+
+
+class Executor(base_executor.BaseExecutor):
+    """Asks the ledger for the run's blocks and writes the decision (grant or denial)."""
+
+    def _run_id(self, exec_properties: Dict[str, Any]) -> str:
+        explicit = _get(exec_properties, spec.RUN_ID_KEY)
+        if explicit is not None:
+            return check_name("run_id", explicit)
+        ctx = self._context
+        pipeline_run_id = _get(exec_properties, spec.PIPELINE_RUN_ID_KEY) or (
+            ctx.pipeline_run_id if ctx is not None else None)
+        if not pipeline_run_id:
+            raise InvalidRequestError(
+                "SageGate needs a run id: pass run_id=... or run it in a pipeline whose "
+                "orchestrator provides a pipeline run id")
+        pipeline_name = (ctx.pipeline_info.id if ctx is not None and ctx.pipeline_info
+                         else "pipeline")
+        node_id = (ctx.pipeline_node.node_info.id if ctx is not None and ctx.pipeline_node
+                   else "SageGate")
+        return derive_run_id(pipeline_name, node_id, pipeline_run_id)
+
+    def Do(self, input_dict: Dict[str, List[types.Artifact]],
+           output_dict: Dict[str, List[types.Artifact]],
+           exec_properties: Dict[str, Any]) -> None:
+        """Requests the blocks from the ledger; writes a grant or a denial, never nothing.
+
+        Args:
+          input_dict: unused (the gate has no inputs).
+          output_dict: ``grant``: a list of one SageGrant artifact.
+          exec_properties: the keys of ``sage_tfx.components.gate.spec``.
+
+        Raises:
+          ValueError subclasses (sage_tfx.errors) for bad configuration; nothing is charged.
+        """
+        self._log_startup(input_dict, output_dict, exec_properties)
+        ledger_url = check_ledger_url(exec_properties.get(spec.LEDGER_URL_KEY))
+        stream = check_name("stream", exec_properties.get(spec.STREAM_KEY))
+        context = check_name("context",
+                             _get(exec_properties, spec.CONTEXT_KEY) or DEFAULT_CONTEXT)
+        request = request_from_exec_properties(exec_properties)
+        run_id = self._run_id(exec_properties)
+        grant_artifact = artifact_utils.get_single_instance(output_dict[spec.GRANT_KEY])
+
+        with open_ledger(ledger_url) as ledger:
+            decision = ledger.request(stream, run_id=run_id, context=context, **request)
+
+        if decision.granted:
+            grant = decision.grant
+            logging.info("SageGate: ledger %s granted run %s on stream %s: grant %s, %d block(s)"
+                         "%s", ledger_url, run_id, stream, grant.grant_id, len(grant.blocks),
+                         " (replayed, not charged again)" if decision.replayed else "")
+            artifacts.write_grant(grant_artifact, grant, stream=stream, run_id=run_id,
+                                  context=context, ledger_url=ledger_url)
+        else:
+            logging.warning("SageGate: ledger %s denied run %s on stream %s: %s", ledger_url,
+                            run_id, stream, decision.reason)
+            artifacts.write_grant(grant_artifact, None, stream=stream, run_id=run_id,
+                                  context=context, ledger_url=ledger_url,
+                                  reason=decision.reason)
+        grant_artifact.set_int_custom_property(REPLAYED_KEY, int(bool(decision.replayed)))

@@ -1,0 +1,44 @@
+"""SageGate component spec and its exec-property / channel keys."""
+from tfx.types.component_spec import ChannelParameter, ComponentSpec, ExecutionParameter
+
+from sage_tfx.components.artifacts import SageGrant
+
+# Exec-property keys.
+LEDGER_URL_KEY = "ledger_url"
+STREAM_KEY = "stream"
+CONTEXT_KEY = "context"
+RUN_ID_KEY = "run_id"
+# Resolved at run time from the orchestrator's pipeline run id (a placeholder): it derives the
+# default run id and keeps a cached gate from standing in for a new pipeline run.
+PIPELINE_RUN_ID_KEY = "pipeline_run_id"
+BLOCKS_KEY = "blocks"  # JSON list of block ids
+WINDOW_LAST_KEY = "window_last"
+WINDOW_MIN_BLOCKS_KEY = "window_min_blocks"
+EPSILON_KEY = "epsilon"
+DELTA_KEY = "delta"
+EVENT_JSON_KEY = "event_json"
+
+# Output channel key.
+GRANT_KEY = "grant"
+
+
+class SageGateSpec(ComponentSpec):
+    """SageGate: one ledger request (blocks or a window, at a privacy cost) -> a SageGrant."""
+
+    PARAMETERS = {
+        LEDGER_URL_KEY: ExecutionParameter(type=str),
+        STREAM_KEY: ExecutionParameter(type=str),
+        CONTEXT_KEY: ExecutionParameter(type=str),
+        RUN_ID_KEY: ExecutionParameter(type=str, optional=True),
+        PIPELINE_RUN_ID_KEY: ExecutionParameter(type=str, optional=True),
+        BLOCKS_KEY: ExecutionParameter(type=str, optional=True),
+        WINDOW_LAST_KEY: ExecutionParameter(type=int, optional=True),
+        WINDOW_MIN_BLOCKS_KEY: ExecutionParameter(type=int, optional=True),
+        EPSILON_KEY: ExecutionParameter(type=float, optional=True),
+        DELTA_KEY: ExecutionParameter(type=float, optional=True),
+        EVENT_JSON_KEY: ExecutionParameter(type=str, optional=True),
+    }
+    INPUTS = {}
+    OUTPUTS = {
+        GRANT_KEY: ChannelParameter(type=SageGrant),
+    }
