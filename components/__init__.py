@@ -11,6 +11,7 @@ _LAZY = {
     "SageGate": "sage_tfx.components.gate.component",
     "BlockExampleGen": "sage_tfx.components.block_example_gen.component",
     "SageGrant": "sage_tfx.components.artifacts",
+    "DPModelValidator": "sage_tfx.components.dp_validator.component",
 }
 
 __all__ = sorted(_LAZY)

@@ -53,7 +53,9 @@ class PlanPart:
             if self.epsilon is None:
                 raise InvalidRequestError(f"plan part {self.name!r} needs epsilon or a DpEvent")
             accounting.check_epsilon(self.epsilon, f"{self.name}.epsilon")
-            accounting.check_delta(0.0 if self.delta is None else self.delta, f"{self.name}.delta")
+            if self.delta is None:
+                object.__setattr__(self, "delta", 0.0)  # pure ε-DP: an explicit δ of zero
+            accounting.check_delta(self.delta, f"{self.name}.delta")
         else:
             if self.epsilon is not None or self.delta is not None:
                 raise InvalidRequestError(
@@ -69,7 +71,7 @@ class PlanPart:
 
     def to_dict(self) -> dict:
         return {"name": self.name, "epsilon": self.epsilon,
-                "delta": None if self.event is not None else (self.delta or 0.0),
+                "delta": self.delta,
                 "event": accounting.event_to_dict(self.event) if self.event is not None else None,
                 "params": [list(p) for p in self.params]}
 

@@ -50,7 +50,8 @@ class SageGate(base_component.BaseComponent):
                  blocks: Optional[Sequence[str]] = None,
                  window_last: Optional[int] = None, window_min_blocks: Optional[int] = None,
                  context: str = DEFAULT_CONTEXT,
-                 run_id: Optional[Union[str, ph.Placeholder]] = None):
+                 run_id: Optional[Union[str, ph.Placeholder]] = None,
+                 plan: Optional[Union["PrivacyPlan", str]] = None):
         """Constructs a SageGate.
 
         Args:
@@ -67,6 +68,9 @@ class SageGate(base_component.BaseComponent):
           window_min_blocks: with ``window_last``: how many such blocks suffice (default: all
             ``window_last``); fewer means a denial.
           context: the ledger context (budget list) to charge.
+          plan: a ``sage_tfx.plan.PrivacyPlan`` (or its JSON) instead of epsilon / delta /
+            event_json: the gate charges the plan's composed cost and stores the plan beside the
+            grant, where DPTransform, DPTrainer and DPModelValidator read their parts.
           run_id: the ledger run id. Default: ``<pipeline>.<node id>.<pipeline run id>``, so
             retrying the node in the same pipeline run returns the same grant without charging
             twice, and every new pipeline run is a new request. An explicit run id makes every
@@ -84,6 +88,12 @@ class SageGate(base_component.BaseComponent):
             executor.check_name("context", context)
         if run_id is not None and not _dynamic(run_id):
             executor.check_name("run_id", run_id)
+        plan_json = None
+        if plan is not None:
+            if epsilon is not None or delta is not None or event_json is not None:
+                raise ValueError("give a privacy plan or (epsilon, delta) / event_json, not both")
+            plan_json, cost = executor.plan_cost(plan)
+            epsilon, delta, event_json = cost["epsilon"], cost["delta"], cost["event_json"]
         values = (blocks, window_last, window_min_blocks, epsilon, delta, event_json)
         if not any(_dynamic(v) for v in values):
             request = executor.build_request(
@@ -106,5 +116,6 @@ class SageGate(base_component.BaseComponent):
             epsilon=epsilon,
             delta=delta,
             event_json=event_json,
+            plan_json=plan_json,
             grant=types.Channel(type=SageGrant),
         ))

@@ -19,7 +19,8 @@ from tfx.dsl.components.base import base_executor
 from tfx.types import artifact_utils
 
 from sage_tfx import accounting
-from sage_tfx.components import artifacts
+from sage_tfx import plan as plan_lib
+from sage_tfx.components import artifacts, plan_io
 from sage_tfx.components.gate import spec
 from sage_tfx.errors import AccountingModeError, InvalidRequestError
 from sage_tfx.ledger import DEFAULT_CONTEXT, Window, open_ledger
@@ -136,6 +137,26 @@ def build_request(*, blocks: Optional[Sequence[str]] = None, window_last: Option
             "event": event}
 
 
+def plan_cost(plan: Any) -> tuple:
+    """A privacy plan (``PrivacyPlan`` or its JSON) as ``(plan_json, cost)``.
+
+    ``cost`` holds the gate's request parameters: ``epsilon`` / ``delta`` for a basic plan or
+    ``event_json`` (the composed DpEvent) for an rdp plan; the others are None.
+    """
+    if isinstance(plan, str):
+        try:
+            plan = plan_lib.PrivacyPlan.from_json(plan)
+        except (ValueError, KeyError, TypeError) as e:
+            raise InvalidRequestError(f"plan is not a serialized PrivacyPlan: {e}") from e
+    if not isinstance(plan, plan_lib.PrivacyPlan):
+        raise InvalidRequestError(f"plan must be a sage_tfx.plan.PrivacyPlan, got {plan!r}")
+    cost = plan.cost()
+    if "event" in cost:
+        return plan.to_json(), {"epsilon": None, "delta": None,
+                                "event_json": accounting.event_to_json(cost["event"])}
+    return plan.to_json(), {"epsilon": cost["epsilon"], "delta": cost["delta"], "event_json": None}
+
+
 def _get(exec_properties: Dict[str, Any], key: str) -> Any:
     """An optional exec property; absent, None and "" all mean unset."""
     value = exec_properties.get(key)
@@ -201,6 +222,14 @@ class Executor(base_executor.BaseExecutor):
         context = check_name("context",
                              _get(exec_properties, spec.CONTEXT_KEY) or DEFAULT_CONTEXT)
         request = request_from_exec_properties(exec_properties)
+        plan = None
+        plan_json = _get(exec_properties, spec.PLAN_JSON_KEY)
+        if plan_json:
+            plan, cost = plan_lib.PrivacyPlan.from_json(plan_json), plan_cost(plan_json)[1]
+            charged = (request.get("epsilon"), request.get("delta"),
+                       accounting.event_to_json(request["event"]) if request.get("event") else None)
+            if charged != (cost["epsilon"], cost["delta"], cost["event_json"]):
+                raise ValueError(f"the request's cost {charged} is not the plan's cost {cost}")
         run_id = self._run_id(exec_properties)
         grant_artifact = artifact_utils.get_single_instance(output_dict[spec.GRANT_KEY])
 
@@ -214,6 +243,9 @@ class Executor(base_executor.BaseExecutor):
                          " (replayed, not charged again)" if decision.replayed else "")
             artifacts.write_grant(grant_artifact, grant, stream=stream, run_id=run_id,
                                   context=context, ledger_url=ledger_url)
+            if plan is not None:
+                plan_lib.check_grant_matches(plan, grant)
+                plan_io.write_plan(grant_artifact, plan)
         else:
             logging.warning("SageGate: ledger %s denied run %s on stream %s: %s", ledger_url,
                             run_id, stream, decision.reason)

@@ -17,6 +17,9 @@ WINDOW_MIN_BLOCKS_KEY = "window_min_blocks"
 EPSILON_KEY = "epsilon"
 DELTA_KEY = "delta"
 EVENT_JSON_KEY = "event_json"
+# A sage_tfx.plan.PrivacyPlan as JSON: the cost charged is the plan's composed cost, and the plan
+# is stored beside the grant for the DP components (components/plan_io.py).
+PLAN_JSON_KEY = "plan_json"
 
 # Output channel key.
 GRANT_KEY = "grant"
@@ -37,6 +40,7 @@ class SageGateSpec(ComponentSpec):
         EPSILON_KEY: ExecutionParameter(type=float, optional=True),
         DELTA_KEY: ExecutionParameter(type=float, optional=True),
         EVENT_JSON_KEY: ExecutionParameter(type=str, optional=True),
+        PLAN_JSON_KEY: ExecutionParameter(type=str, optional=True),
     }
     INPUTS = {}
     OUTPUTS = {

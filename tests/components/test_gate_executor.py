@@ -168,3 +168,31 @@ def test_rdp_stream_charges_a_dp_event(tfx_modules, tmp_path, block_ledger):
     grant = artifacts.read_grant(art)
     assert grant.mode == "rdp" and grant.event == event and grant.epsilon is None
     assert art.event_json == event_to_json(event)
+
+
+def test_plan_is_charged_once_and_stored_beside_the_grant(tfx_modules, tmp_path, block_ledger):
+    from sage_tfx.components import plan_io
+    from sage_tfx.components.gate.component import SageGate
+    from sage_tfx.plan import PlanPart, PrivacyPlan
+    artifacts, executor, spec = tfx_modules
+    url, _ = block_ledger
+    plan = PrivacyPlan.of(PlanPart("transform", 0.1), PlanPart("train", 0.3, 1e-7),
+                          PlanPart("validate", 0.2))
+    plan_json, cost = executor.plan_cost(plan)
+    art = _run_gate(tfx_modules, tmp_path, "g", _props(
+        spec, url, run_id="planned", window_last=2, epsilon=cost["epsilon"], delta=cost["delta"],
+        plan_json=plan_json))
+    assert plan_io.read_plan(art) == plan
+    assert art.epsilon == 0.6 and art.delta == 1e-7
+    assert _charges(url)["2024-01-04"] == (0.6, 1)
+    # An edited cost that disagrees with the plan is refused before anything is charged.
+    with pytest.raises(ValueError, match="not the plan's cost"):
+        _run_gate(tfx_modules, tmp_path, "g2", _props(
+            spec, url, run_id="edited", window_last=2, epsilon=0.5, delta=1e-7,
+            plan_json=plan_json))
+    assert _charges(url)["2024-01-04"] == (0.6, 1)
+    # The component derives the cost from the plan and refuses a second cost.
+    gate = SageGate(ledger_url=url, stream=STREAM, window_last=2, plan=plan)
+    assert gate.exec_properties[spec.EPSILON_KEY] == 0.6
+    with pytest.raises(ValueError, match="not both"):
+        SageGate(ledger_url=url, stream=STREAM, window_last=2, plan=plan, epsilon=0.6)
