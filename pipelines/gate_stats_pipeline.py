@@ -80,3 +80,40 @@ def create_pipeline(pipeline_name: str, pipeline_root: str, metadata_path: str,
             metadata_path),
         beam_pipeline_args=list(beam_pipeline_args or []),
     )
+
+
+def run_local(*, pipeline_root: str, ledger_url: str, stream: str, window_last: int,
+              epsilon: float, delta: float = 0.0, pipeline_name: str = "sage-gate-stats",
+              **kwargs) -> dict:
+    """Runs the pipeline once with LocalDagRunner; returns a summary of what it read.
+
+    Returns:
+      ``{"granted": bool, "blocks": [...], "train_examples": n, "eval_examples": n}`` (counts
+      from the ExampleStatistics artifact), or ``{"granted": False, "reason": ...}``.
+    """
+    import os
+
+    from ml_metadata.metadata_store import metadata_store
+    from tensorflow_metadata.proto.v0 import statistics_pb2
+    from tfx.orchestration import metadata
+
+    metadata_path = os.path.join(pipeline_root, "metadata.db")
+    tfx.orchestration.LocalDagRunner().run(create_pipeline(
+        pipeline_name=pipeline_name, pipeline_root=pipeline_root, metadata_path=metadata_path,
+        ledger_url=ledger_url, stream=stream, window_last=window_last, epsilon=epsilon,
+        delta=delta, **kwargs))
+    store = metadata_store.MetadataStore(metadata.sqlite_metadata_connection_config(metadata_path))
+    grant = store.get_artifacts_by_type("sage_tfx.SageGrant")[-1]
+    if grant.custom_properties["granted"].int_value != 1:
+        return {"granted": False, "reason": grant.properties["reason"].string_value}
+    stats = store.get_artifacts_by_type("ExampleStatistics")[-1]
+    examples = store.get_artifacts_by_type("Examples")[-1]
+    counts = {}
+    for split in ("train", "eval"):
+        s = statistics_pb2.DatasetFeatureStatisticsList()
+        with open(os.path.join(stats.uri, f"Split-{split}", "FeatureStats.pb"), "rb") as f:
+            s.ParseFromString(f.read())
+        counts[f"{split}_examples"] = s.datasets[0].num_examples
+    import json
+    return {"granted": True,
+            "blocks": json.loads(examples.custom_properties["block_ids"].string_value), **counts}

@@ -18,6 +18,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+
+import warnings
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's start-up chatter out
+warnings.filterwarnings("ignore", category=FutureWarning)
 import shutil
 import sys
 import time
@@ -39,8 +44,8 @@ class DemoPipeline:
 
 
 PIPELINES = (
-    DemoPipeline("delay-stats", window=7, epsilon=0.05, delta=0.0, every=1),
-    DemoPipeline("delay-regression", window=28, epsilon=0.2, delta=1e-8, every=7),
+    DemoPipeline("delay-stats", window=7, epsilon=0.1, delta=0.0, every=1),
+    DemoPipeline("delay-regression", window=28, epsilon=0.25, delta=1e-8, every=7),
     DemoPipeline("route-model", window=14, epsilon=0.1, delta=1e-8, every=3),
 )
 

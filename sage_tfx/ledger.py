@@ -31,7 +31,7 @@ import os
 import re
 import uuid
 from decimal import Decimal
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Optional, Sequence
 
 from dp_accounting import dp_event as dp_event_lib
 
@@ -124,8 +124,7 @@ class BlockState:
         return self.status == ACTIVE
 
 
-@dataclasses.dataclass(frozen=True)
-class GrantedBlock:
+class GrantedBlock(NamedTuple):
     """A block of a grant; ``location`` is None until the grant is released."""
 
     block_id: str
@@ -738,7 +737,8 @@ class Ledger:
         elif not isinstance(window, Window):
             raise InvalidRequestError(f"window must be a Window, got {window!r}")
         request_text = json.dumps({
-            "blocks": blocks, "window": dataclasses.asdict(window) if window else None,
+            "blocks": blocks,
+            "window": {"last": window.last, "min_blocks": window.min_blocks} if window else None,
             "epsilon": eps, "delta": dlt, "event": json.loads(event_json) if event_json else None,
             "context": context}, sort_keys=True)
         charge = accounting.rdp_curve(event, s.orders) if event is not None else None
