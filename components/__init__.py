@@ -12,6 +12,8 @@ _LAZY = {
     "BlockExampleGen": "sage_tfx.components.block_example_gen.component",
     "SageGrant": "sage_tfx.components.artifacts",
     "DPModelValidator": "sage_tfx.components.dp_validator.component",
+    "DPTrainer": "sage_tfx.components.dp_trainer.component",
+    "DPTransform": "sage_tfx.components.dp_transform.component",
 }
 
 __all__ = sorted(_LAZY)

@@ -183,6 +183,10 @@ class DPBudget:
         """ε spent so far in ``trace``."""
         return float(self._total(self._trace(trace)))
 
+    def trace_spends(self, trace: Any) -> tuple[DPSpend, ...]:
+        """The spends recorded so far in ``trace`` (the graph being traced), in order."""
+        return tuple(self._trace(trace))
+
     def check_fully_spent(self, trace: Any = None) -> None:
         """Raises unless every trace (or just ``trace``) spent the whole grant.
 

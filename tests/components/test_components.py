@@ -23,7 +23,8 @@ def test_package_exports_lazily():
     from sage_tfx.components.block_example_gen.component import BlockExampleGen
     from sage_tfx.components.gate.component import SageGate
     assert (c.SageGate, c.BlockExampleGen, c.SageGrant) == (SageGate, BlockExampleGen, SageGrant)
-    assert set(c.__all__) == {"SageGate", "BlockExampleGen", "SageGrant", "DPModelValidator"}
+    assert set(c.__all__) == {"SageGate", "BlockExampleGen", "SageGrant", "DPModelValidator",
+                              "DPTrainer", "DPTransform"}
     with pytest.raises(AttributeError):
         c.NoSuchComponent  # noqa: B018
 

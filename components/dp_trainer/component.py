@@ -1,0 +1,125 @@
+"""DPTrainer: the stock TFX Trainer, spending exactly the privacy plan's ``train`` part (Sage §3.1).
+
+Like ``tfx.components.Trainer`` (a module file with ``run_fn(fn_args)``, ``train_args`` /
+``eval_args``, optional transform graph and schema), plus a required ``grant`` from SageGate whose
+privacy plan has a ``train`` part. Example::
+
+    plan = PrivacyPlan.of(PlanPart("train", 0.5, 1e-7), PlanPart("validate", 0.1))
+    # The gate charges plan.cost(); the plan itself is stored in the grant (plan_io.write_plan).
+    gate = SageGate(ledger_url=LEDGER, stream="flights", window_last=28, ...)
+    example_gen = BlockExampleGen(grant=gate.outputs["grant"])
+    trainer = DPTrainer(module_file=MODULE, examples=example_gen.outputs["examples"],
+                        grant=gate.outputs["grant"],
+                        custom_config={"algorithm": "dpsgd", "epochs": 5, "batch_size": 256})
+
+The run_fn contract (helpers in ``sage_tfx.components.dp_trainer.run_fn_utils``):
+
+* read the part with ``train_part(fn_args)`` — for DP-SGD, ``dpsgd_noise_for(fn_args, n,
+  batch_size, epochs, l2_norm_clip=...)`` gives the noise multiplier and run settings for basic
+  ((ε, δ): σ calibrated from the real n) and rdp (DpEvent: σ, q, steps as charged) parts;
+* train only on ``fn_args.train_files``; write no non-DP statistics of the data (no eval
+  metrics, no TensorBoard logs of the loss);
+* export the serving model to ``fn_args.serving_model_dir`` (``export_serving_model``);
+* end with ``report_guarantee(fn_args, guarantee)``.
+
+The executor re-derives ε from the report and records on the Model artifact the custom
+properties ``dp_epsilon``, ``dp_delta``, ``dp_accounting`` (rdp / pld), ``dp_sampling``,
+``dp_num_examples``, ``dp_noise_multiplier``, ``dp_algorithm`` (dpsgd / adassp / logistic),
+``dp_mode``, ``dp_neighboring_relation``, ``dp_event_json``, ``grant_id`` and, for DP-SGD,
+``dp_l2_norm_clip``, ``dp_batch_size``, ``dp_epochs``, ``dp_steps``. The Model artifact's
+``dp_guarantee.json`` holds the same, the run_fn's report and the plan part. A run_fn that does
+not report, or reports a cost that does not fit the part, fails the component.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Union
+
+from tfx import types
+from tfx.components.util import udf_utils
+from tfx.dsl.components.base import base_component, executor_spec
+from tfx.orchestration import data_types
+from tfx.proto import trainer_pb2
+from tfx.types import standard_artifacts
+from tfx.utils import json_utils
+
+from sage_tfx.components.dp_trainer import executor
+from sage_tfx.components.dp_trainer import spec
+
+
+def _dynamic(value: Any) -> bool:
+    return isinstance(value, data_types.RuntimeParameter) or (
+        type(value).__name__ in ("Placeholder", "RuntimeParameter"))
+
+
+class DPTrainer(base_component.BaseComponent):
+    """Trains a model with a user run_fn under the plan's train part; outputs a DP Model.
+
+    Component ``inputs`` contains:
+      - ``examples``: Channel of type ``Examples`` (raw, or the Transform's transformed ones).
+      - ``transform_graph``: optional Channel of type ``TransformGraph``.
+      - ``schema``: optional Channel of type ``Schema``.
+      - ``grant``: Channel of type ``SageGrant`` (from SageGate, with a privacy plan).
+    Component ``outputs`` contains:
+      - ``model``: Channel of type ``Model`` (``Format-Serving`` SavedModel, ``dp_guarantee.json``
+        and the ``dp_*`` custom properties).
+      - ``model_run``: Channel of type ``ModelRun``.
+    """
+
+    SPEC_CLASS = spec.DPTrainerSpec
+    EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(executor.Executor)
+
+    def __init__(self, *, examples: types.BaseChannel, grant: types.BaseChannel,
+                 transform_graph: Optional[types.BaseChannel] = None,
+                 schema: Optional[types.BaseChannel] = None,
+                 module_file: Optional[Union[str, data_types.RuntimeParameter]] = None,
+                 run_fn: Optional[Union[str, data_types.RuntimeParameter]] = None,
+                 train_args: Optional[trainer_pb2.TrainArgs] = None,
+                 eval_args: Optional[trainer_pb2.EvalArgs] = None,
+                 custom_config: Optional[Dict[str, Any]] = None):
+        """Constructs a DPTrainer.
+
+        Args:
+          examples: training (``train_args.splits``, default ``train``) and eval examples.
+          grant: the ``grant`` output of a SageGate whose plan has a ``train`` part.
+          transform_graph: the Transform's graph; then ``examples`` must be its
+            ``transformed_examples`` and the serving model applies the graph to raw examples.
+          schema: the raw data schema (feature types for the serving signature).
+          module_file: a Python file with ``run_fn(fn_args)`` (exclusive with ``run_fn``).
+          run_fn: dotted path of a run_fn, e.g.
+            ``sage_tfx.pipelines.flights_dp_module.adassp_run_fn``.
+          train_args: ``trainer_pb2.TrainArgs`` with ``splits``; ``num_steps`` must stay unset:
+            the DP-SGD steps follow from the plan.
+          eval_args: ``trainer_pb2.EvalArgs``.
+          custom_config: a JSON-able dict for the run_fn (keys starting with ``sage_`` are
+            reserved for the plan the executor adds).
+
+        Raises:
+          ValueError: both or neither of module_file / run_fn, train_args.num_steps set, or a
+            reserved custom_config key.
+        """
+        if [bool(module_file), bool(run_fn)].count(True) != 1:
+            raise ValueError("Exactly one of 'module_file' or 'run_fn' must be supplied.")
+        train_args = train_args or trainer_pb2.TrainArgs()
+        if isinstance(train_args, trainer_pb2.TrainArgs) and train_args.num_steps:
+            raise ValueError(
+                "DPTrainer: leave train_args.num_steps unset; the number of DP-SGD steps follows "
+                "from the privacy plan (epochs and batch size, or the charged DpEvent)")
+        if not _dynamic(custom_config):
+            custom_config = executor.check_custom_config(custom_config) or None
+        super().__init__(spec=spec.DPTrainerSpec(
+            examples=examples,
+            transform_graph=transform_graph,
+            schema=schema,
+            grant=grant,
+            train_args=train_args,
+            eval_args=eval_args or trainer_pb2.EvalArgs(),
+            module_file=module_file,
+            run_fn=run_fn,
+            custom_config=(custom_config if _dynamic(custom_config)
+                           else json_utils.dumps(custom_config)),
+            model=types.Channel(type=standard_artifacts.Model),
+            model_run=types.Channel(type=standard_artifacts.ModelRun),
+        ))
+        if udf_utils.should_package_user_modules():
+            # As the stock Trainer: the module file is packaged and found again by module_path.
+            udf_utils.add_user_module_dependency(self, spec.MODULE_FILE_KEY, spec.MODULE_PATH_KEY)

@@ -1,0 +1,602 @@
+"""Helpers for DPTrainer ``run_fn`` authors: the plan's train part, DP-SGD noise, data, export.
+
+The run_fn contract (see ``sage_tfx.components.dp_trainer.component``)::
+
+    from sage_tfx.components.dp_trainer import run_fn_utils as dp
+
+    def run_fn(fn_args):
+        columns = dp.columns_from_config(FEATURES)
+        data = dp.read_split(fn_args, "train", columns, label_key="y")
+        noise_multiplier, run = dp.dpsgd_noise_for(fn_args, data.num_examples, batch_size=256,
+                                                   epochs=5, l2_norm_clip=1.0)
+        model, trained_steps = dp.train_dpsgd_keras(data.features, data.labels, run,
+                                                    layers=..., loss=...)
+        dp.export_serving_model(fn_args, model, columns, kinds=data.kinds, label_key="y")
+        dp.report_guarantee(fn_args, run, trained_steps=trained_steps)
+
+* The train part comes from ``fn_args.custom_config`` (put there by the executor):
+  :func:`train_part`. Spend it with :func:`dpsgd_noise_for` (DP-SGD) or pass its (ε, δ) to
+  ``sage_tfx.training.adassp`` / ``logistic`` (basic parts only).
+* Data: :func:`read_split` reads a split's gzip TFRecords of tf.Example into numpy (types are
+  inferred by tfx_bsl, absent values become the column's default), and :func:`featurize_tf` does
+  the same featurization in TensorFlow for the serving graph, so training and serving agree.
+* Export: :func:`export_serving_model` writes a SavedModel to ``fn_args.serving_model_dir`` whose
+  ``serving_default`` signature takes serialized *raw* tf.Examples (input ``examples``) and
+  returns ``{"predictions": [batch, 1]}``; with a transform graph it runs the TFT layer first (the
+  penguin pattern), so stock Pusher / TF Serving / DPModelValidator work unchanged.
+* The run_fn must end with :func:`report_guarantee`; the executor verifies the report
+  independently and fails the run if it is missing or does not fit the plan.
+
+Nothing here evaluates on the eval split: non-DP eval metrics of the granted data would leak.
+Validation is the DP validator's job.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import Any, Mapping, Optional, Sequence, Union
+
+import numpy as np
+import tensorflow as tf
+from tfx.dsl.io import fileio
+
+from sage_tfx import accounting, dpsgd
+from sage_tfx import plan as plan_lib
+from sage_tfx.components.dp_trainer import guarantee as guarantee_lib
+from sage_tfx.errors import InvalidPrivacyParameterError, MissingGrantError
+
+PREDICTIONS_KEY = "predictions"
+SERVING_INPUT_NAME = "examples"
+_READ_BATCH = 4096
+
+
+# ---------------------------------------------------------------------------------------------
+# The plan's train part, as handed over by the executor.
+
+
+def _config(fn_args: Any) -> dict:
+    config = getattr(fn_args, "custom_config", None) or {}
+    if guarantee_lib.TRAIN_PART_CONFIG_KEY not in config:
+        raise MissingGrantError(
+            "fn_args.custom_config carries no privacy plan part: this run_fn must run under "
+            "sage_tfx.components.dp_trainer.DPTrainer (with a SageGrant), not the stock Trainer")
+    return config
+
+
+def train_part(fn_args: Any) -> plan_lib.PlanPart:
+    """The plan's ``train`` part this run may spend ((ε, δ) basic, or a DpEvent rdp).
+
+    Raises:
+      MissingGrantError: not run by DPTrainer.
+    """
+    return plan_lib.PlanPart.from_dict(_config(fn_args)[guarantee_lib.TRAIN_PART_CONFIG_KEY])
+
+
+def grant_id(fn_args: Any) -> str:
+    """The id of the grant that charged the train part."""
+    return str(_config(fn_args)[guarantee_lib.GRANT_ID_CONFIG_KEY])
+
+
+def report_delta(fn_args: Any) -> Optional[float]:
+    """rdp parts: the δ at which the run's ε is reported (None for basic parts)."""
+    value = _config(fn_args).get(guarantee_lib.REPORT_DELTA_CONFIG_KEY)
+    return None if value is None else float(value)
+
+
+def num_train_records(fn_args: Any) -> Optional[int]:
+    """Records the executor counted in the train split(s)."""
+    value = _config(fn_args).get(guarantee_lib.NUM_TRAIN_RECORDS_CONFIG_KEY)
+    return None if value is None else int(value)
+
+
+def dpsgd_noise_for(fn_args: Any, num_examples: int, batch_size: int, epochs: float, *,
+                    l2_norm_clip: float, accountant: str = dpsgd.RDP
+                    ) -> tuple[float, guarantee_lib.DPSGDRun]:
+    """The DP-SGD noise multiplier that spends the plan's train part, with the full run settings.
+
+    * basic part: σ calibrated from the REAL ``num_examples``, ``batch_size`` and ``epochs``
+      (``sage_tfx.dpsgd.calibrate_noise_multiplier``, ``accountant``).
+    * rdp part: the event fixes σ, the sampling probability q and the steps T;
+      ``batch_size`` / ``epochs`` / ``accountant`` are ignored, the batch size is
+      ``round(q · num_examples)`` (fixed shuffled batches approximating Poisson sampling) and
+      exactly T steps must run. Events of any other shape are refused.
+
+    Args:
+      fn_args: The run_fn's FnArgs.
+      num_examples: The number of examples the model will train on.
+      batch_size: Examples per step (basic parts).
+      epochs: Passes over the data (basic parts; may be fractional).
+      l2_norm_clip: Per-example gradient clipping norm.
+      accountant: ``"rdp"`` or ``"pld"`` (basic parts).
+
+    Returns:
+      ``(noise_multiplier, run)``; train with ``run.batch_size`` for exactly ``run.steps`` steps
+      (:func:`train_dpsgd_keras` does) and report ``run``.
+
+    Raises:
+      GuaranteeMismatchError, InvalidPrivacyParameterError: a part the run cannot spend.
+    """
+    records = num_train_records(fn_args)
+    if records is not None and num_examples > records:
+        raise InvalidPrivacyParameterError(
+            f"num_examples={num_examples} exceeds the {records} records of the train split")
+    run = guarantee_lib.dpsgd_run_for_part(
+        train_part(fn_args), num_examples=num_examples, batch_size=batch_size, epochs=epochs,
+        l2_norm_clip=l2_norm_clip, accountant=accountant, report_delta=report_delta(fn_args))
+    return run.noise_multiplier, run
+
+
+def basic_budget(fn_args: Any, algorithm: str) -> tuple[float, float]:
+    """(ε, δ) of a basic train part, for the numpy algorithms (AdaSSP, logistic regression).
+
+    Raises:
+      InvalidPrivacyParameterError: an rdp part — ``sage_tfx.training.adassp`` / ``logistic``
+        calibrate σ from (ε, δ) and cannot run with a given σ, so they cannot spend an rdp event
+        exactly; or a part with δ = 0 (both need δ > 0).
+    """
+    part = train_part(fn_args)
+    if part.mode != accounting.BASIC:
+        raise InvalidPrivacyParameterError(
+            f"{algorithm} can only spend a basic (epsilon, delta) train part; this plan's train "
+            f"part is the DpEvent {part.event}. Use DP-SGD for rdp streams.")
+    if not part.delta:
+        raise InvalidPrivacyParameterError(
+            f"the plan's train part has delta={part.delta!r}; {algorithm} uses Gaussian noise "
+            "and needs delta > 0")
+    return float(part.epsilon), float(part.delta)
+
+
+def report_guarantee(fn_args: Any, guarantee: Any, *, algorithm: Optional[str] = None,
+                     trained_steps: Optional[int] = None, num_examples: Optional[int] = None,
+                     **extra: Any) -> dict:
+    """Reports the DP guarantee the run_fn actually used; the last call of every run_fn.
+
+    Writes ``dp_guarantee.json`` into the Model artifact. The executor re-derives ε from the
+    reported parameters with dp_accounting and fails the component unless it fits the plan's
+    train part (see ``guarantee.verify_report``).
+
+    Args:
+      fn_args: The run_fn's FnArgs.
+      guarantee: A ``DPSGDRun`` (from :func:`dpsgd_noise_for`), a ``sage_tfx.dpsgd.DPGuarantee``,
+        an ``AdaSSPResult`` or a ``DPLogisticResult``.
+      algorithm: Overrides the inferred algorithm name.
+      trained_steps: DP-SGD: the optimizer steps that actually ran (required for DP-SGD).
+      num_examples: Examples trained on, if the guarantee does not carry it (AdaSSP).
+      **extra: JSON-able facts to keep in the report.
+
+    Returns:
+      The report written.
+    """
+    report = guarantee_lib.report_from(guarantee, algorithm=algorithm,
+                                       trained_steps=trained_steps,
+                                       num_examples=num_examples, **extra)
+    path = _config(fn_args)[guarantee_lib.GUARANTEE_PATH_CONFIG_KEY]
+    with fileio.open(path, "w") as f:
+        f.write(json.dumps(report, sort_keys=True, indent=1))
+    return report
+
+
+# ---------------------------------------------------------------------------------------------
+# Data: gzip TFRecords of tf.Example -> numpy, and the same featurization in TensorFlow.
+
+
+@dataclasses.dataclass(frozen=True)
+class Column:
+    """A numeric model input: a (transformed) feature, its default, optional public bounds.
+
+    Featurization (identical in :func:`featurize` and :func:`featurize_tf`): the feature's first
+    value, ``default`` if absent (or NaN); then, if both bounds are given, clipped to
+    ``[min, max]`` and scaled to ``[0, 1]``. The bounds must be public (chosen without looking at
+    the data): they fix the sensitivity of AdaSSP / logistic regression.
+    """
+
+    name: str
+    default: float = 0.0
+    min: Optional[float] = None
+    max: Optional[float] = None
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"a column needs a feature name, got {self.name!r}")
+        if (self.min is None) != (self.max is None):
+            raise ValueError(f"column {self.name!r}: give both min and max, or neither")
+        for v in (self.default, self.min, self.max):
+            if v is not None and not math.isfinite(float(v)):
+                raise ValueError(f"column {self.name!r}: default and bounds must be finite")
+        if self.min is not None and not float(self.min) < float(self.max):
+            raise ValueError(f"column {self.name!r}: min must be < max, got {self.min}, "
+                             f"{self.max}")
+
+    @property
+    def scaled(self) -> bool:
+        return self.min is not None
+
+
+ColumnsSpec = Union[Mapping[str, Any], Sequence[Any]]
+
+
+def columns_from_config(spec: ColumnsSpec) -> tuple[Column, ...]:
+    """Columns from a custom_config value.
+
+    Accepts ``{"name": {"default": 0, "min": 0, "max": 24}, ...}``, ``{"name": default}``, or a
+    list of names / such dicts with a ``name`` key. A mapping's columns are taken in sorted name
+    order: TFX serializes custom_config with sorted keys, so insertion order would not survive
+    the trip into the executor (a list keeps its order).
+    """
+    if isinstance(spec, Mapping):
+        items = sorted(spec.items())
+    else:
+        items = [(s, None) if isinstance(s, str) else (s["name"], s) for s in spec]
+    out = []
+    for name, value in items:
+        if value is None:
+            out.append(Column(name))
+        elif isinstance(value, Mapping):
+            out.append(Column(name, float(value.get("default", 0.0)),
+                              _opt_float(value.get("min")), _opt_float(value.get("max"))))
+        else:
+            out.append(Column(name, float(value)))
+    if not out:
+        raise ValueError("no feature columns given")
+    if len({c.name for c in out}) != len(out):
+        raise ValueError(f"duplicate feature columns: {[c.name for c in out]}")
+    return tuple(out)
+
+
+def _opt_float(v: Any) -> Optional[float]:
+    return None if v is None else float(v)
+
+
+INT, FLOAT, BYTES = "int", "float", "bytes"
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitData:
+    """One split read into numpy.
+
+    Attributes:
+      features: (n, d) float32 featurized columns (:func:`featurize`).
+      labels: (n,) float64 raw label values, NaN where absent (None without a label key).
+      raw: {name: (n,) float64 raw first values, NaN where absent} of the columns (and label).
+      kinds: {name: "int" | "float" | "bytes" | None (never present)} as stored in the records.
+      num_records: n, records read.
+    """
+
+    features: np.ndarray
+    labels: Optional[np.ndarray]
+    raw: dict
+    kinds: dict
+    num_records: int
+
+    @property
+    def num_examples(self) -> int:
+        return self.num_records
+
+
+def _compression(path: str) -> str:
+    with fileio.open(path, "rb") as f:
+        return "GZIP" if f.read(2) == b"\x1f\x8b" else ""
+
+
+def data_files(file_patterns: Sequence[str]) -> list[str]:
+    """The files of TFX file patterns such as ``fn_args.train_files`` (sorted, de-duplicated)."""
+    files: list[str] = []
+    for pattern in file_patterns:
+        files.extend(fileio.glob(pattern))
+    return sorted(set(files))
+
+
+def serialized_records(file_patterns: Sequence[str], batch_size: int = _READ_BATCH):
+    """Batches (lists) of serialized records of gzip (or uncompressed) TFRecord files."""
+    for path in data_files(file_patterns):
+        ds = tf.data.TFRecordDataset(path, compression_type=_compression(path))
+        for batch in ds.batch(batch_size).as_numpy_iterator():
+            yield list(batch)
+
+
+def count_records(file_patterns: Sequence[str]) -> int:
+    """Number of records in the files of TFX file patterns."""
+    total = 0
+    for path in data_files(file_patterns):
+        ds = tf.data.TFRecordDataset(path, compression_type=_compression(path))
+        total += int(ds.reduce(np.int64(0), lambda n, _: n + 1).numpy())
+    return total
+
+
+def _first_values(column: Any) -> tuple[np.ndarray, Optional[str]]:
+    """(first value per row as float64, NaN if none; kind) of an Arrow list column."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    value_type = column.type.value_type
+    if pa.types.is_integer(value_type):
+        kind = INT
+    elif pa.types.is_floating(value_type):
+        kind = FLOAT
+    elif pa.types.is_null(value_type):  # never present in this batch
+        return np.full(len(column), np.nan), None
+    else:
+        kind = BYTES
+    lengths = pc.fill_null(pc.list_value_length(column), 0).to_numpy(zero_copy_only=False)
+    out = np.full(len(column), np.nan)
+    if kind == BYTES:
+        return out, kind
+    flat = column.flatten().to_numpy(zero_copy_only=False).astype(np.float64)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    has = lengths > 0
+    out[has] = flat[starts[has]]
+    return out, kind
+
+
+def read_columns(file_patterns: Sequence[str], names: Sequence[str]
+                 ) -> tuple[dict, dict, int]:
+    """Reads the first value of each named feature from tf.Example TFRecords.
+
+    Types are inferred per record batch (tfx_bsl's decoder), so int64 and float features both
+    work without a schema. Absent values are NaN.
+
+    Returns:
+      ``({name: (n,) float64}, {name: kind or None}, n)``.
+
+    Raises:
+      ValueError: a named feature holds strings (only numeric features are supported).
+    """
+    from tfx_bsl.coders import example_coder
+    decoder = example_coder.ExamplesToRecordBatchDecoder()
+    chunks: dict[str, list] = {name: [] for name in names}
+    kinds: dict[str, Optional[str]] = {name: None for name in names}
+    n = 0
+    for batch in serialized_records(file_patterns):
+        record_batch = decoder.DecodeBatch(batch)
+        fields = record_batch.schema.names
+        for name in names:
+            if name in fields:
+                values, kind = _first_values(record_batch.column(fields.index(name)))
+                if kind == BYTES:
+                    raise ValueError(f"feature {name!r} holds strings; DP trainers read numeric "
+                                     "features only (encode categories in the transform)")
+                if kind is not None:
+                    if kinds[name] not in (None, kind):
+                        raise ValueError(f"feature {name!r} is {kinds[name]} in some records "
+                                         f"and {kind} in others")
+                    kinds[name] = kind
+            else:
+                values = np.full(len(batch), np.nan)
+            chunks[name].append(values)
+        n += len(batch)
+    raw = {name: (np.concatenate(parts) if parts else np.zeros(0))
+           for name, parts in chunks.items()}
+    return raw, kinds, n
+
+
+def featurize(raw: Mapping[str, np.ndarray], columns: Sequence[Column]) -> np.ndarray:
+    """The (n, d) float32 model input of raw first values (NaN = absent); see :class:`Column`."""
+    cols = []
+    for c in columns:
+        v = np.asarray(raw[c.name], dtype=np.float64).astype(np.float32)
+        v = np.where(np.isnan(v), np.float32(c.default), v)
+        if c.scaled:
+            lo, hi = np.float32(c.min), np.float32(c.max)
+            v = (np.clip(v, lo, hi) - lo) / (hi - lo)
+        cols.append(v.astype(np.float32))
+    return np.stack(cols, axis=1)
+
+
+def read_split(fn_args: Any, split: str, columns: Sequence[Column], *,
+               label_key: Optional[str] = None) -> SplitData:
+    """Reads the ``train`` or ``eval`` files of ``fn_args`` into numpy.
+
+    With a transform graph, ``examples`` are the Transform's transformed examples, so columns and
+    label name *transformed* features.
+
+    Args:
+      fn_args: The run_fn's FnArgs.
+      split: ``"train"`` (``fn_args.train_files``) or ``"eval"`` (``fn_args.eval_files``).
+      columns: The model's input columns.
+      label_key: The label feature, read raw (NaN where absent); None for no label.
+    """
+    if split not in ("train", "eval"):
+        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+    patterns = fn_args.train_files if split == "train" else fn_args.eval_files
+    names = [c.name for c in columns] + ([label_key] if label_key else [])
+    raw, kinds, n = read_columns(patterns, list(dict.fromkeys(names)))
+    if n == 0:
+        raise ValueError(f"the {split} split has no records ({patterns})")
+    return SplitData(features=featurize(raw, columns),
+                     labels=raw[label_key] if label_key else None,
+                     raw=raw, kinds=kinds, num_records=n)
+
+
+def _first_value_tf(t: Any, batch: Any) -> tuple[Any, Any]:
+    """(first value as float32 [batch], present bool [batch]) of a dense / sparse / ragged input."""
+    if isinstance(t, tf.RaggedTensor):
+        t = t.to_sparse()
+    if isinstance(t, tf.SparseTensor):
+        batch64 = tf.cast(batch, tf.int64)
+        first = tf.sparse.reset_shape(tf.sparse.slice(t, [0, 0], tf.stack([batch64, 1])),
+                                      tf.stack([batch64, 1]))
+        values = tf.sparse.to_dense(first, default_value=tf.zeros([], first.dtype))[:, 0]
+        present = tf.sparse.to_dense(
+            tf.SparseTensor(first.indices, tf.ones_like(first.values, tf.bool), first.dense_shape),
+            default_value=False)[:, 0]
+        return tf.cast(values, tf.float32), present
+    t = tf.reshape(t, tf.stack([batch, -1]))[:, 0]
+    return tf.cast(t, tf.float32), tf.ones_like(t, tf.bool)
+
+
+def featurize_tf(features: Mapping[str, Any], columns: Sequence[Column], batch: Any = None
+                 ) -> Any:
+    """TensorFlow twin of :func:`featurize` on parsed (or transformed) features: [batch, d]."""
+    if batch is None:
+        any_t = next(iter(features.values()))
+        batch = (any_t.dense_shape[0] if isinstance(any_t, tf.SparseTensor)
+                 else tf.shape(any_t)[0])
+    batch = tf.cast(batch, tf.int32)
+    cols = []
+    for c in columns:
+        if c.name in features:
+            v, present = _first_value_tf(features[c.name], batch)
+            v = tf.where(present & ~tf.math.is_nan(v), v, tf.constant(c.default, tf.float32))
+        else:
+            v = tf.fill(tf.expand_dims(batch, 0), tf.constant(c.default, tf.float32))
+        if c.scaled:
+            lo, hi = tf.constant(c.min, tf.float32), tf.constant(c.max, tf.float32)
+            v = (tf.clip_by_value(v, lo, hi) - lo) / (hi - lo)
+        cols.append(v)
+    return tf.stack(cols, axis=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Training.
+
+
+def train_dpsgd_keras(features: Any, labels: Any, run: guarantee_lib.DPSGDRun, *, layers: Any,
+                      loss: Any, optimizer: Any = None, learning_rate: float = 0.01,
+                      metrics: Optional[Sequence[Any]] = None, seed: Optional[int] = None
+                      ) -> tuple[Any, int]:
+    """Trains a ``DPSequential`` (fast clipping) for exactly ``run.steps`` DP-SGD steps.
+
+    Shuffled fixed-size batches of ``run.batch_size`` (reshuffled every pass, last partial batch
+    of each pass dropped) with ``run.noise_multiplier`` and ``run.l2_norm_clip``
+    (``sage_tfx.training.keras_dpsgd``). Keras prints nothing and no training metric is
+    written anywhere: they are not DP.
+
+    Args:
+      features: (n, d) float array with n == ``run.num_examples``.
+      labels: (n,) or (n, k) array.
+      run: From :func:`dpsgd_noise_for`.
+      layers, loss, optimizer, learning_rate, metrics: As in
+        ``keras_dpsgd.make_dp_keras_model`` / ``compile_dp``.
+      seed: Tests only (a seeded run has predictable noise).
+
+    Returns:
+      ``(model, trained_steps)``, trained_steps == run.steps.
+    """
+    from sage_tfx.training import keras_dpsgd
+    x = np.asarray(features, dtype=np.float32)
+    y = np.asarray(labels, dtype=np.float32)
+    if y.ndim == 1:
+        y = y[:, None]  # per-example loss of shape [batch], as fast clipping requires
+    if x.ndim != 2 or x.shape[0] != run.num_examples or y.shape[0] != run.num_examples:
+        raise ValueError(f"features {x.shape} / labels {y.shape} do not have the "
+                         f"{run.num_examples} rows the DP-SGD run was accounted for")
+    if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
+        raise ValueError("features or labels contain NaN or infinite values")
+    if seed is not None:
+        tf.keras.utils.set_random_seed(int(seed))
+    model = keras_dpsgd.make_dp_keras_model(layers, input_shape=x.shape[1:],
+                                            l2_norm_clip=run.l2_norm_clip,
+                                            noise_multiplier=run.noise_multiplier)
+    keras_dpsgd.compile_dp(model, loss=loss, optimizer=optimizer, learning_rate=learning_rate,
+                           metrics=metrics)
+    batches = keras_dpsgd.shuffled_batches(x, y, run.batch_size, seed).repeat()
+    model.fit(batches, epochs=1, steps_per_epoch=run.steps, verbose=0)
+    trained = int(model.optimizer.iterations.numpy())
+    if trained != run.steps:
+        raise RuntimeError(f"DP-SGD ran {trained} steps but {run.steps} were accounted")
+    return model, trained
+
+
+# ---------------------------------------------------------------------------------------------
+# Export.
+
+
+def plain_keras_copy(model: Any) -> Any:
+    """A plain ``tf.keras.Sequential`` with ``model``'s layers and weights (no DP training step).
+
+    The exported model carries no TF Privacy code; predictions are identical (post-processing).
+    """
+    layers = [type(layer).from_config(layer.get_config()) for layer in model.layers]
+    plain = tf.keras.Sequential([tf.keras.Input(shape=model.input_shape[1:]), *layers])
+    plain.set_weights(model.get_weights())
+    return plain
+
+
+def linear_keras_model(weights: Any, *, bias: float = 0.0,
+                       activation: Optional[str] = None) -> Any:
+    """A Keras ``x @ weights + bias`` (then ``activation``) model of a numpy linear model."""
+    w = np.asarray(weights, dtype=np.float32).reshape(-1, 1)
+    model = tf.keras.Sequential([tf.keras.Input(shape=(w.shape[0],)),
+                                 tf.keras.layers.Dense(1, activation=activation)])
+    model.layers[-1].set_weights([w, np.array([bias], dtype=np.float32)])
+    return model
+
+
+_TF_DTYPES = {INT: tf.int64, FLOAT: tf.float32, BYTES: tf.string}
+
+
+def _schema_kinds(schema_path: Optional[str]) -> dict:
+    if not schema_path:
+        return {}
+    from tensorflow_metadata.proto.v0 import schema_pb2
+    from tfx.utils import io_utils
+    schema = io_utils.parse_pbtxt_file(schema_path, schema_pb2.Schema())
+    names = {schema_pb2.INT: INT, schema_pb2.FLOAT: FLOAT, schema_pb2.BYTES: BYTES}
+    return {f.name: names.get(f.type) for f in schema.feature}
+
+
+def export_serving_model(fn_args: Any, model: Any, columns: Sequence[Column], *,
+                         kinds: Optional[Mapping[str, Optional[str]]] = None,
+                         label_key: Optional[str] = None,
+                         output_scale: float = 1.0, output_offset: float = 0.0) -> str:
+    """Saves ``model`` with a tf.Example ``serving_default`` signature to serving_model_dir.
+
+    ``serving_default(examples: string [batch]) -> {"predictions": float32 [batch, 1]}``:
+    parse the raw features, run the TFT layer if ``fn_args`` has a transform graph (penguin
+    pattern: ``model.tft_layer = tf_transform_output.transform_features_layer()``), featurize the
+    columns like training did (:func:`featurize_tf`), apply the model, then
+    ``* output_scale + output_offset`` (to undo a label scaling).
+
+    Args:
+      fn_args: The run_fn's FnArgs (serving_model_dir, transform_graph_path, schema_path).
+      model: A Keras model taking [batch, len(columns)] float32; a TF Privacy ``DPSequential``
+        is exported as its :func:`plain_keras_copy`.
+      columns: The model's input columns (transformed names with a transform graph).
+      kinds: Raw feature kinds without a transform graph (``SplitData.kinds``); the schema's
+        types win when ``fn_args`` has a schema; unknown kinds parse as float.
+      label_key: Raw label feature, removed from the parsing spec (serving requests lack it).
+      output_scale, output_offset: Affine map of the model output (public constants).
+
+    Returns:
+      The serving model directory.
+    """
+    if "tensorflow_privacy" in type(model).__module__ and isinstance(model, tf.keras.Sequential):
+        model = plain_keras_copy(model)  # DPSequential's class is DPModelClass
+    transform_path = getattr(fn_args, "transform_graph_path", None) or getattr(
+        fn_args, "transform_output", None)
+    if transform_path:
+        import tensorflow_transform as tft
+        tf_transform_output = tft.TFTransformOutput(transform_path)
+        model.tft_layer = tf_transform_output.transform_features_layer()
+        raw_spec = dict(tf_transform_output.raw_feature_spec())
+        if label_key:
+            raw_spec.pop(label_key, None)
+    else:
+        known = dict(kinds or {})
+        known.update({k: v for k, v in _schema_kinds(getattr(fn_args, "schema_path", None))
+                      .items() if v is not None})
+        raw_spec = {}
+        for c in columns:
+            kind = known.get(c.name) or FLOAT
+            if kind == BYTES:
+                raise ValueError(f"feature {c.name!r} holds strings; transform it first")
+            raw_spec[c.name] = tf.io.VarLenFeature(_TF_DTYPES[kind])
+    scale = float(output_scale)
+    offset = float(output_offset)
+    columns = tuple(columns)
+
+    @tf.function(input_signature=[tf.TensorSpec(shape=[None], dtype=tf.string,
+                                                name=SERVING_INPUT_NAME)])
+    def serve_tf_examples_fn(serialized):
+        parsed = tf.io.parse_example(serialized, raw_spec)
+        features = model.tft_layer(parsed) if transform_path else parsed
+        x = featurize_tf(features, columns, batch=tf.shape(serialized)[0])
+        out = tf.cast(model(x), tf.float32)
+        out = tf.reshape(out, [-1, 1])
+        if scale != 1.0 or offset != 0.0:
+            out = out * scale + offset
+        return {PREDICTIONS_KEY: out}
+
+    signatures = {"serving_default": serve_tf_examples_fn.get_concrete_function()}
+    model.save(fn_args.serving_model_dir, save_format="tf", signatures=signatures)
+    return fn_args.serving_model_dir
