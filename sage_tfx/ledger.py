@@ -425,6 +425,21 @@ class Ledger:
             with self._conn.cursor() as cur:
                 cur.executemany(sql, list(rows))
 
+    def _update_budgets(self, updates: list) -> None:
+        """Writes (eps_spent, delta_spent, rdp or None, budget id) rows and counts one charge."""
+        if self._backend.kind == "sqlite":
+            self._conn.executemany(
+                "UPDATE budgets SET eps_spent = ?, delta_spent = ?, rdp = COALESCE(?, rdp), "
+                "charges = charges + 1 WHERE id = ?", updates)
+            return
+        # PostgreSQL: one statement for all blocks (executemany would be a round trip per row).
+        values = ",".join(["(%s, %s, %s::text, %s::bigint)"] * len(updates))
+        self._conn.execute(
+            "UPDATE budgets AS u SET eps_spent = v.e, delta_spent = v.d, "
+            "rdp = COALESCE(v.r, u.rdp), charges = u.charges + 1 "
+            f"FROM (VALUES {values}) AS v(e, d, r, id) WHERE u.id = v.id",
+            [x for row in updates for x in row])
+
     def _write(self, fn: Callable[[], Any]) -> Any:
         """Runs ``fn`` inside one serialized write transaction; commits or rolls back."""
         self._backend.begin_write(self._conn)
@@ -869,8 +884,7 @@ class Ledger:
                 updates.append((r[3], r[4], json.dumps(curve), r[7]))
             if not still:
                 retired.append(r)
-        self._many("UPDATE budgets SET eps_spent = ?, delta_spent = ?, rdp = COALESCE(?, rdp), "
-                   "charges = charges + 1 WHERE id = ?", updates)
+        self._update_budgets(updates)
         status = RELEASED if release else RESERVED
         self._q("INSERT INTO grants (grant_id, stream, context, run_id, request, mode, epsilon, "
                 "delta, event, blocks, status, created_at, released_at) "
