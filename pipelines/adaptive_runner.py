@@ -34,12 +34,17 @@ class PipelineSpec:
       search: the §3.3 search parameters (ε0, δ0, minimum window, policy, timeout).
       arrive_at: the stream step at which the pipeline starts waiting.
       iteration_kwargs: extra arguments of the iteration callable (algorithm, target, ...).
+      final_reject: stop the search on the validator's REJECT. Off by default: the validator's
+        REJECT is evidence that *this* model misses the target (its DP lower bound is above
+        it), not that the target is out of reach with more data or a larger ε (Sage §3.3's
+        REJECT), so the search goes on as after a RETRY.
     """
 
     name: str
     search: SearchConfig
     arrive_at: int = 0
     iteration_kwargs: tuple = ()
+    final_reject: bool = False
 
     def kwargs(self) -> dict:
         return dict(self.iteration_kwargs)
@@ -99,12 +104,17 @@ def run_adaptive(ledger: Ledger, stream: str, arrivals: Sequence[BlockSpec],
                 outcome, detail = run_iteration(
                     pipeline_name=spec.name, run_id=plan.run_id, blocks=list(plan.blocks),
                     epsilon=plan.epsilon, delta=plan.delta, **spec.kwargs())
-                record = search.report(Outcome(outcome), now=step)
+                outcome = Outcome(outcome)
+                note = ""
+                if outcome == Outcome.REJECT and not spec.final_reject:
+                    outcome, note = Outcome.RETRY, " (validator: REJECT for this model)"
+                    detail = {**detail, "validator_outcome": "REJECT"}
+                record = search.report(outcome, now=step)
                 logs.append(IterationLog(spec.name, step, record, time.time() - t0, detail))
                 progress(f"step {step:>3}: {spec.name} iteration {record.iteration}: "
                          f"{record.window} blocks ({record.blocks[0]}..{record.blocks[-1]}), "
                          f"ε={record.epsilon:g} δ={record.delta:g} -> {record.outcome.value}"
-                         f"  [{time.time() - t0:.0f}s]")
+                         f"{note}  [{time.time() - t0:.0f}s]")
         if searches and all(s.done for s in searches.values()) and \
                 all(p.arrive_at <= step for p in pipelines):
             progress(f"step {step:>3}: every pipeline finished")

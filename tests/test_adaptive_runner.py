@@ -57,3 +57,22 @@ def test_two_pipelines_share_new_blocks(tmp_path):
     assert {"a", "b"} <= set(runs)
     assert all(b.epsilon_spent <= 1.0 for b in led.blocks("s"))
     assert led.check_consistency("s") == []
+
+
+def test_validator_reject_continues_the_search_unless_final(tmp_path):
+    led = open_ledger(f"sqlite:///{tmp_path}/l.db")
+    led.create_stream("s", epsilon_g=1.0, delta_g=1e-6)
+
+    def iteration(*, pipeline_name, run_id, blocks, epsilon, delta):
+        return (Outcome.ACCEPT if epsilon >= 0.2 else Outcome.REJECT), {}
+
+    logs = run_adaptive(led, "s", _blocks(6), [PipelineSpec("p", SearchConfig(epsilon0=0.1))],
+                        iteration, progress=lambda m: None)
+    assert [log.record.outcome for log in logs] == [Outcome.RETRY, Outcome.ACCEPT]
+    assert logs[0].detail["validator_outcome"] == "REJECT"
+    led2 = open_ledger(f"sqlite:///{tmp_path}/l2.db")
+    led2.create_stream("s", epsilon_g=1.0, delta_g=1e-6)
+    logs = run_adaptive(led2, "s", _blocks(6),
+                        [PipelineSpec("p", SearchConfig(epsilon0=0.1), final_reject=True)],
+                        iteration, progress=lambda m: None)
+    assert [log.record.outcome for log in logs] == [Outcome.REJECT]
