@@ -198,21 +198,9 @@ def adassp_from_moments(xtx: np.ndarray, xty: np.ndarray, *, noise_multiplier: f
     the moments XᵀX shared by the two tasks are computed once. The caller guarantees that rows
     have norm ≤ x_bound and labels |y| ≤ y_bound (adassp would clip them).
     """
-    d = xtx.shape[0]
-    s_xx = noise_multiplier * x_bound ** 2
-    s_xy = noise_multiplier * x_bound * y_bound
-    lambda_min = float(np.linalg.eigvalsh(xtx)[0])
-    noisy_lambda_min = max(
-        lambda_min + s_xx * gen.standard_normal() - s_xx * math.sqrt(math.log(6.0 / delta)), 0.0)
-    g = gen.standard_normal((d, d))
-    noisy_xtx = xtx + s_xx * (g + g.T) / 2.0
-    noisy_xty = xty + s_xy * gen.standard_normal(d)
-    ridge = max(0.0, s_xx * math.sqrt(d * math.log(2.0 * d * d / rho)) - noisy_lambda_min)
-    system = noisy_xtx + ridge * np.eye(d)
-    try:
-        return np.linalg.solve(system, noisy_xty)
-    except np.linalg.LinAlgError:
-        return np.linalg.lstsq(system, noisy_xty, rcond=None)[0]
+    return adassp_lib.release_from_moments(
+        xtx, xty, s_xx=noise_multiplier * x_bound ** 2, s_xy=noise_multiplier * x_bound * y_bound,
+        delta=delta, rho=rho, gen=gen)[0]
 
 
 def per_example_loss(task: str, scores: np.ndarray, labels: np.ndarray) -> np.ndarray:

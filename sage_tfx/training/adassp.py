@@ -115,6 +115,33 @@ class AdaSSPResult:
         return np.asarray(features, dtype=np.float64) @ self.weights
 
 
+def release_from_moments(xtx: np.ndarray, xty: np.ndarray, *, s_xx: float, s_xy: float,
+                         delta: float, rho: float, gen: np.random.Generator) -> tuple:
+    """AdaSSP's three releases and its ridge solve, from the exact moments of clipped data.
+
+    Returns:
+      (weights, ridge, noisy_lambda_min, noisy_xtx, noisy_xty).
+    """
+    d = xtx.shape[0]
+    lambda_min = float(np.linalg.eigvalsh(xtx)[0])
+    # Release 1: smallest eigenvalue, biased down so that it underestimates w.h.p.
+    noisy_lambda_min = max(
+        lambda_min + s_xx * gen.standard_normal() - s_xx * math.sqrt(math.log(6.0 / delta)), 0.0)
+    # Release 2: XᵀX with symmetric noise of std s_xx in Frobenius geometry.
+    g = gen.standard_normal((d, d))
+    noisy_xtx = xtx + s_xx * (g + g.T) / 2.0
+    # Release 3: Xᵀy.
+    noisy_xty = xty + s_xy * gen.standard_normal(d)
+
+    ridge = max(0.0, s_xx * math.sqrt(d * math.log(2.0 * d * d / rho)) - noisy_lambda_min)
+    system = noisy_xtx + ridge * np.eye(d)
+    try:
+        weights = np.linalg.solve(system, noisy_xty)
+    except np.linalg.LinAlgError:  # singular noisy system (post-processing, so any solve is DP)
+        weights = np.linalg.lstsq(system, noisy_xty, rcond=None)[0]
+    return weights, ridge, noisy_lambda_min, noisy_xtx, noisy_xty
+
+
 def adassp(features: Any, labels: Any, *, epsilon: float, delta: float, x_bound: float,
            y_bound: float, rho: float = DEFAULT_RHO, accountant: str = dpsgd.PLD,
            rng: Any = None) -> AdaSSPResult:
@@ -149,7 +176,6 @@ def adassp(features: Any, labels: Any, *, epsilon: float, delta: float, x_bound:
     x, y = check_features(features, labels)
     x = clip_rows(x, x_bound)
     y = np.clip(y, -y_bound, y_bound)
-    d = x.shape[1]
     gen = make_rng(rng)
 
     sigma, achieved_epsilon = _calibrated(epsilon, delta, accountant)
@@ -157,25 +183,8 @@ def adassp(features: Any, labels: Any, *, epsilon: float, delta: float, x_bound:
     s_xx = sigma * x_bound ** 2
     s_xy = sigma * x_bound * y_bound
 
-    xtx = x.T @ x
-    xty = x.T @ y
-    lambda_min = float(np.linalg.eigvalsh(xtx)[0])
-
-    # Release 1: smallest eigenvalue, biased down so that it underestimates w.h.p.
-    noisy_lambda_min = max(
-        lambda_min + s_xx * gen.standard_normal() - s_xx * math.sqrt(math.log(6.0 / delta)), 0.0)
-    # Release 2: XᵀX with symmetric noise of std s_xx in Frobenius geometry.
-    g = gen.standard_normal((d, d))
-    noisy_xtx = xtx + s_xx * (g + g.T) / 2.0
-    # Release 3: Xᵀy.
-    noisy_xty = xty + s_xy * gen.standard_normal(d)
-
-    ridge = max(0.0, s_xx * math.sqrt(d * math.log(2.0 * d * d / rho)) - noisy_lambda_min)
-    system = noisy_xtx + ridge * np.eye(d)
-    try:
-        weights = np.linalg.solve(system, noisy_xty)
-    except np.linalg.LinAlgError:  # singular noisy system (post-processing, so any solve is DP)
-        weights = np.linalg.lstsq(system, noisy_xty, rcond=None)[0]
+    weights, ridge, noisy_lambda_min, noisy_xtx, noisy_xty = release_from_moments(
+        x.T @ x, x.T @ y, s_xx=s_xx, s_xy=s_xy, delta=delta, rho=rho, gen=gen)
 
     for array in (weights, noisy_xtx, noisy_xty):
         array.flags.writeable = False
