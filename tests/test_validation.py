@@ -513,3 +513,60 @@ def test_validate_release_rejects_non_finite_release():
         validator.validate_release(dp_sum=math.nan, dp_count=10.0, epsilon=1.0)
     with pytest.raises(InvalidPrivacyParameterError):
         validator.validate_release(dp_sum=1.0, dp_count=10.0, epsilon=0.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-block releases (query-level accounting, Fig. 7): the correction for a sum of k Laplaces.
+
+
+def test_laplace_sum_tail_k1_is_the_laplace_tail_and_k2_matches_closed_form():
+    for eta in (0.05 / 6, 0.2):
+        assert v.laplace_sum_upper_tail(3.0, 1, eta) == pytest.approx(
+            float(v.laplace_upper_tail(3.0, eta)), rel=1e-15)
+        # Sum of two unit Laplaces: P[S > t] = (2 + t)·exp(−t)/4.
+        t = float(v.laplace_sum_upper_tail(1.0, 2, eta))
+        assert (2 + t) * math.exp(-t) / 4 == pytest.approx(eta, rel=1e-7)
+        assert (2 + t) * math.exp(-t) / 4 <= eta  # rounded towards the safe side
+
+
+@pytest.mark.parametrize("k", [3, 16, 300])
+def test_laplace_sum_tail_fails_with_probability_eta(k):
+    rng, trials, eta, scale = _rng(k), 60_000, 0.02, 2.5
+    t = float(v.laplace_sum_upper_tail(scale, k, eta))
+    sums = np.zeros(trials)
+    for _ in range(k):  # chunked to keep memory small for large k
+        sums += rng.laplace(0.0, scale, trials)
+    tol = 5 * math.sqrt(eta * (1 - eta) / trials)
+    assert np.mean(sums > t) == pytest.approx(eta, abs=tol)
+    # Tighter than the union bound k·scale·ln(k/(2η)) and larger than one draw's tail.
+    assert scale * math.log(1 / (2 * eta)) < t < k * scale * math.log(k / (2 * eta))
+
+
+def test_laplace_sum_tail_vectorized_and_rejects_bad_input():
+    got = v.laplace_sum_upper_tail(np.array([1.0, 2.0, 2.0]), np.array([1, 4, 4]), 0.01)
+    assert got[1] == got[2] == pytest.approx(2 * float(v.laplace_sum_upper_tail(1.0, 4, 0.01)))
+    assert np.all(np.diff([float(v.laplace_sum_upper_tail(1.0, k, 0.01))
+                           for k in (1, 2, 4, 8, 64)]) > 0)
+    for bad_k in (0, 2.5, -1):
+        with pytest.raises(ValueError):
+            v.laplace_sum_upper_tail(1.0, bad_k, 0.01)
+    for bad_eta in (0.0, 0.5, float("nan")):
+        with pytest.raises(ValueError):
+            v.laplace_sum_upper_tail(1.0, 2, bad_eta)
+
+
+def test_sage_bound_for_per_block_releases_needs_the_k_correction():
+    """With k per-block releases the k-aware bound keeps its η/3 failure rates; the one-release
+    correction applied to the same summed noise fails far more often."""
+    rng, trials, eps, eta, k = _rng(21), 200_000, 0.5, 0.05, 16
+    n, true_sum = 4000, 900.0
+    n_dp = n + rng.laplace(0, 2 / eps, (trials, k)).sum(axis=1)
+    sum_dp = true_sum + rng.laplace(0, 2 / eps, (trials, k)).sum(axis=1)
+    tol = 5 * math.sqrt((eta / 3) * (1 - eta / 3) / trials)
+    good = v.sage_loss_upper_bound(sum_dp, n_dp, epsilon=eps, eta=eta, loss_bound=1.0, blocks=k)
+    assert np.mean(good["n_test_dp_min"] > n) == pytest.approx(eta / 3, abs=tol)
+    assert np.mean(good["corrected_dp_loss_sum"] < true_sum) == pytest.approx(eta / 3, abs=tol)
+    naive = v.sage_loss_upper_bound(sum_dp, n_dp, epsilon=eps, eta=eta, loss_bound=1.0)
+    assert np.mean(naive["corrected_dp_loss_sum"] < true_sum) > 5 * eta / 3
+    same = v.sage_loss_upper_bound(sum_dp, n_dp, epsilon=eps, eta=eta, loss_bound=1.0, blocks=1)
+    np.testing.assert_array_equal(same["upper_bound"], naive["upper_bound"])

@@ -504,12 +504,14 @@ def simulate(data: Tab2Data, config: Tab2Config, *, workers: int = 1,
 
 
 def loss_upper_bound(sla: str, *, loss_sum, n_test, n_dp, sum_dp, epsilon, eta: float,
-                     loss_bound: float = 1.0) -> np.ndarray:
+                     loss_bound: float = 1.0, blocks=1) -> np.ndarray:
     """The upper bound on the expected *loss* each Tab. 2 validator compares to its target.
 
     Exactly what :func:`sage_tfx.validation.tab2_validators` computes, vectorized: No SLA uses
     the DP mean itself; NP SLA Bernstein at η/2 on the exact mean; UC DP SLA Bernstein at
     (η/2)/3 on the DP mean and count; Sage SLA List. 2 at η/2 (the ACCEPT test's share).
+    ``blocks`` > 1: the count and sum were released per block and added up (query-level
+    accounting); only the Sage correction depends on it (UC DP ignores the noise anyway).
     """
     eta_accept = eta / 2.0
     if sla == v.NO_SLA:
@@ -522,7 +524,7 @@ def loss_upper_bound(sla: str, *, loss_sum, n_test, n_dp, sum_dp, epsilon, eta: 
         return v.uc_dp_loss_upper_bound(sum_dp, n_dp, eta=eta_accept, loss_bound=loss_bound)
     if sla == v.SAGE_SLA:
         return v.sage_loss_upper_bound(sum_dp, n_dp, epsilon=epsilon, eta=eta_accept,
-                                       loss_bound=loss_bound)["upper_bound"]
+                                       loss_bound=loss_bound, blocks=blocks)["upper_bound"]
     raise ValueError(f"unknown SLA {sla!r}")
 
 
