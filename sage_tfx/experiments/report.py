@@ -38,19 +38,21 @@ def read_csv(path: str) -> list[dict]:
 def write_auto_markdown(path: str, auto: str, header: str) -> None:
     """Writes ``auto`` (which must start with BEGIN and end with END) into ``path``.
 
-    An existing file keeps everything outside its markers; a new file (or one without markers)
-    gets ``header`` followed by ``auto``.
+    An existing file keeps everything outside its markers (one without markers keeps its text
+    and gets ``auto`` appended); a new file gets ``header`` followed by ``auto``.
     """
-    if not (auto.lstrip().startswith(BEGIN) and auto.rstrip().endswith(END)):
+    auto = auto.strip()
+    if not (auto.startswith(BEGIN) and auto.endswith(END)):
         raise ValueError("the generated part must be enclosed in the BEGIN/END markers")
-    text = None
     if os.path.exists(path):
         with open(path) as f:
-            old = f.read()
-        if BEGIN in old and END in old:
-            before, rest = old.split(BEGIN, 1)
-            text = before + auto.strip() + rest.split(END, 1)[1]
-    if text is None:
-        text = header + auto.strip() + "\n"
+            text = f.read()
+        if BEGIN in text and END in text.split(BEGIN, 1)[1]:
+            before, rest = text.split(BEGIN, 1)
+            text = before + auto + rest.split(END, 1)[1]
+        else:
+            text = text.rstrip("\n") + "\n\n" + auto + "\n"
+    else:
+        text = header + auto + "\n"
     with open(path, "w") as f:
         f.write(text)
