@@ -261,11 +261,10 @@ def _pipelines_table() -> list[str]:
 
 
 def _fig5_lines(rows: list[dict]) -> list[str]:
-    lines = ["### Fig. 5: held-out quality vs training rows (median of runs)", "",
-             "| pipeline | ε | " + " | ".join(
-                 f"{n:,}" for n in sorted({r['n_train'] for r in rows})) + " |"]
     ns = sorted({r["n_train"] for r in rows})
-    lines.append("|---|---|" + "---|" * len(ns))
+    lines = ["### Fig. 5: held-out quality vs training rows (median of runs)", "",
+             "| pipeline | ε | " + " | ".join(f"{n:,}" for n in ns) + " |",
+             "|---|---|" + "---|" * len(ns)]
     for name in dict.fromkeys(r["pipeline"] for r in rows):
         for eps in dict.fromkeys(r["epsilon"] for r in rows if r["pipeline"] == name):
             cells = {r["n_train"]: r["heldout_median"] for r in rows

@@ -4,8 +4,7 @@
 ``BlockExampleGen`` reads exactly the granted blocks into ``Examples``. Importing this package is
 cheap: the names below import TFX (~30 s, TensorFlow included) only when first used.
 """
-import importlib
-from typing import Any
+from sage_tfx._lazy import lazy_exports
 
 _LAZY = {
     "SageGate": "sage_tfx.components.gate.component",
@@ -16,16 +15,4 @@ _LAZY = {
     "DPTransform": "sage_tfx.components.dp_transform.component",
 }
 
-__all__ = sorted(_LAZY)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(list(globals()) + __all__)
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())

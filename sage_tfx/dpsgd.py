@@ -270,6 +270,19 @@ def calibrate_gaussian_noise(make_event: Callable[[float], dp_event_lib.DpEvent]
     return sigma
 
 
+@functools.lru_cache(maxsize=512)
+def calibrated_noise(make_event: Callable[[float], dp_event_lib.DpEvent], epsilon: float,
+                     delta: float, accountant: str) -> tuple[float, float]:
+    """``(σ, ε achieved at δ)`` of :func:`calibrate_gaussian_noise` (tol 1e-6), cached.
+
+    For mechanisms calibrated once per privacy level (AdaSSP, output perturbation): PLD
+    evaluations take seconds and a pipeline reuses its budget. ``make_event`` must be hashable
+    (a module-level function or a DpEvent class); arguments are checked by the callee.
+    """
+    sigma = calibrate_gaussian_noise(make_event, epsilon, delta, accountant, tol=1e-6)
+    return sigma, dpsgd_epsilon(make_event(sigma), delta, accountant)
+
+
 def calibrate_noise_multiplier(epsilon: float, delta: float, batch_size: int, num_examples: int,
                                epochs: float, accountant: str = RDP, tol: float = 1e-5) -> float:
     """Smallest DP-SGD noise multiplier (within ``tol``) that makes the run (ε, δ)-DP.

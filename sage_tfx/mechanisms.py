@@ -72,6 +72,13 @@ def check_bounds(lower: Any, upper: Any) -> tuple[float, float]:
     return float(lower), float(upper)
 
 
+def _plus_noise(value: ArrayLike | float, draw) -> Value:
+    """``value`` plus ``draw(shape)``: a float for a scalar, else a float64 array."""
+    exact_value = np.asarray(value, dtype=np.float64)
+    noisy = exact_value + draw(exact_value.shape)
+    return float(noisy) if noisy.ndim == 0 else noisy
+
+
 def _rng(rng: np.random.Generator | None) -> np.random.Generator:
     """``rng`` or, if None, a generator seeded from OS entropy."""
     return np.random.default_rng() if rng is None else rng
@@ -122,9 +129,7 @@ class LaplaceMechanism:
         Returns:
           A float for a scalar ``value``, else a float64 array of the same shape.
         """
-        exact_value = np.asarray(value, dtype=np.float64)
-        noisy = exact_value + _rng(rng).laplace(0.0, self.scale, size=exact_value.shape)
-        return float(noisy) if noisy.ndim == 0 else noisy
+        return _plus_noise(value, lambda shape: _rng(rng).laplace(0.0, self.scale, size=shape))
 
     def dp_event(self) -> dp_accounting.LaplaceDpEvent:
         """The dp_accounting event of one application of this mechanism."""
@@ -232,9 +237,7 @@ class GaussianMechanism:
         Returns:
           A float for a scalar ``value``, else a float64 array of the same shape.
         """
-        exact_value = np.asarray(value, dtype=np.float64)
-        noisy = exact_value + _rng(rng).normal(0.0, self.sigma, size=exact_value.shape)
-        return float(noisy) if noisy.ndim == 0 else noisy
+        return _plus_noise(value, lambda shape: _rng(rng).normal(0.0, self.sigma, size=shape))
 
     def dp_event(self) -> dp_accounting.GaussianDpEvent:
         """The dp_accounting event of one application of this mechanism."""

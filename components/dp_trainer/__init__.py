@@ -4,8 +4,7 @@
 helpers of ``run_fn_utils``. Importing this package is cheap: names load TFX / TensorFlow on first
 use.
 """
-import importlib
-from typing import Any
+from sage_tfx._lazy import lazy_exports
 
 _LAZY = {
     "DPTrainer": "sage_tfx.components.dp_trainer.component",
@@ -16,16 +15,4 @@ _LAZY = {
     "GuaranteeMismatchError": "sage_tfx.components.dp_trainer.guarantee",
 }
 
-__all__ = sorted(_LAZY)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(list(globals()) + __all__)
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())

@@ -31,7 +31,6 @@ This module imports only numpy and dp_accounting.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import Any
 
@@ -67,11 +66,9 @@ def adassp_noise_multiplier(epsilon: float, delta: float, accountant: str = dpsg
                        dpsgd.check_accountant(accountant))[0]
 
 
-@functools.lru_cache(maxsize=256)
 def _calibrated(epsilon: float, delta: float, accountant: str) -> tuple[float, float]:
-    """(σ, ε achieved at δ): PLD evaluations take seconds, and a pipeline reuses its budget."""
-    sigma = dpsgd.calibrate_gaussian_noise(adassp_event, epsilon, delta, accountant, tol=1e-6)
-    return sigma, dpsgd.dpsgd_epsilon(adassp_event(sigma), delta, accountant)
+    """(σ, ε achieved at δ), cached (:func:`sage_tfx.dpsgd.calibrated_noise`)."""
+    return dpsgd.calibrated_noise(adassp_event, epsilon, delta, accountant)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -36,7 +36,6 @@ This module imports only numpy, scipy and dp_accounting.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any
 
 import dp_accounting
@@ -164,12 +163,9 @@ def logistic_noise_multiplier(epsilon: float, delta: float, accountant: str = dp
                        dpsgd.check_accountant(accountant))[0]
 
 
-@functools.lru_cache(maxsize=256)
 def _calibrated(epsilon: float, delta: float, accountant: str) -> tuple[float, float]:
-    """(σ, ε achieved at δ): PLD evaluations take seconds, and a pipeline reuses its budget."""
-    sigma = dpsgd.calibrate_gaussian_noise(
-        dp_accounting.GaussianDpEvent, epsilon, delta, accountant, tol=1e-6)
-    return sigma, dpsgd.dpsgd_epsilon(dp_accounting.GaussianDpEvent(sigma), delta, accountant)
+    """(σ, ε achieved at δ), cached (:func:`sage_tfx.dpsgd.calibrated_noise`)."""
+    return dpsgd.calibrated_noise(dp_accounting.GaussianDpEvent, epsilon, delta, accountant)
 
 
 def output_sensitivity(num_examples: int, l2_reg: float, x_bound: float = 1.0,
