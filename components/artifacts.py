@@ -64,7 +64,7 @@ class SageGrant(Artifact):
         - ``reason``: why the request was denied (denials only).
         - ``grant_id``, ``num_blocks``: the grant (grants only).
         - ``epsilon``, ``delta``: the charged cost (basic-mode grants).
-        - ``event_json``: the charged dp_accounting DpEvent, ``sage_tfx.accounting.event_to_json``
+        - ``event_json``: the charged dp_accounting DpEvent, ``sage_tfx.ledger.accounting.event_to_json``
           (rdp-mode grants).
 
     * Custom properties:
@@ -139,7 +139,7 @@ def write_grant(artifact: SageGrant, grant: Optional[Grant], *, stream: str, run
     if grant.delta is not None:
         artifact.delta = float(grant.delta)
     if grant.event is not None:
-        from sage_tfx import accounting
+        from sage_tfx.ledger import accounting
         artifact.event_json = accounting.event_to_json(grant.event)
     artifact.set_int_custom_property(GRANTED_KEY, GRANTED_VALUE)
 

@@ -1,6 +1,6 @@
 """The privacy plan inside a SageGrant artifact: written by SageGate, read by every DP component.
 
-* File: ``{grant uri}/plan.json`` — ``sage_tfx.plan.PrivacyPlan.to_json()``, present when the
+* File: ``{grant uri}/plan.json`` — ``sage_tfx.adaptive.plan.PrivacyPlan.to_json()``, present when the
   gate was given a plan. Its composed cost equals what the ledger charged (checked on read).
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ import os
 from tfx.dsl.io import fileio
 from tfx.types.artifact import Artifact
 
-from sage_tfx import plan as plan_lib
+from sage_tfx.adaptive import plan as plan_lib
 from sage_tfx.components import artifacts
 from sage_tfx.errors import MissingGrantError
 

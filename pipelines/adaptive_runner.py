@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable, Optional, Sequence
+from typing import Callable, Sequence
 
 from sage_tfx.adaptive import AdaptiveSearch, Allocator, IterationRecord, SearchConfig
 from sage_tfx.ledger import BlockSpec, Ledger
-from sage_tfx.validation import Outcome
+from sage_tfx.dp.validation import Outcome
 
 
 @dataclasses.dataclass(frozen=True)

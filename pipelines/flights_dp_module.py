@@ -103,7 +103,7 @@ def dpsgd_run_fn(fn_args: Any) -> None:
     ``label_threshold``, ``seed`` (tests only).
     """
     import tensorflow as tf
-    from sage_tfx.training import keras_dpsgd
+    from sage_tfx.dp import keras_dpsgd
 
     config = {**DPSGD_DEFAULTS, **_config(fn_args)}
     task = config["task"]
@@ -140,7 +140,7 @@ def adassp_run_fn(fn_args: Any) -> None:
     clipped and scaled into [-1, 1] (``y_bound`` = 1). custom_config: ``features``, ``label``,
     ``label_bounds``, ``rho``, ``accountant`` (default pld), ``seed`` (tests only).
     """
-    from sage_tfx.training import adassp
+    from sage_tfx.dp import adassp
 
     config = _config(fn_args)
     epsilon, delta = dp.basic_budget(fn_args, "AdaSSP")
@@ -164,7 +164,7 @@ def logistic_run_fn(fn_args: Any) -> None:
     ``features``, ``label``, ``label_threshold``, ``l2_reg`` (default 1e-2), ``accountant``
     (default pld), ``seed`` (tests only). Replace-one adjacency (see the module docstring).
     """
-    from sage_tfx.training import logistic
+    from sage_tfx.dp import logistic
 
     config = _config(fn_args)
     epsilon, delta = dp.basic_budget(fn_args, "DP logistic regression")

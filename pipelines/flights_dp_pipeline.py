@@ -48,7 +48,7 @@ from sage_tfx.pipelines import flights_plan
 from sage_tfx.pipelines.flights_plan import (  # noqa: F401  (re-exported)
     ADASSP, ADASSP_DEFAULTS, DEFAULT_ETA, DEFAULT_LOSS_BOUND, DPSGD, DPSGD_DEFAULTS, LABEL_KEY,
     SCHEMA_PATH, check_plan, make_plan, trainer_config)
-from sage_tfx.plan import PrivacyPlan
+from sage_tfx.adaptive.plan import PrivacyPlan
 
 ACCEPT, REJECT, RETRY, DENIED = "ACCEPT", "REJECT", "RETRY", "DENIED"
 
@@ -76,7 +76,7 @@ def create_pipeline(*, pipeline_name: str, pipeline_root: str, metadata_path: st
       pipeline_name, pipeline_root: the TFX pipeline's name and output root.
       metadata_path: the SQLite ML Metadata database.
       ledger_url: the block ledger (``sqlite:////abs/ledger.db`` or ``postgresql://...``).
-      stream: the flights stream (daily blocks of ``sage_tfx.splitter`` records).
+      stream: the flights stream (daily blocks of ``sage_tfx.streams.splitter`` records).
       plan: the run's PrivacyPlan (:func:`make_plan`): parts ``train`` and ``validate``, plus
         ``transform`` iff ``use_transform``. The gate charges ``plan.cost()`` once.
       blocks: explicit block ids to request; exclusive with ``window_last``.

@@ -11,7 +11,7 @@ charges the *composition* of the three parts once, before any block is read::
     plan = make_plan(1.0, 1e-6)                 # transform 0.1, train 0.6 (δ 1e-6), validate 0.3
     plan.cost() == {"epsilon": 1.0, "delta": 1e-6}
 
-In basic mode the composition is the exact decimal sum of the parts (``sage_tfx.accounting.exact``,
+In basic mode the composition is the exact decimal sum of the parts (``sage_tfx.ledger.accounting.exact``,
 the ledger's arithmetic), so :func:`make_plan` splits ε with ``Decimal`` and refuses a split whose
 shares are not exactly representable as floats (it never rounds a privacy parameter).
 
@@ -45,10 +45,10 @@ import os
 from decimal import Decimal
 from typing import Any, Mapping, Optional
 
-from sage_tfx import accounting
-from sage_tfx import plan as plan_lib
+from sage_tfx.ledger import accounting
+from sage_tfx.adaptive import plan as plan_lib
 from sage_tfx.errors import InvalidPrivacyParameterError
-from sage_tfx.plan import PlanPart, PrivacyPlan
+from sage_tfx.adaptive.plan import PlanPart, PrivacyPlan
 
 # --- data ---------------------------------------------------------------------------------------
 
@@ -156,7 +156,7 @@ def make_plan(epsilon: float, delta: float, *, transform_share: float = DEFAULT_
 
     Parts (in this order): ``transform`` = ε·transform_share (pure ε), ``train`` = the rest of ε
     with all of δ, ``validate`` = ε·validate_share (pure ε). The parts' exact decimal sums
-    (``sage_tfx.accounting.exact``, as the ledger sums) are exactly ``epsilon`` and ``delta``, so
+    (``sage_tfx.ledger.accounting.exact``, as the ledger sums) are exactly ``epsilon`` and ``delta``, so
     ``plan.cost() == {"epsilon": epsilon, "delta": delta}``. ``transform_share=0`` leaves the
     transform part out (a pipeline with ``use_transform=False``).
 
@@ -212,7 +212,7 @@ def check_plan(plan: PrivacyPlan, *, use_transform: bool) -> None:
       TypeError: not a PrivacyPlan. ValueError: missing or superfluous parts.
     """
     if not isinstance(plan, PrivacyPlan):
-        raise TypeError(f"plan must be a sage_tfx.plan.PrivacyPlan, got {type(plan).__name__}")
+        raise TypeError(f"plan must be a sage_tfx.adaptive.plan.PrivacyPlan, got {type(plan).__name__}")
     names = [p.name for p in plan.parts]
     expected = ([plan_lib.TRANSFORM] if use_transform else []) + [plan_lib.TRAIN,
                                                                     plan_lib.VALIDATE]

@@ -29,7 +29,7 @@ from typing import Any, Mapping
 import tensorflow as tf
 import tensorflow_transform as tft
 
-from sage_tfx import mechanisms
+from sage_tfx.dp import mechanisms
 from sage_tfx.components.dp_transform import analyzers as dp
 from sage_tfx.pipelines import flights_plan as settings
 

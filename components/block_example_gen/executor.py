@@ -32,8 +32,8 @@ from tfx.proto import example_gen_pb2
 from tfx.types import artifact_utils, standard_component_specs
 from tfx.utils import proto_utils
 
-from sage_tfx import accounting
-from sage_tfx.blocks import block_files_glob
+from sage_tfx.ledger import accounting
+from sage_tfx.streams.blocks import block_files_glob
 from sage_tfx.components import artifacts
 from sage_tfx.components.block_example_gen import spec
 from sage_tfx.errors import InvalidRequestError, MissingGrantError

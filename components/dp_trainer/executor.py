@@ -35,8 +35,8 @@ from tfx.components.util import udf_utils
 from tfx.dsl.io import fileio
 from tfx.types import artifact_utils
 
-from sage_tfx import accounting
-from sage_tfx import plan as plan_lib
+from sage_tfx.ledger import accounting
+from sage_tfx.adaptive import plan as plan_lib
 from sage_tfx.components import artifacts, plan_io
 from sage_tfx.components.block_example_gen.spec import GRANT_ID_PROPERTY as EXAMPLES_GRANT_ID
 from sage_tfx.components.dp_trainer import guarantee as guarantee_lib

@@ -13,7 +13,7 @@ from those parameters alone, with dp_accounting, and accepts the model only if i
   reported hyper-parameters must be the ones the event describes. ε is then reported at a δ the
   executor chooses (the part's ``delta`` param, else the stream's δ_g).
 
-DP-SGD accounting assumptions (``sage_tfx.dpsgd``): Poisson sampling with ``q = batch_size / n``
+DP-SGD accounting assumptions (``sage_tfx.dp.dpsgd``): Poisson sampling with ``q = batch_size / n``
 accounted, shuffled fixed-size batches run (the common approximation); add-or-remove-one
 adjacency; one example per microbatch. In ``rdp`` mode the plan fixes q, σ and the number of steps
 T up front; the trainer runs exactly T steps of shuffled fixed batches of ``round(q · n)`` examples
@@ -31,8 +31,9 @@ from typing import Any, Optional
 import dp_accounting
 from dp_accounting import dp_event as dp_event_lib
 
-from sage_tfx import accounting, dpsgd
-from sage_tfx import plan as plan_lib
+from sage_tfx.ledger import accounting
+from sage_tfx.dp import dpsgd
+from sage_tfx.adaptive import plan as plan_lib
 from sage_tfx.errors import InvalidPrivacyParameterError
 
 # Algorithms a DPTrainer run_fn may report (Sage Tab. 1: NN / LG by DP-SGD, LR by AdaSSP).
@@ -149,7 +150,7 @@ def dpsgd_run_for_part(part: plan_lib.PlanPart, *, num_examples: int, batch_size
                        report_delta: Optional[float] = None) -> DPSGDRun:
     """The DP-SGD settings that spend ``part`` on ``num_examples`` training examples.
 
-    * basic part: σ is calibrated (``sage_tfx.dpsgd.calibrate_noise_multiplier``) so that
+    * basic part: σ is calibrated (``sage_tfx.dp.dpsgd.calibrate_noise_multiplier``) so that
       ``batch_size`` / ``epochs`` over the real ``num_examples`` is (ε, δ)-DP for ``accountant``;
       the run has ``ceil(epochs · n / batch_size)`` steps.
     * rdp part: ``batch_size`` and ``epochs`` are ignored: the event fixes σ, q and the steps T;
@@ -202,9 +203,9 @@ def report_from(guarantee: Any, *, algorithm: Optional[str] = None,
     """The JSON-able report of a training run's DP guarantee.
 
     Args:
-      guarantee: A :class:`DPSGDRun`, a ``sage_tfx.dpsgd.DPGuarantee`` (DP-SGD, basic mode), an
-        ``AdaSSPResult`` (``sage_tfx.training.adassp``), a ``DPLogisticResult``
-        (``sage_tfx.training.logistic``), or a dict with the report's keys.
+      guarantee: A :class:`DPSGDRun`, a ``sage_tfx.dp.dpsgd.DPGuarantee`` (DP-SGD, basic mode), an
+        ``AdaSSPResult`` (``sage_tfx.dp.adassp``), a ``DPLogisticResult``
+        (``sage_tfx.dp.logistic``), or a dict with the report's keys.
       algorithm: Overrides the algorithm inferred from the type (``dpsgd``/``adassp``/``logistic``).
       trained_steps: DP-SGD: the optimizer steps that actually ran (checked ≤ accounted steps).
       num_examples: The number of training examples, for algorithms whose guarantee does not
@@ -251,7 +252,7 @@ def report_from(guarantee: Any, *, algorithm: Optional[str] = None,
         out = dict(guarantee)
     else:
         raise TypeError(
-            "report a DPSGDRun, sage_tfx.dpsgd.DPGuarantee, AdaSSPResult, DPLogisticResult or a "
+            "report a DPSGDRun, sage_tfx.dp.dpsgd.DPGuarantee, AdaSSPResult, DPLogisticResult or a "
             f"dict, got {type(guarantee).__name__}")
     if algorithm is not None:
         out["algorithm"] = algorithm

@@ -7,14 +7,14 @@ statistic into the saved graph, so adding noise after ``tft.sum`` in the graph i
 exact value is still in the graph, and each batch would get fresh noise). Here every analyzer is
 a ``tft.experimental.ptransform_analyzer`` whose Beam PTransform
 
-1. computes exact additive partial aggregates of each batch (numpy, ``sage_tfx.mechanisms``
+1. computes exact additive partial aggregates of each batch (numpy, ``sage_tfx.dp.mechanisms``
    queries),
 2. combines them globally, and
 3. adds noise with numpy in one ``Map`` after the global combine,
 
 so the noise is drawn exactly once per Transform run and only the noisy value reaches the
 transform graph, as a constant shared by every instance. The queries are the same objects the
-numpy reference functions of ``sage_tfx.mechanisms`` run, so for one seed both give the same value.
+numpy reference functions of ``sage_tfx.dp.mechanisms`` run, so for one seed both give the same value.
 
 Budget. Every analyzer charges its ε to the active :class:`DPBudget` and raises
 :class:`DPBudgetExceededError` before building anything if the charge does not fit. Run a
@@ -43,7 +43,7 @@ noise, for tests only (analyzers sharing a seed draw correlated noise, which voi
 composition argument); the default None draws from OS entropy. ``name`` names the analyzer in the
 graph and in the budget's spends (made unique per trace).
 
-Privacy assumptions are those of ``sage_tfx.mechanisms``: add-or-remove-one-record adjacency,
+Privacy assumptions are those of ``sage_tfx.dp.mechanisms``: add-or-remove-one-record adjacency,
 one value (and key) per record, public clipping bounds, key domains and bin edges, Laplace noise.
 An instance is a record: dense inputs must have shape [batch] or [batch, 1]; for a SparseTensor
 (a column with missing values) only the value in column 0 of each row is used, so a record still
@@ -51,23 +51,17 @@ contributes at most one value. Group-by keys and values must be dense (fill miss
 """
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import dataclasses
-import itertools
-import weakref
-from decimal import Decimal
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import apache_beam as beam
-import dp_accounting
 import numpy as np
 import tensorflow as tf
 import tensorflow_transform as tft
 
-from sage_tfx import mechanisms
-from sage_tfx.accounting import check_epsilon, exact
-from sage_tfx.errors import InvalidPrivacyParameterError, MissingGrantError
+from sage_tfx.dp import histograms
+from sage_tfx.dp import queries
+from sage_tfx.components.dp_transform.budget import (DPBudget, DPBudgetExceededError, DPPreprocessingFn,
+                                                     DPSpend, active_budget, dp_budget)
 
 TensorLike = Union[tf.Tensor, tf.SparseTensor]
 
@@ -75,256 +69,6 @@ TensorLike = Union[tf.Tensor, tf.SparseTensor]
 # analyzer per run), so a pipeline result can be checked for "noise drawn exactly once".
 METRICS_NAMESPACE = "sage_tfx.dp_transform"
 NOISE_DRAWS_COUNTER = "noise_draws"
-
-# Under-spending is safe, so "fully spent" tolerates float rounding of a user's split; over-
-# spending is never tolerated (exact decimal comparison, as the ledger does).
-_FULL_SPEND_RELATIVE_TOLERANCE = 1e-9
-
-
-class DPBudgetExceededError(InvalidPrivacyParameterError):
-    """DP analyzers asked for more ε than the preprocessing_fn was granted."""
-
-
-# --- budget -----------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class DPSpend:
-    """One DP analyzer's charge: its name in the trace, its ε and its dp_accounting event."""
-
-    name: str
-    epsilon: float
-    event: dp_accounting.DpEvent
-
-
-class DPBudget:
-    """The ε granted to one Transform analysis run and what its DP analyzers spent.
-
-    Spends are recorded per trace (tf.Transform traces the preprocessing_fn in several graphs);
-    every trace must fit the grant, and all traces must spend the same.
-    """
-
-    def __init__(self, epsilon: float, *, require_full_spend: bool = True) -> None:
-        """Creates an empty budget.
-
-        Args:
-          epsilon: the ε the run may spend (e.g. the ledger grant's epsilon), finite and > 0.
-          require_full_spend: if True, :meth:`check_fully_spent` (called at the end of
-            ``dp_budget`` and of each ``DPPreprocessingFn`` call) fails on an under-spend too:
-            an unspent share usually means an analyzer was forgotten.
-
-        Raises:
-          InvalidPrivacyParameterError: bad ε.
-        """
-        self.epsilon = check_epsilon(epsilon)
-        self.require_full_spend = require_full_spend
-        # Trace graphs are only weakly referenced (and not pickled): their spends outlive them.
-        self._trace_ids: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
-        self._traces: dict[int, list[DPSpend]] = {}
-
-    def __getstate__(self) -> dict[str, Any]:
-        # tf.Transform pickles the preprocessing_fn (and with it this budget) to trace it again
-        # in Beam workers; graphs do not pickle, spends do.
-        state = dict(self.__dict__)
-        state["_trace_ids"] = None
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._trace_ids = weakref.WeakKeyDictionary()
-
-    def _trace(self, trace: Any) -> list[DPSpend]:
-        if trace not in self._trace_ids:
-            self._trace_ids[trace] = max(self._traces, default=-1) + 1
-        return self._traces.setdefault(self._trace_ids[trace], [])
-
-    @staticmethod
-    def _total(spends: Sequence[DPSpend]) -> Decimal:
-        return sum((exact(s.epsilon) for s in spends), Decimal(0))
-
-    def spend(self, name: str, epsilon: float, event: dp_accounting.DpEvent,
-              trace: Any) -> DPSpend:
-        """Charges one analyzer's ε to the budget of ``trace`` (the graph being traced).
-
-        Args:
-          name: analyzer name; made unique within the trace by a ``_<n>`` suffix.
-          epsilon: ε the analyzer's release is DP for.
-          event: its dp_accounting DpEvent.
-          trace: the object identifying the trace, normally ``tf.compat.v1.get_default_graph()``.
-
-        Returns:
-          The recorded spend.
-
-        Raises:
-          InvalidPrivacyParameterError: bad ε.
-          DPBudgetExceededError: the trace's spends plus ``epsilon`` exceed the grant.
-        """
-        epsilon = check_epsilon(epsilon)
-        spends = self._trace(trace)
-        spent = self._total(spends)
-        if spent + exact(epsilon) > exact(self.epsilon):
-            remaining = exact(self.epsilon) - spent
-            raise DPBudgetExceededError(
-                f"DP analyzer {name!r} requests epsilon={epsilon!r} but only {remaining} of the "
-                f"preprocessing_fn's epsilon={self.epsilon!r} remains (spent {spent}); over by "
-                f"{spent + exact(epsilon) - exact(self.epsilon)}. Split the grant with "
-                f"sage_tfx.mechanisms.split_budget.")
-        taken = {s.name for s in spends}
-        unique = name
-        for n in itertools.count(1):
-            if unique not in taken:
-                break
-            unique = f"{name}_{n}"
-        record = DPSpend(unique, epsilon, event)
-        spends.append(record)
-        return record
-
-    def trace_spent(self, trace: Any) -> float:
-        """ε spent so far in ``trace``."""
-        return float(self._total(self._trace(trace)))
-
-    def trace_spends(self, trace: Any) -> tuple[DPSpend, ...]:
-        """The spends recorded so far in ``trace`` (the graph being traced), in order."""
-        return tuple(self._trace(trace))
-
-    def check_fully_spent(self, trace: Any = None) -> None:
-        """Raises unless every trace (or just ``trace``) spent the whole grant.
-
-        Raises:
-          InvalidPrivacyParameterError: some trace spent less than the grant.
-        """
-        traces = [self._trace(trace)] if trace is not None else list(self._traces.values())
-        for spends in traces:
-            spent = float(self._total(spends))
-            if spent < self.epsilon * (1.0 - _FULL_SPEND_RELATIVE_TOLERANCE):
-                raise InvalidPrivacyParameterError(
-                    f"the preprocessing_fn spent epsilon={spent!r} of its grant "
-                    f"epsilon={self.epsilon!r} ({[s.name for s in spends]}); spend the whole grant "
-                    f"or pass require_full_spend=False")
-
-    @property
-    def spends(self) -> tuple[DPSpend, ...]:
-        """The spends of the run: those of its traces, which must all agree.
-
-        Raises:
-          InvalidPrivacyParameterError: two traces spent differently (a non-deterministic
-            preprocessing_fn cannot be accounted).
-        """
-        distinct: list[tuple[DPSpend, ...]] = []
-        for spends in self._traces.values():
-            if tuple(spends) not in distinct:
-                distinct.append(tuple(spends))
-        if len(distinct) > 1:
-            raise InvalidPrivacyParameterError(
-                f"the preprocessing_fn spent differently in different traces: {distinct}")
-        return distinct[0] if distinct else ()
-
-    @property
-    def spent(self) -> float:
-        """Total ε of :attr:`spends` (basic composition)."""
-        return float(self._total(self.spends))
-
-    @property
-    def remaining(self) -> float:
-        """Grant minus :attr:`spent`."""
-        return float(exact(self.epsilon) - self._total(self.spends))
-
-    def dp_event(self) -> dp_accounting.DpEvent:
-        """The composition of all spends' events (``NoOpDpEvent`` if nothing was spent)."""
-        events = [s.event for s in self.spends]
-        if not events:
-            return dp_accounting.NoOpDpEvent()
-        return dp_accounting.ComposedDpEvent(events)
-
-
-_ACTIVE_BUDGET: contextvars.ContextVar[Optional[DPBudget]] = contextvars.ContextVar(
-    "sage_tfx_active_dp_budget", default=None)
-
-
-@contextlib.contextmanager
-def _activate(budget: DPBudget) -> Iterator[DPBudget]:
-    active = _ACTIVE_BUDGET.get()
-    if active is not None and active is not budget:
-        raise InvalidPrivacyParameterError(
-            "a DP budget is already active: nest neither dp_budget nor DPPreprocessingFn")
-    token = _ACTIVE_BUDGET.set(budget)
-    try:
-        yield budget
-    finally:
-        _ACTIVE_BUDGET.reset(token)
-
-
-def active_budget() -> DPBudget:
-    """The budget DP analyzers charge now.
-
-    Raises:
-      MissingGrantError: no ``dp_budget`` / ``DPPreprocessingFn`` is active.
-    """
-    budget = _ACTIVE_BUDGET.get()
-    if budget is None:
-        raise MissingGrantError(
-            "DP analyzers must run under a budget: wrap the preprocessing_fn in "
-            "DPPreprocessingFn(fn, epsilon=...) or build the Transform inside dp_budget(epsilon)")
-    return budget
-
-
-@contextlib.contextmanager
-def dp_budget(epsilon: float, *, require_full_spend: bool = True) -> Iterator[DPBudget]:
-    """Runs the enclosed code under a fresh :class:`DPBudget` (this thread only; see module doc).
-
-    For a Transform run prefer :class:`DPPreprocessingFn`, whose budget travels with the
-    pickled ``preprocessing_fn`` to wherever tf.Transform traces it. On a normal exit, checks that all traces spent the same and, if ``require_full_spend``,
-    that each spent the whole grant.
-
-    Args:
-      epsilon: ε granted to the run.
-      require_full_spend: see :class:`DPBudget`.
-
-    Yields:
-      The budget; read ``budget.spends`` / ``budget.dp_event()`` after the block.
-
-    Raises:
-      InvalidPrivacyParameterError: bad ε, a nested budget, inconsistent traces or an
-        under-spend (with ``require_full_spend``).
-    """
-    budget = DPBudget(epsilon, require_full_spend=require_full_spend)
-    with _activate(budget):
-        yield budget
-    _ = budget.spends  # raises on inconsistent traces
-    if require_full_spend:
-        budget.check_fully_spent()
-
-
-class DPPreprocessingFn:
-    """A ``preprocessing_fn`` whose every trace runs under one :class:`DPBudget` of ``epsilon``.
-
-    Sage's module files define ``preprocessing_fn(inputs, epsilon)`` (List. 1); adapt them with
-    ``DPPreprocessingFn(functools.partial(fn, epsilon=e), epsilon=e)``. After the run,
-    ``.budget.spends`` / ``.budget.dp_event()`` say what it spent. One instance per analysis run.
-    """
-
-    def __init__(self, preprocessing_fn: Callable[[Mapping[str, Any]], Mapping[str, Any]],
-                 epsilon: float, *, require_full_spend: bool = True) -> None:
-        """Wraps ``preprocessing_fn``.
-
-        Args:
-          preprocessing_fn: the user's function of the Transform inputs.
-          epsilon: ε granted to one analysis run.
-          require_full_spend: see :class:`DPBudget`.
-
-        Raises:
-          InvalidPrivacyParameterError: bad ε.
-        """
-        self.preprocessing_fn = preprocessing_fn
-        self.budget = DPBudget(epsilon, require_full_spend=require_full_spend)
-
-    def __call__(self, inputs: Mapping[str, Any]) -> Mapping[str, Any]:
-        with _activate(self.budget):
-            outputs = self.preprocessing_fn(inputs)
-        if self.budget.require_full_spend:
-            self.budget.check_fully_spent(trace=tf.compat.v1.get_default_graph())
-        return outputs
-
 
 # --- Beam side: exact aggregate, global combine, noise once -----------------------------------
 
@@ -352,11 +96,11 @@ class _SumAggregates(beam.CombineFn):
         return accumulator
 
 
-def _aggregate_batch(batch: Sequence[np.ndarray], query: mechanisms.Query) -> np.ndarray:
+def _aggregate_batch(batch: Sequence[np.ndarray], query: queries.Query) -> np.ndarray:
     return np.asarray(query.aggregate(*batch), dtype=np.float64)
 
 
-def _release_total(total: np.ndarray, query: mechanisms.Query, seed: Optional[int],
+def _release_total(total: np.ndarray, query: queries.Query, seed: Optional[int],
                    shape: Sequence[int], name: str) -> np.ndarray:
     beam.metrics.Metrics.counter(METRICS_NAMESPACE, NOISE_DRAWS_COUNTER).inc()
     beam.metrics.Metrics.counter(METRICS_NAMESPACE, f"{NOISE_DRAWS_COUNTER}/{name}").inc()
@@ -367,7 +111,7 @@ def _release_total(total: np.ndarray, query: mechanisms.Query, seed: Optional[in
 class _DPRelease(beam.PTransform):
     """Exact partial aggregates → global combine → one noisy release (the only noise draw)."""
 
-    def __init__(self, query: mechanisms.Query, seed: Optional[int], shape: Sequence[int],
+    def __init__(self, query: queries.Query, seed: Optional[int], shape: Sequence[int],
                  name: str) -> None:
         super().__init__()
         self._query = query
@@ -390,7 +134,7 @@ def _check_seed(seed: Optional[int]) -> Optional[int]:
     return None if seed is None else int(seed)
 
 
-def _release(query: mechanisms.Query, inputs: Sequence[tf.Tensor], shape: Sequence[int],
+def _release(query: queries.Query, inputs: Sequence[tf.Tensor], shape: Sequence[int],
              name: str, seed: Optional[int]) -> tf.Tensor:
     """Charges the active budget, then adds the query as a ptransform analyzer (float32 output)."""
     seed = _check_seed(seed)
@@ -475,7 +219,7 @@ def dp_count(x: TensorLike, epsilon: float, *, seed: Optional[int] = None,
       InvalidPrivacyParameterError: bad ε; DPBudgetExceededError: ε does not fit the budget;
       MissingGrantError: no active budget.
     """
-    query = mechanisms.CountQuery(epsilon)
+    query = queries.CountQuery(epsilon)
     if isinstance(x, tf.SparseTensor):
         present = _record_values(x, "x")
     else:
@@ -498,7 +242,7 @@ def dp_sum(x: TensorLike, lower: float, upper: float, epsilon: float, *,
     Raises:
       InvalidPrivacyParameterError: bad ε or bounds; DPBudgetExceededError; MissingGrantError.
     """
-    query = mechanisms.SumQuery(lower, upper, epsilon)
+    query = queries.SumQuery(lower, upper, epsilon)
     return _release(query, [_record_values(x)], [], name, seed)
 
 
@@ -514,7 +258,7 @@ def dp_mean(x: TensorLike, lower: float, upper: float, epsilon: float, *,
     Raises:
       InvalidPrivacyParameterError: bad ε or bounds; DPBudgetExceededError; MissingGrantError.
     """
-    query = mechanisms.MeanQuery(lower, upper, epsilon)
+    query = queries.MeanQuery(lower, upper, epsilon)
     return _release(query, [_record_values(x)], [], name, seed)
 
 
@@ -535,7 +279,7 @@ def dp_group_by_count(keys: tf.Tensor, key_domain: Sequence[Any], epsilon: float
     Raises:
       InvalidPrivacyParameterError: bad ε or domain; DPBudgetExceededError; MissingGrantError.
     """
-    query = mechanisms.GroupByCountQuery(tuple(key_domain), epsilon)
+    query = queries.GroupByCountQuery(tuple(key_domain), epsilon)
     return _release(query, [_record_keys(keys, query.key_domain)], [len(query.key_domain)],
                     name, seed)
 
@@ -552,7 +296,7 @@ def dp_group_by_sum(keys: tf.Tensor, values: tf.Tensor, key_domain: Sequence[Any
       InvalidPrivacyParameterError: bad ε, bounds or domain; DPBudgetExceededError;
       MissingGrantError.
     """
-    query = mechanisms.GroupBySumQuery(tuple(key_domain), lower, upper, epsilon)
+    query = queries.GroupBySumQuery(tuple(key_domain), lower, upper, epsilon)
     return _release(query, [_record_keys(keys, query.key_domain), _dense_values(values)],
                     [len(query.key_domain)], name, seed)
 
@@ -573,7 +317,7 @@ def dp_group_by_mean_per_key(keys: tf.Tensor, values: tf.Tensor, key_domain: Seq
       InvalidPrivacyParameterError: bad ε, bounds or domain; DPBudgetExceededError;
       MissingGrantError.
     """
-    query = mechanisms.GroupByMeanQuery(tuple(key_domain), lower, upper, epsilon)
+    query = queries.GroupByMeanQuery(tuple(key_domain), lower, upper, epsilon)
     return _release(query, [_record_keys(keys, query.key_domain), _dense_values(values)],
                     [len(query.key_domain)], name, seed)
 
@@ -604,7 +348,7 @@ def dp_group_by_mean(keys: tf.Tensor, values: tf.Tensor, key_domain: Sequence[An
       InvalidPrivacyParameterError: bad ε, bounds or domain; DPBudgetExceededError;
       MissingGrantError.
     """
-    query = mechanisms.GroupByMeanQuery(tuple(key_domain), lower, upper, epsilon)
+    query = queries.GroupByMeanQuery(tuple(key_domain), lower, upper, epsilon)
     if default_value is None:
         default_value = (query.lower + query.upper) / 2.0
     keys_tensor = tf.convert_to_tensor(keys) if not isinstance(
@@ -632,7 +376,7 @@ def dp_histogram(x: TensorLike, bin_edges: Sequence[float], epsilon: float, *,
     Raises:
       InvalidPrivacyParameterError: bad ε or edges; DPBudgetExceededError; MissingGrantError.
     """
-    query = mechanisms.HistogramQuery(mechanisms.check_bin_edges(bin_edges), epsilon)
+    query = histograms.HistogramQuery(histograms.check_bin_edges(bin_edges), epsilon)
     return _release(query, [_record_values(x)], [len(query.bin_edges) - 1], name, seed)
 
 
@@ -641,7 +385,7 @@ def dp_min_max(x: TensorLike, lower: float, upper: float, epsilon: float, *,
                seed: Optional[int] = None, name: str = "dp_min_max") -> tuple[tf.Tensor, tf.Tensor]:
     """DP approximate (min, max) of ``x`` clipped to [lower, upper], from a DP histogram.
 
-    See ``sage_tfx.mechanisms.MinMaxQuery``: ``lower <= min < max <= upper``, exact to a bin
+    See ``sage_tfx.dp.histograms.MinMaxQuery``: ``lower <= min < max <= upper``, exact to a bin
     width where the data near the extremes is dense enough to beat the noise threshold.
 
     Returns:
@@ -651,7 +395,7 @@ def dp_min_max(x: TensorLike, lower: float, upper: float, epsilon: float, *,
       InvalidPrivacyParameterError: bad ε, bounds, num_bins or failure_probability;
       DPBudgetExceededError; MissingGrantError.
     """
-    query = mechanisms.MinMaxQuery(lower, upper, epsilon, num_bins, failure_probability)
+    query = histograms.MinMaxQuery(lower, upper, epsilon, num_bins, failure_probability)
     both = _release(query, [_record_values(x)], [2], name, seed)
     return both[0], both[1]
 
@@ -695,10 +439,12 @@ def dp_quantiles(x: TensorLike, quantiles: Sequence[float], lower: float, upper:
       InvalidPrivacyParameterError: bad ε, bounds or num_bins; ValueError: bad quantiles;
       DPBudgetExceededError; MissingGrantError.
     """
-    query = mechanisms.QuantilesQuery(tuple(quantiles), lower, upper, epsilon, num_bins)
+    query = histograms.QuantilesQuery(tuple(quantiles), lower, upper, epsilon, num_bins)
     return _release(query, [_record_values(x)], [len(query.quantiles)], name, seed)
 
 
+# The budget API (defined in ``budget``) is re-exported: this is the one module a
+# ``preprocessing_fn`` imports.
 __all__ = [
     "DPBudget", "DPBudgetExceededError", "DPPreprocessingFn", "DPSpend", "METRICS_NAMESPACE",
     "NOISE_DRAWS_COUNTER", "active_budget", "dp_budget", "dp_count", "dp_group_by_count",

@@ -44,8 +44,9 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 import tensorflow as tf
 from tensorflow_transform import analyzer_nodes
 
-from sage_tfx import accounting
+from sage_tfx.ledger import accounting
 from sage_tfx.components.dp_transform import analyzers
+from sage_tfx.components.dp_transform import budget as budget_lib
 from sage_tfx.components.dp_transform import privacy
 from sage_tfx.errors import InvalidPrivacyParameterError, SageError
 
@@ -190,7 +191,7 @@ def _hint(name: str) -> str:
 
 
 def audit_sinks(sinks: Sequence[Any], sources: Mapping[Any, set], public_features: Iterable[str],
-                spends: Sequence[analyzers.DPSpend]) -> tuple[AnalyzerUse, ...]:
+                spends: Sequence[budget_lib.DPSpend]) -> tuple[AnalyzerUse, ...]:
     """Classifies the analyzers of one trace; raises on any that is neither DP nor public.
 
     Args:
@@ -261,7 +262,7 @@ def audit_sinks(sinks: Sequence[Any], sources: Mapping[Any, set], public_feature
 
 
 def _check_releases_charged(releases: Mapping[str, Any],
-                            spends: Sequence[analyzers.DPSpend]) -> None:
+                            spends: Sequence[budget_lib.DPSpend]) -> None:
     charged = {s.name: s for s in spends}
     uncharged = sorted(set(releases) - set(charged))
     unreleased = sorted(set(charged) - set(releases))
@@ -305,7 +306,7 @@ class AuditedPreprocessingFn:
 
     def __call__(self, inputs: Mapping[str, Any]) -> Mapping[str, Any]:
         graph = tf.compat.v1.get_default_graph()
-        budget = analyzers.active_budget()
+        budget = budget_lib.active_budget()
         sources = feature_sources(inputs)
         before = {id(s) for s in replacement_sinks(graph)}
         outputs = self.preprocessing_fn(inputs)

@@ -37,13 +37,13 @@ from tfx.dsl.io import fileio
 from tfx.types import artifact_utils, standard_component_specs
 from tfx.utils import io_utils
 
-from sage_tfx import accounting
-from sage_tfx import plan as plan_lib
+from sage_tfx.ledger import accounting
+from sage_tfx.adaptive import plan as plan_lib
 from sage_tfx.components import artifacts
 from sage_tfx.components import plan_io
 from sage_tfx.components.block_example_gen import executor as block_example_gen_executor
 from sage_tfx.components.block_example_gen import spec as block_example_gen_spec
-from sage_tfx.components.dp_transform import analyzers
+from sage_tfx.components.dp_transform import budget as budget_lib
 from sage_tfx.components.dp_transform import audit
 from sage_tfx.components.dp_transform import privacy
 from sage_tfx.components.dp_transform import spec
@@ -135,7 +135,7 @@ class Executor(transform_executor.Executor):
         super().__init__(context)
         self._budget: Optional[privacy.TransformBudget] = None
         self._public_features: tuple[str, ...] = ()
-        self._dp_fn: Optional[analyzers.DPPreprocessingFn] = None
+        self._dp_fn: Optional[budget_lib.DPPreprocessingFn] = None
 
     def _GetPreprocessingFn(self, inputs: Mapping[str, Any],
                             unused_outputs: Mapping[str, Any]) -> Callable[..., Any]:
@@ -149,7 +149,7 @@ class Executor(transform_executor.Executor):
             audit.bind_epsilon(user_fn, self._budget.epsilon),
             public_features=self._public_features,
             planned_event_json=self._budget.event_json)
-        self._dp_fn = analyzers.DPPreprocessingFn(audited, self._budget.epsilon)
+        self._dp_fn = budget_lib.DPPreprocessingFn(audited, self._budget.epsilon)
         return self._dp_fn
 
     def Do(self, input_dict: Dict[str, List[types.Artifact]],

@@ -1,6 +1,6 @@
 """The DP Transform's share of a privacy plan: the ε its analyzers may spend, and the check.
 
-Sage List. 1 / §3.1: the gate charges a run's whole :class:`~sage_tfx.plan.PrivacyPlan` once;
+Sage List. 1 / §3.1: the gate charges a run's whole :class:`~sage_tfx.adaptive.plan.PrivacyPlan` once;
 ``DPTransform`` spends exactly the plan's ``transform`` part with the DP analyzers of
 :mod:`sage_tfx.components.dp_transform.analyzers`, which are pure ε-DP Laplace releases.
 
@@ -29,9 +29,9 @@ from typing import Any, Callable, Mapping, Optional
 
 import dp_accounting
 
-from sage_tfx import accounting
+from sage_tfx.ledger import accounting
 from sage_tfx.errors import AccountingModeError, InvalidPrivacyParameterError
-from sage_tfx.plan import PlanPart
+from sage_tfx.adaptive.plan import PlanPart
 
 # rdp transform parts: the ε the part's event was traced with (PlanPart params key).
 EPSILON_PARAM = "epsilon"
@@ -223,10 +223,10 @@ def trace_dp_event(preprocessing_fn: Callable[..., Mapping[str, Any]],
     import tensorflow_transform as tft
     from tensorflow_transform import impl_helper
 
-    from sage_tfx.components.dp_transform import analyzers
+    from sage_tfx.components.dp_transform import budget as budget_lib
     from sage_tfx.components.dp_transform.audit import bind_epsilon
 
-    fn = analyzers.DPPreprocessingFn(bind_epsilon(preprocessing_fn, epsilon), epsilon)
+    fn = budget_lib.DPPreprocessingFn(bind_epsilon(preprocessing_fn, epsilon), epsilon)
     specs = impl_helper.get_type_specs_from_feature_specs(dict(feature_spec))
     tft.get_analyze_input_columns(fn, specs, force_tf_compat_v1=force_tf_compat_v1)
     return fn.budget.dp_event()

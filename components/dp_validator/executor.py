@@ -2,11 +2,11 @@
 
 Sage §3.3 (SLAed DP validation, List. 2): the model's per-example losses (or 0/1 correctness) on
 the held-out ``eval`` split are reduced to a DP count and a DP sum of clipped values
-(``sage_tfx.validation``), corrected for the DP noise and bounded with Bernstein's inequality.
+(``sage_tfx.dp.validation``), corrected for the DP noise and bounded with Bernstein's inequality.
 The decision is ACCEPT, REJECT or RETRY; only ACCEPT blesses the model.
 
 Privacy. The validator spends exactly the ``validate`` part of the run's privacy plan, which the
-gate charged to the granted blocks together with the other stages (``sage_tfx.plan``):
+gate charged to the granted blocks together with the other stages (``sage_tfx.adaptive.plan``):
 
 * basic plans: the part's ε (its δ, if any, is not needed: validation is (ε, 0)-DP);
 * rdp plans: the part's DpEvent must be this validator's own ``dp_event(ε)`` (two Laplace
@@ -20,7 +20,7 @@ missing or non-numeric label, a NaN prediction, a log-loss prediction outside [0
 the worst value (loss B, or a wrong prediction) rather than raising, because an exception that
 depends on the eval data would itself release information.
 
-Assumptions, beyond those of ``sage_tfx.validation``: the eval split was not used in training,
+Assumptions, beyond those of ``sage_tfx.dp.validation``: the eval split was not used in training,
 and its records come from the granted blocks (an Examples artifact that records a ``grant_id``,
 as BlockExampleGen's do, must name this grant).
 """
@@ -43,9 +43,9 @@ from tfx.proto import example_gen_pb2
 from tfx.types import artifact_utils
 from tfx.utils import path_utils
 
-from sage_tfx import accounting
-from sage_tfx import plan as plan_lib
-from sage_tfx import validation
+from sage_tfx.ledger import accounting
+from sage_tfx.adaptive import plan as plan_lib
+from sage_tfx.dp import validation
 from sage_tfx.components import artifacts, plan_io
 from sage_tfx.components.block_example_gen.spec import GRANT_ID_PROPERTY as EXAMPLES_GRANT_ID
 from sage_tfx.components.dp_validator import spec
@@ -75,7 +75,7 @@ class ValidatorConfig:
     seed: Optional[int]
 
     def validator(self) -> "validation.LossValidator | validation.AccuracyValidator":
-        """The Sage validator of ``sage_tfx.validation`` this configuration describes."""
+        """The Sage validator of ``sage_tfx.dp.validation`` this configuration describes."""
         if self.metric == spec.ACCURACY:
             return validation.AccuracyValidator(target=self.target, eta=self.eta)
         return validation.LossValidator(target=self.target, loss_bound=self.loss_bound,

@@ -60,7 +60,7 @@ class SageGate(base_component.BaseComponent):
           stream: the stream to read.
           epsilon: basic-mode cost ε (> 0, finite) charged to every granted block.
           delta: basic-mode cost δ in [0, 1) (default 0).
-          event_json: rdp-mode cost: ``sage_tfx.accounting.event_to_json(dp_event)``; instead of
+          event_json: rdp-mode cost: ``sage_tfx.ledger.accounting.event_to_json(dp_event)``; instead of
             epsilon / delta.
           blocks: explicit block ids (instead of a window).
           window_last: request the ``window_last`` most recent blocks with budget left for the
@@ -68,7 +68,7 @@ class SageGate(base_component.BaseComponent):
           window_min_blocks: with ``window_last``: how many such blocks suffice (default: all
             ``window_last``); fewer means a denial.
           context: the ledger context (budget list) to charge.
-          plan: a ``sage_tfx.plan.PrivacyPlan`` (or its JSON) instead of epsilon / delta /
+          plan: a ``sage_tfx.adaptive.plan.PrivacyPlan`` (or its JSON) instead of epsilon / delta /
             event_json: the gate charges the plan's composed cost and stores the plan beside the
             grant, where DPTransform, DPTrainer and DPModelValidator read their parts.
           run_id: the ledger run id. Default: ``<pipeline>.<node id>.<pipeline run id>``, so

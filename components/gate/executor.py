@@ -18,8 +18,8 @@ from tfx import types
 from tfx.dsl.components.base import base_executor
 from tfx.types import artifact_utils
 
-from sage_tfx import accounting
-from sage_tfx import plan as plan_lib
+from sage_tfx.ledger import accounting
+from sage_tfx.adaptive import plan as plan_lib
 from sage_tfx.components import artifacts, plan_io
 from sage_tfx.components.gate import spec
 from sage_tfx.errors import AccountingModeError, InvalidRequestError
@@ -116,7 +116,7 @@ def build_request(*, blocks: Optional[Sequence[str]] = None, window_last: Option
                 "serialized dp_accounting DpEvent) for an rdp-mode stream, not both")
         if not isinstance(event_json, str):
             raise InvalidRequestError(
-                "event_json must be the text of sage_tfx.accounting.event_to_json(event), got "
+                "event_json must be the text of sage_tfx.ledger.accounting.event_to_json(event), got "
                 f"{type(event_json).__name__}")
         try:
             event = accounting.event_from_json(event_json)
@@ -149,7 +149,7 @@ def plan_cost(plan: Any) -> tuple:
         except (ValueError, KeyError, TypeError) as e:
             raise InvalidRequestError(f"plan is not a serialized PrivacyPlan: {e}") from e
     if not isinstance(plan, plan_lib.PrivacyPlan):
-        raise InvalidRequestError(f"plan must be a sage_tfx.plan.PrivacyPlan, got {plan!r}")
+        raise InvalidRequestError(f"plan must be a sage_tfx.adaptive.plan.PrivacyPlan, got {plan!r}")
     cost = plan.cost()
     if "event" in cost:
         return plan.to_json(), {"epsilon": None, "delta": None,

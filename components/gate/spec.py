@@ -17,7 +17,7 @@ WINDOW_MIN_BLOCKS_KEY = "window_min_blocks"
 EPSILON_KEY = "epsilon"
 DELTA_KEY = "delta"
 EVENT_JSON_KEY = "event_json"
-# A sage_tfx.plan.PrivacyPlan as JSON: the cost charged is the plan's composed cost, and the plan
+# A sage_tfx.adaptive.plan.PrivacyPlan as JSON: the cost charged is the plan's composed cost, and the plan
 # is stored beside the grant for the DP components (components/plan_io.py).
 PLAN_JSON_KEY = "plan_json"
 

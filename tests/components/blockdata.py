@@ -9,7 +9,7 @@ import datetime
 import glob
 import os
 
-from sage_tfx.blocks import block_location
+from sage_tfx.streams.blocks import block_location
 
 STREAM = "events"
 DAY_BLOCKS = ("2024-01-01", "2024-01-02", "2024-01-03", "2024-01-04")
@@ -67,7 +67,7 @@ def write_taxi_month_blocks(block_root, stream, months):
     over the whole file (int, else float, else string); empty fields are absent features, as with
     CsvExampleGen.
     """
-    from sage_tfx.datasets import chicago_taxi_csv_path
+    from sage_tfx.streams.datasets import chicago_taxi_csv_path
     from sage_tfx.ledger import BlockSpec
 
     with open(chicago_taxi_csv_path(), newline="") as f:

@@ -4,7 +4,7 @@ import datetime
 import pytest
 
 from blockdata import DAY_BLOCKS, RECORDS_PER_BLOCK, STREAM, make_example, write_block_file
-from sage_tfx.blocks import block_location
+from sage_tfx.streams.blocks import block_location
 
 
 @pytest.fixture

@@ -56,7 +56,7 @@ def test_gate_window_spec(gate_mod):
 
 def test_gate_blocks_rdp_spec(gate_mod):
     from dp_accounting import dp_event
-    from sage_tfx.accounting import event_to_json
+    from sage_tfx.ledger.accounting import event_to_json
     component, _, spec = gate_mod
     event_json = event_to_json(dp_event.GaussianDpEvent(2.0))
     gate = component.SageGate(ledger_url=URL, stream="s", blocks=("b1", "b2"),

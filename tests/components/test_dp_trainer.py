@@ -3,7 +3,7 @@
 Executor runs use a real SQLite ledger grant with a privacy plan (``plan_io.write_plan``), Examples
 in ExampleGen's layout (``Split-train`` / ``Split-eval`` gzip TFRecords), the module file
 ``sage_tfx.pipelines.flights_dp_module`` and tiny data (a few hundred rows, a few dozen steps).
-ε is recomputed here with dp_accounting directly, independently of ``sage_tfx.dpsgd``.
+ε is recomputed here with dp_accounting directly, independently of ``sage_tfx.dp.dpsgd``.
 """
 import json
 import math
@@ -13,10 +13,10 @@ import dp_accounting
 import numpy as np
 import pytest
 
-from sage_tfx import accounting
+from sage_tfx.ledger import accounting
 from sage_tfx.components.dp_trainer import guarantee as g
 from sage_tfx.errors import MissingGrantError
-from sage_tfx.plan import PlanPart, PrivacyPlan
+from sage_tfx.adaptive.plan import PlanPart, PrivacyPlan
 
 STREAM = "flights"
 N_TRAIN, N_EVAL = 360, 60
@@ -398,7 +398,7 @@ def test_rdp_part_of_another_shape_is_refused(mods, tmp_path, flights):
 
 @pytest.mark.slow
 def test_adassp_run(mods, tmp_path, flights):
-    from sage_tfx.training import adassp
+    from sage_tfx.dp import adassp
     uri, rows = flights
     grant = _grant(mods, tmp_path, PrivacyPlan.of(PlanPart("train", 1.0, 1e-6)))
     model = _train(mods, tmp_path, grant=grant, examples=_examples(uri),

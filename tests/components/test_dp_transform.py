@@ -29,7 +29,7 @@ BLOCKS = ("2024-01-01", "2024-01-02", "2024-01-03")
 DP_MODULE = """
 import tensorflow as tf
 import tensorflow_transform as tft
-from sage_tfx import mechanisms
+from sage_tfx.dp import mechanisms
 from sage_tfx.components.dp_transform import analyzers as dp
 
 def preprocessing_fn(inputs, epsilon):
@@ -228,7 +228,7 @@ def _values(examples, name):
 @pytest.fixture(scope="module")
 def basic_run(tfx_modules, tmp_path_factory):
     """DP_MODULE under a basic plan (transform ε = 0.5), p declared public."""
-    from sage_tfx.plan import PlanPart, PrivacyPlan
+    from sage_tfx.adaptive.plan import PlanPart, PrivacyPlan
     m = tfx_modules
     root = tmp_path_factory.mktemp("basic")
     url = make_ledger(root)
@@ -241,7 +241,8 @@ def basic_run(tfx_modules, tmp_path_factory):
 
 def test_dp_run_writes_stock_outputs_with_noisy_constants(tfx_modules, basic_run):
     import tensorflow_transform as tft
-    from sage_tfx import mechanisms
+    from sage_tfx.dp import mechanisms
+    from sage_tfx.dp import queries
     run = basic_run.run
     # Stock Transform layout: a loadable transform graph and both splits materialized.
     output = tft.TFTransformOutput(run.graph.uri)
@@ -258,7 +259,7 @@ def test_dp_run_writes_stock_outputs_with_noisy_constants(tfx_modules, basic_run
         for rows, ex in ((TRAIN_ROWS, train), (EVAL_ROWS, evals))])
     np.testing.assert_allclose(offsets, offsets[0], atol=1e-5)
     share = mechanisms.split_budget(TRANSFORM_EPSILON, 0.0, [1, 1])
-    expected = mechanisms.dp_mean(x_train, LOWER, UPPER, share[0].epsilon,
+    expected = queries.dp_mean(x_train, LOWER, UPPER, share[0].epsilon,
                                   rng=np.random.default_rng(7)).value
     assert offsets[0] == pytest.approx(expected, abs=1e-4)       # the seeded Laplace release
     assert abs(offsets[0] - x_train.mean()) > 1e-3                # ... which is not the exact mean
@@ -294,7 +295,7 @@ def test_dp_run_records_spend_equal_to_plan_part(tfx_modules, basic_run):
 def rdp_run(tfx_modules, tmp_path_factory):
     """DP_MODULE under an rdp plan whose transform part is the event the module produces."""
     import dp_accounting
-    from sage_tfx.plan import PlanPart, PrivacyPlan
+    from sage_tfx.adaptive.plan import PlanPart, PrivacyPlan
     from tfx.utils import import_utils
     m = tfx_modules
     root = tmp_path_factory.mktemp("rdp")
@@ -312,12 +313,14 @@ def rdp_run(tfx_modules, tmp_path_factory):
 
 def test_rdp_plan_part_is_the_composition_of_the_analyzers_laplace_events(tfx_modules, rdp_run):
     import dp_accounting
-    from sage_tfx import accounting, mechanisms
+    from sage_tfx.ledger import accounting
+    from sage_tfx.dp import mechanisms
+    from sage_tfx.dp import queries
     m = tfx_modules
     share = mechanisms.split_budget(TRANSFORM_EPSILON, 0.0, [1, 1])
     expected = dp_accounting.ComposedDpEvent([
-        mechanisms.MeanQuery(LOWER, UPPER, share[0].epsilon).dp_event(),
-        mechanisms.GroupByMeanQuery(KEYS, LOWER, UPPER, share[1].epsilon).dp_event()])
+        queries.MeanQuery(LOWER, UPPER, share[0].epsilon).dp_event(),
+        queries.GroupByMeanQuery(KEYS, LOWER, UPPER, share[1].epsilon).dp_event()])
     assert accounting.event_to_json(rdp_run.event) == accounting.event_to_json(expected)
     g = rdp_run.run.graph
     assert g.get_string_custom_property(m.spec.ACCOUNTING_MODE_PROPERTY) == "rdp"
@@ -333,15 +336,16 @@ def test_rdp_budget_gives_the_analyzers_the_planned_mechanisms(tfx_modules, epsi
     """The ε handed to an rdp preprocessing_fn reproduces the planned Laplace multipliers, with
     the part's epsilon param or without it (Σ 1/multiplier is often one ulp off the typed ε)."""
     import dp_accounting
-    from sage_tfx import mechanisms
-    from sage_tfx.plan import PlanPart
+    from sage_tfx.dp import mechanisms
+    from sage_tfx.dp import queries
+    from sage_tfx.adaptive.plan import PlanPart
     privacy = tfx_modules.privacy
 
     def event(e):
         shares = mechanisms.split_budget(e, 0.0, weights)
         return dp_accounting.ComposedDpEvent([
-            (mechanisms.MeanQuery(0, 10, s.epsilon) if i % 2 == 0
-             else mechanisms.CountQuery(s.epsilon)).dp_event() for i, s in enumerate(shares)])
+            (queries.MeanQuery(0, 10, s.epsilon) if i % 2 == 0
+             else queries.CountQuery(s.epsilon)).dp_event() for i, s in enumerate(shares)])
 
     planned = event(epsilon)
     for part in (PlanPart("transform", event=planned),
@@ -360,7 +364,7 @@ def test_rdp_budget_gives_the_analyzers_the_planned_mechanisms(tfx_modules, epsi
 @pytest.fixture
 def granted(tfx_modules, tmp_path, ledger_url):
     """A basic grant whose plan's transform part is ε = 0.5."""
-    from sage_tfx.plan import PlanPart, PrivacyPlan
+    from sage_tfx.adaptive.plan import PlanPart, PrivacyPlan
     url = ledger_url
     plan = PrivacyPlan.of(PlanPart("transform", TRANSFORM_EPSILON), PlanPart("train", 0.25))
     art, grant = write_granted(tfx_modules, tmp_path / "grant", url, plan)
@@ -457,7 +461,7 @@ def test_denied_grant_is_refused(tfx_modules, tmp_path, ledger_url):
 
 def test_plan_without_transform_part_is_refused(tfx_modules, tmp_path, ledger_url):
     from sage_tfx.errors import MissingGrantError
-    from sage_tfx.plan import PlanPart, PrivacyPlan
+    from sage_tfx.adaptive.plan import PlanPart, PrivacyPlan
     m = tfx_modules
     url = ledger_url
     art, grant = write_granted(m, tmp_path / "grant", url, PrivacyPlan.of(PlanPart("train", 0.5)))
@@ -486,7 +490,7 @@ def test_grant_without_plan_and_examples_of_another_grant_are_refused(tfx_module
 def test_edited_plan_cannot_raise_the_budget(tfx_modules, tmp_path, granted):
     """A plan.json edited to give the transform more than the ledger charged is refused."""
     from sage_tfx.errors import MissingGrantError
-    from sage_tfx.plan import PlanPart, PrivacyPlan
+    from sage_tfx.adaptive.plan import PlanPart, PrivacyPlan
     m = tfx_modules
     art, grant = granted
     m.plan_io.write_plan(art, PrivacyPlan.of(PlanPart("transform", 1.0)))
@@ -529,7 +533,7 @@ def test_budget_must_be_spent_exactly(tfx_modules, tmp_path, granted, case):
 def test_rdp_plan_with_other_mechanisms_is_refused(tfx_modules, tmp_path, rdp_run):
     """Same ε, different Laplace mechanisms (one release instead of the module's three)."""
     import dp_accounting
-    from sage_tfx.plan import PlanPart, PrivacyPlan
+    from sage_tfx.adaptive.plan import PlanPart, PrivacyPlan
     m = tfx_modules
     plan = PrivacyPlan.of(PlanPart("transform", event=dp_accounting.LaplaceDpEvent(2.0)))
     art, grant = write_granted(m, tmp_path / "grant", rdp_run.url, plan, stream=RDP_STREAM,
@@ -543,7 +547,7 @@ def test_rdp_plan_with_other_mechanisms_is_refused(tfx_modules, tmp_path, rdp_ru
 def test_rdp_transform_part_must_be_laplace(tfx_modules, tmp_path, rdp_run):
     import dp_accounting
     from sage_tfx.errors import AccountingModeError
-    from sage_tfx.plan import PlanPart, PrivacyPlan
+    from sage_tfx.adaptive.plan import PlanPart, PrivacyPlan
     m = tfx_modules
     plan = PrivacyPlan.of(PlanPart("transform", event=dp_accounting.GaussianDpEvent(3.0)))
     art, grant = write_granted(m, tmp_path / "grant", rdp_run.url, plan, stream=RDP_STREAM,
@@ -555,7 +559,7 @@ def test_rdp_transform_part_must_be_laplace(tfx_modules, tmp_path, rdp_run):
 
 
 def test_basic_transform_part_with_delta_is_refused(tfx_modules, tmp_path, ledger_url):
-    from sage_tfx.plan import PlanPart, PrivacyPlan
+    from sage_tfx.adaptive.plan import PlanPart, PrivacyPlan
     m = tfx_modules
     url = ledger_url
     art, grant = write_granted(m, tmp_path / "grant", url,

@@ -122,7 +122,7 @@ def _model(uri):
 
 
 def _plan(*parts):
-    from sage_tfx.plan import PlanPart, PrivacyPlan
+    from sage_tfx.adaptive.plan import PlanPart, PrivacyPlan
     return PrivacyPlan.of(*[PlanPart(*p) if isinstance(p, tuple) else p for p in parts])
 
 
@@ -288,8 +288,8 @@ def test_accuracy_metric(mods, tmp_path, examples_dir, good_model_uri):
 
 def test_rdp_plan_with_the_validators_own_event(mods, tmp_path, examples_dir, good_model_uri):
     import dp_accounting
-    from sage_tfx.plan import PlanPart
-    from sage_tfx.validation import LossValidator
+    from sage_tfx.adaptive.plan import PlanPart
+    from sage_tfx.dp.validation import LossValidator
     _, _, spec, _, _ = mods
     epsilon = 0.5
     event = LossValidator(target=0.1, loss_bound=1.0, eta=0.05).dp_event(epsilon)
@@ -395,7 +395,7 @@ def test_grant_without_plan_is_refused(mods, tmp_path):
 @pytest.mark.parametrize("event", ["laplace", "gaussian", "three_laplace"])
 def test_rdp_validate_part_that_is_not_the_validators_event_is_refused(mods, tmp_path, event):
     import dp_accounting
-    from sage_tfx.plan import PlanPart
+    from sage_tfx.adaptive.plan import PlanPart
     events = {
         "laplace": dp_accounting.LaplaceDpEvent(2.0),
         "gaussian": dp_accounting.GaussianDpEvent(4.0),
@@ -542,7 +542,7 @@ def test_component_spec(mods):
     (dict(metric="mse", target=0.1, loss_bound=1.0), "metric must be one of"),
     (dict(loss_fn="hinge", target=0.1, loss_bound=1.0), "loss_fn must be one of"),
     (dict(target=0.1), "needs loss_bound"),
-    (dict(target=0.1, loss_bound=0.0), "loss_bound must be > 0"),
+    (dict(target=0.1, loss_bound=0.0), "loss_bound must be finite and > 0"),
     (dict(target=0.1, loss_bound=float("inf")), "loss_bound must be finite"),
     (dict(target=-0.1, loss_bound=1.0), "target loss must be"),
     (dict(target=0.1, loss_bound=1.0, eta=0.0), "eta"),

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from sage_tfx import accounting
+from sage_tfx.ledger import accounting
 
 pytestmark = pytest.mark.slow
 
@@ -32,10 +32,10 @@ LENIENT_TARGET = 500.0  # min²; the DP model's loss is ~250-320, its DP upper b
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """(settings, {case: (IterationResult, seconds)}) of the three runs."""
-    from sage_tfx.blocks import TimeWindowScheme
-    from sage_tfx.datasets import nycflights13_csv
+    from sage_tfx.streams.blocks import TimeWindowScheme
+    from sage_tfx.streams.datasets import nycflights13_csv
     from sage_tfx.ledger import open_ledger
-    from sage_tfx.splitter import split_and_register
+    from sage_tfx.streams.splitter import split_and_register
     from sage_tfx.pipelines import flights_dp_pipeline as fp
 
     root = tmp_path_factory.mktemp("flights_dp")

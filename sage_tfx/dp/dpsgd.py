@@ -1,0 +1,369 @@
+"""Privacy accounting of DP-SGD (Abadi et al., CCS 2016), the algorithm of Sage's NN and LG pipelines.
+
+Sage (SOSP '19, Tab. 1) trains its neural networks and logistic regression with DP-SGD [2, 35]. This
+module turns DP-SGD hyper-parameters into a dp_accounting ``DpEvent`` (what the ledger charges in
+``rdp`` mode), an ε at a given δ (what it charges in ``basic`` mode), and back: the smallest noise
+multiplier meeting an (ε, δ) target.
+
+Assumptions, stated once for every number this module returns:
+
+* **Sampling.** Each step is accounted as a *Poisson-sampled* Gaussian mechanism with sampling
+  probability ``q = batch_size / num_examples`` (every example joins each batch independently with
+  probability q). Keras / tf.data train with *shuffled fixed-size batches* instead; accounting
+  them as Poisson sampling is the common approximation (Abadi et al. 2016, TF Privacy's
+  ``compute_dp_sgd_privacy``), not a proof for the shuffled scheme.
+* **Steps.** ``ceil(epochs * num_examples / batch_size)`` steps are accounted. A trainer that drops
+  the last partial batch of each epoch runs ``epochs * floor(num_examples / batch_size)`` steps,
+  never more, so the accounting is conservative for it.
+* **Adjacency.** Add-or-remove-one example (dp_accounting's default ``ADD_OR_REMOVE_ONE``), with
+  one example per microbatch: each step adds ``N(0, (noise_multiplier * l2_norm_clip)^2)`` to the
+  sum of per-example gradients clipped to ``l2_norm_clip``.
+
+This module imports no TensorFlow.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from fractions import Fraction
+from typing import Any, Callable
+
+import dp_accounting
+import numpy as np
+from dp_accounting import dp_event as dp_event_lib
+
+from sage_tfx.ledger.accounting import check_delta, check_epsilon, check_positive
+from sage_tfx.errors import InvalidPrivacyParameterError
+
+RDP = "rdp"
+PLD = "pld"
+ACCOUNTANTS = (RDP, PLD)
+
+POISSON_SAMPLING = (
+    "Poisson sampling with q = batch_size / num_examples assumed; training used shuffled "
+    "fixed-size batches (the common approximation)"
+)
+ADD_OR_REMOVE_ONE = "add_or_remove_one"
+
+# Search range for calibration. Below 1e-3 the sampled Gaussian gives no meaningful privacy; above
+# 1e4 the model sees only noise. Targets outside the range are reported, never clamped.
+_MIN_NOISE_MULTIPLIER = 1e-3
+_MAX_NOISE_MULTIPLIER = 1e4
+
+
+def _check_count(value: Any, name: str) -> int:
+    """Returns ``value`` as an int if it is a whole number ≥ 1 (bools rejected)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise InvalidPrivacyParameterError(f"{name} must be an integer, got {value!r}")
+    if value < 1:
+        raise InvalidPrivacyParameterError(f"{name} must be ≥ 1, got {value!r}")
+    return int(value)
+
+
+def check_accountant(accountant: Any) -> str:
+    """Returns ``accountant`` if it names a supported accountant (``"rdp"`` or ``"pld"``).
+
+    Raises:
+      InvalidPrivacyParameterError: any other value.
+    """
+    if accountant not in ACCOUNTANTS:
+        raise InvalidPrivacyParameterError(
+            f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
+    return accountant
+
+
+def make_accountant(accountant: str = RDP) -> dp_accounting.PrivacyAccountant:
+    """A fresh dp_accounting accountant: ``"rdp"`` (default orders) or ``"pld"`` (default grid).
+
+    Both use add-or-remove-one adjacency. The PLD accountant's discretization is pessimistic, so
+    its ε is an upper bound like RDP's, only tighter.
+
+    Raises:
+      InvalidPrivacyParameterError: unknown accountant name.
+    """
+    check_accountant(accountant)
+    if accountant == RDP:
+        return dp_accounting.rdp.RdpAccountant()
+    return dp_accounting.pld.PLDAccountant()
+
+
+def _check_sampling(batch_size: Any, num_examples: Any, epochs: Any) -> tuple[int, int, float]:
+    batch_size = _check_count(batch_size, "batch_size")
+    num_examples = _check_count(num_examples, "num_examples")
+    if batch_size > num_examples:
+        raise InvalidPrivacyParameterError(
+            f"batch_size ({batch_size}) must not exceed num_examples ({num_examples}): the "
+            "sampling probability batch_size / num_examples would exceed 1")
+    epochs = check_positive(epochs, "epochs")
+    return batch_size, num_examples, epochs
+
+
+def dpsgd_steps(batch_size: int, num_examples: int, epochs: float) -> int:
+    """Number of accounted DP-SGD steps: ``ceil(epochs * num_examples / batch_size)``.
+
+    A float ``epochs`` is read as the decimal number its repr shows, so ``epochs=0.1`` is exactly
+    one tenth (no spurious extra step from binary rounding).
+
+    Raises:
+      InvalidPrivacyParameterError: non-positive or non-integer sizes, batch_size > num_examples.
+    """
+    batch_size, num_examples, epochs = _check_sampling(batch_size, num_examples, epochs)
+    return _steps(batch_size, num_examples, epochs)
+
+
+def _steps(batch_size: int, num_examples: int, epochs: float) -> int:
+    return math.ceil(Fraction(repr(float(epochs))) * num_examples / batch_size)
+
+
+def _event(noise_multiplier: float, batch_size: int, num_examples: int,
+           steps: int) -> dp_event_lib.DpEvent:
+    return dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(
+            sampling_probability=batch_size / num_examples,
+            event=dp_accounting.GaussianDpEvent(noise_multiplier)),
+        steps)
+
+
+def dpsgd_event(noise_multiplier: float, batch_size: int, num_examples: int,
+                epochs: float) -> dp_event_lib.DpEvent:
+    """The DpEvent of a DP-SGD run (Abadi et al. 2016): a Poisson-sampled Gaussian, self-composed.
+
+    ``SelfComposedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(noise_multiplier)), steps)`` with
+    ``q = batch_size / num_examples`` and ``steps = ceil(epochs * num_examples / batch_size)``.
+    Poisson sampling is assumed; TF trains with shuffled fixed-size batches, which this event
+    approximates (the common approximation, see the module docstring).
+
+    Args:
+      noise_multiplier: Noise std divided by ``l2_norm_clip`` (TF Privacy's meaning), > 0.
+      batch_size: Expected examples per step, 1 ≤ batch_size ≤ num_examples.
+      num_examples: Number of training examples (n).
+      epochs: Passes over the data, > 0 (may be fractional).
+
+    Returns:
+      The dp_accounting event, ready for ``PrivacyAccountant.compose`` or the ledger.
+
+    Raises:
+      InvalidPrivacyParameterError: a non-finite or non-positive value, non-integer sizes, or
+        batch_size > num_examples.
+    """
+    noise_multiplier = check_positive(noise_multiplier, "noise_multiplier")
+    batch_size, num_examples, epochs = _check_sampling(batch_size, num_examples, epochs)
+    return _event(noise_multiplier, batch_size, num_examples,
+                  _steps(batch_size, num_examples, epochs))
+
+
+def _epsilon(event: dp_event_lib.DpEvent, delta: float, accountant: str) -> float:
+    return float(make_accountant(accountant).compose(event).get_epsilon(delta))
+
+
+def dpsgd_epsilon(event: dp_event_lib.DpEvent, delta: float, accountant: str = RDP) -> float:
+    """ε at ``delta`` of ``event`` (e.g. from :func:`dpsgd_event`), add-or-remove-one adjacency.
+
+    Args:
+      event: A dp_accounting DpEvent the chosen accountant supports.
+      delta: Target δ in (0, 1).
+      accountant: ``"rdp"`` (Mironov 2017; dp_accounting default orders) or ``"pld"`` (privacy
+        loss distributions, Koskela et al. 2020 / Doroshenko et al. 2022; tighter).
+
+    Returns:
+      ε such that the event is (ε, delta)-DP according to the accountant.
+
+    Raises:
+      InvalidPrivacyParameterError: bad delta, unknown accountant, not a DpEvent, or an event the
+        accountant cannot account.
+    """
+    delta = check_delta(delta, allow_zero=False)
+    check_accountant(accountant)
+    if not isinstance(event, dp_event_lib.DpEvent):
+        raise InvalidPrivacyParameterError(f"expected a dp_accounting DpEvent, got {event!r}")
+    acct = make_accountant(accountant)
+    if not acct.supports(event):
+        raise InvalidPrivacyParameterError(
+            f"the {accountant} accountant cannot account {type(event).__name__}: {event}")
+    return float(acct.compose(event).get_epsilon(delta))
+
+
+def calibrate_gaussian_noise(make_event: Callable[[float], dp_event_lib.DpEvent], epsilon: float,
+                             delta: float, accountant: str = RDP, tol: float = 1e-5,
+                             upper: float | None = None) -> float:
+    """Smallest noise multiplier σ (within ``tol``) whose event ``make_event(σ)`` is (ε, δ)-DP.
+
+    Wraps ``dp_accounting.calibrate_dp_mechanism`` (Brent's method) with an explicit bracket, found
+    by doubling / shrinking from σ = 1 (or from ``upper``), so the search never evaluates σ = 0. The
+    result is checked again: its ε at δ is ≤ ``epsilon``, never above (the tolerance only errs
+    towards more noise). ``make_event`` must give an ε that decreases as σ grows.
+
+    Args:
+      make_event: σ -> DpEvent.
+      epsilon: Target ε, finite and > 0.
+      delta: Target δ in (0, 1).
+      accountant: ``"rdp"`` or ``"pld"``.
+      tol: Absolute tolerance on σ, > 0.
+      upper: Optional σ believed to meet the target; the bracket is then searched just below it,
+        which saves slow PLD evaluations at small σ. Ignored if it does not meet the target.
+        With ``accountant="pld"`` and no hint, the RDP answer is used (RDP's ε is above PLD's in
+        practice, and RDP is fast).
+
+    Returns:
+      σ with ``epsilon(make_event(σ), delta) <= epsilon``; σ - 2·tol typically exceeds the target.
+
+    Raises:
+      InvalidPrivacyParameterError: bad arguments, or a target that needs σ outside
+        [1e-3, 1e4] (ε too small to be reachable with useful noise, or so large σ < 1e-3 suffices).
+    """
+    epsilon = check_epsilon(epsilon)
+    delta = check_delta(delta, allow_zero=False)
+    check_accountant(accountant)
+    tol = check_positive(tol, "tol")
+
+    @functools.lru_cache(maxsize=None)
+    def eps_at(sigma: float) -> float:
+        return _epsilon(make_event(sigma), delta, accountant)
+
+    if upper is None and accountant == PLD:
+        # RDP's ε is (in practice) above PLD's and fast to compute: its σ is a near, cheap
+        # upper end for the slow PLD search. Checked below like any hint.
+        upper = calibrate_gaussian_noise(make_event, epsilon, delta, RDP, tol=1e-3)
+    shrink = 0.5
+    if upper is not None and _MIN_NOISE_MULTIPLIER <= upper <= _MAX_NOISE_MULTIPLIER and (
+            eps_at(upper) <= epsilon):
+        hi, shrink = float(upper), 0.9
+    else:
+        hi = 1.0
+        while eps_at(hi) > epsilon:
+            hi *= 2.0
+            if hi > _MAX_NOISE_MULTIPLIER:
+                raise InvalidPrivacyParameterError(
+                    f"epsilon={epsilon} at delta={delta} needs noise_multiplier > "
+                    f"{_MAX_NOISE_MULTIPLIER}: the budget is too small for this run")
+    lo = hi * shrink
+    while eps_at(lo) <= epsilon:
+        hi, lo = lo, lo * shrink
+        if lo < _MIN_NOISE_MULTIPLIER:
+            raise InvalidPrivacyParameterError(
+                f"epsilon={epsilon} at delta={delta} is met by noise_multiplier < "
+                f"{_MIN_NOISE_MULTIPLIER}: the target gives no meaningful privacy")
+    # Brent's method needs finite values at both ends of the bracket.
+    while not math.isfinite(eps_at(lo)):
+        lo = (lo + hi) / 2.0
+
+    sigma = float(dp_accounting.calibrate_dp_mechanism(
+        lambda: make_accountant(accountant), make_event, epsilon, delta,
+        dp_accounting.ExplicitBracketInterval(lo, hi), tol=tol))
+    if not eps_at(sigma) <= epsilon:  # calibrate_dp_mechanism promises this; keep the promise here
+        raise RuntimeError(f"calibration returned noise_multiplier={sigma} above epsilon={epsilon}")
+    return sigma
+
+
+@functools.lru_cache(maxsize=512)
+def calibrated_noise(make_event: Callable[[float], dp_event_lib.DpEvent], epsilon: float,
+                     delta: float, accountant: str) -> tuple[float, float]:
+    """``(σ, ε achieved at δ)`` of :func:`calibrate_gaussian_noise` (tol 1e-6), cached.
+
+    For mechanisms calibrated once per privacy level (AdaSSP, output perturbation): PLD
+    evaluations take seconds and a pipeline reuses its budget. ``make_event`` must be hashable
+    (a module-level function or a DpEvent class); arguments are checked by the callee.
+    """
+    sigma = calibrate_gaussian_noise(make_event, epsilon, delta, accountant, tol=1e-6)
+    return sigma, dpsgd_epsilon(make_event(sigma), delta, accountant)
+
+
+def calibrate_noise_multiplier(epsilon: float, delta: float, batch_size: int, num_examples: int,
+                               epochs: float, accountant: str = RDP, tol: float = 1e-5) -> float:
+    """Smallest DP-SGD noise multiplier (within ``tol``) that makes the run (ε, δ)-DP.
+
+    The run is :func:`dpsgd_event` (Poisson sampling assumed, see module docstring). The returned
+    σ satisfies ``dpsgd_epsilon(dpsgd_event(σ, ...), delta, accountant) <= epsilon``: the tolerance
+    is only ever spent on the side of more noise.
+
+    Args:
+      epsilon: Target ε, finite and > 0.
+      delta: Target δ in (0, 1).
+      batch_size: Expected examples per step, 1 ≤ batch_size ≤ num_examples.
+      num_examples: Number of training examples — the real count the trainer will read.
+      epochs: Passes over the data, > 0.
+      accountant: ``"rdp"`` or ``"pld"`` (tighter ε, hence less noise; slower: 0.3–4 s per ε
+        evaluation, more at small σ; a calibration takes about ten).
+      tol: Absolute tolerance on σ.
+
+    Returns:
+      The noise multiplier σ.
+
+    Raises:
+      InvalidPrivacyParameterError: any invalid argument, or an unreachable target.
+    """
+    epsilon = check_epsilon(epsilon)
+    delta = check_delta(delta, allow_zero=False)
+    check_accountant(accountant)
+    batch_size, num_examples, epochs = _check_sampling(batch_size, num_examples, epochs)
+    steps = _steps(batch_size, num_examples, epochs)
+
+    def make_event(sigma: float) -> dp_event_lib.DpEvent:
+        return _event(sigma, batch_size, num_examples, steps)
+
+    return calibrate_gaussian_noise(make_event, epsilon, delta, accountant, tol)
+
+
+@dataclasses.dataclass(frozen=True)
+class DPGuarantee:
+    """What a DP-SGD training run guarantees, with the assumptions next to the number.
+
+    Attributes:
+      epsilon: ε of the run at ``delta`` by ``accountant`` (≤ the requested target, if any).
+      delta: δ.
+      accountant: ``"rdp"`` or ``"pld"``.
+      sampling: The sampling assumption behind ε (Poisson assumed; fixed shuffled batches run).
+      neighboring_relation: Adjacency of the guarantee (add or remove one example).
+      num_examples: Training examples n the sampling probability is computed from.
+      batch_size: Batch size (expected batch size under Poisson sampling).
+      epochs: Passes over the data.
+      steps: Accounted steps, ``ceil(epochs * n / batch_size)``.
+      noise_multiplier: Noise std / ``l2_norm_clip`` on the summed clipped gradients.
+      l2_norm_clip: Per-example gradient L2 clipping norm.
+    """
+
+    epsilon: float
+    delta: float
+    accountant: str
+    sampling: str
+    neighboring_relation: str
+    num_examples: int
+    batch_size: int
+    epochs: float
+    steps: int
+    noise_multiplier: float
+    l2_norm_clip: float
+
+    @property
+    def event(self) -> dp_event_lib.DpEvent:
+        """The DpEvent the guarantee was computed from (what the ledger charges in rdp mode)."""
+        return dpsgd_event(self.noise_multiplier, self.batch_size, self.num_examples, self.epochs)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict of the fields."""
+        return dataclasses.asdict(self)
+
+
+def dpsgd_guarantee(noise_multiplier: float, batch_size: int, num_examples: int, epochs: float,
+                    delta: float, l2_norm_clip: float, accountant: str = RDP) -> DPGuarantee:
+    """The :class:`DPGuarantee` of a DP-SGD run with the given hyper-parameters.
+
+    Raises:
+      InvalidPrivacyParameterError: any invalid argument (see :func:`dpsgd_event`).
+    """
+    l2_norm_clip = check_positive(l2_norm_clip, "l2_norm_clip")
+    event = dpsgd_event(noise_multiplier, batch_size, num_examples, epochs)
+    return DPGuarantee(
+        epsilon=dpsgd_epsilon(event, delta, accountant),
+        delta=float(delta),
+        accountant=accountant,
+        sampling=POISSON_SAMPLING,
+        neighboring_relation=ADD_OR_REMOVE_ONE,
+        num_examples=int(num_examples),
+        batch_size=int(batch_size),
+        epochs=float(epochs),
+        steps=_steps(int(batch_size), int(num_examples), float(epochs)),
+        noise_multiplier=float(noise_multiplier),
+        l2_norm_clip=l2_norm_clip,
+    )

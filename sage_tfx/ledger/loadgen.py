@@ -1,0 +1,127 @@
+"""Load generation against a ledger: many writer processes issuing overlapping requests.
+
+Used by the concurrency/crash tests and by ``benchmarks/bench_ledger.py``. Each writer is a
+separate OS process with its own connection, as pipelines on different machines would be.
+"""
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing as mp
+import os
+import random
+import signal
+import time
+from typing import Optional
+
+from sage_tfx.errors import RetiredBlockError
+from sage_tfx.ledger import BlockSpec, open_ledger
+
+
+@dataclasses.dataclass(frozen=True)
+class WriterPlan:
+    """What one writer process does."""
+
+    url: str
+    stream: str
+    writer: int
+    requests: int
+    num_blocks: int
+    blocks_per_request: int
+    epsilon: float
+    delta: float = 0.0
+    seed: int = 0
+    kill_before_commit_at: Optional[int] = None  # SIGKILL itself inside this request's txn
+
+
+@dataclasses.dataclass(frozen=True)
+class WriterResult:
+    writer: int
+    granted: list  # (run_id, grant_id, block_ids, epsilon)
+    denied: int
+    latencies: list  # seconds per request
+
+
+def setup_stream(url: str, stream: str, num_blocks: int, *, epsilon_g: float = 1.0,
+                 delta_g: float = 1e-6, mode: str = "basic") -> None:
+    """Creates a stream with ``num_blocks`` blocks (added in chunks, one transaction each)."""
+    led = open_ledger(url)
+    try:
+        led.create_stream(stream, epsilon_g=epsilon_g, delta_g=delta_g, mode=mode)
+        chunk = 10_000
+        for start in range(0, num_blocks, chunk):
+            led.add_blocks(stream, [BlockSpec(f"b{i:07d}", f"/blocks/{stream}/b{i:07d}")
+                                    for i in range(start, min(num_blocks, start + chunk))])
+    finally:
+        led.close()
+
+
+def run_writer(plan: WriterPlan) -> WriterResult:
+    """Issues ``plan.requests`` requests for random contiguous block ranges."""
+    rng = random.Random(plan.seed * 1000 + plan.writer)
+    led = open_ledger(plan.url)
+    granted, denied, latencies = [], 0, []
+    try:
+        for i in range(plan.requests):
+            if plan.kill_before_commit_at == i:
+                led._store.before_commit = lambda: os.kill(os.getpid(), signal.SIGKILL)
+            first = rng.randrange(0, plan.num_blocks - plan.blocks_per_request + 1)
+            blocks = [f"b{k:07d}" for k in range(first, first + plan.blocks_per_request)]
+            run_id = f"w{plan.writer}-s{plan.seed}-r{i}"
+            t0 = time.perf_counter()
+            try:
+                d = led.request(plan.stream, run_id=run_id, blocks=blocks, epsilon=plan.epsilon,
+                                delta=plan.delta)
+            except RetiredBlockError:  # another writer used the block up first
+                latencies.append(time.perf_counter() - t0)
+                denied += 1
+                continue
+            latencies.append(time.perf_counter() - t0)
+            if d.granted:
+                granted.append((run_id, d.grant.grant_id, d.grant.block_ids, plan.epsilon))
+            else:
+                denied += 1
+    finally:
+        led.close()
+    return WriterResult(plan.writer, granted, denied, latencies)
+
+
+def _child(plan: WriterPlan, queue) -> None:
+    queue.put(run_writer(plan))
+
+
+def run_writers(plans: list[WriterPlan], timeout: float = 600.0) -> list[Optional[WriterResult]]:
+    """Runs each plan in its own process; a process that died yields None."""
+    # fork: children inherit the imported modules (spawn would re-import dp_accounting and
+    # SciPy in each of 16 processes). Children open their own database connections.
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_child, args=(p, queue)) for p in plans]
+    for p in procs:
+        p.start()
+    results: dict[int, WriterResult] = {}
+    deadline = time.time() + timeout
+    alive = set(range(len(procs)))
+    while alive and time.time() < deadline:
+        try:
+            r = queue.get(timeout=0.2)
+            results[r.writer] = r
+        except Exception:  # queue.Empty
+            pass
+        for k in list(alive):
+            if not procs[k].is_alive() and plans[k].writer not in results:
+                # Drain anything it put before exiting.
+                try:
+                    while True:
+                        r = queue.get(timeout=0.5)
+                        results[r.writer] = r
+                except Exception:
+                    pass
+                if plans[k].writer not in results:
+                    alive.discard(k)
+            elif plans[k].writer in results:
+                alive.discard(k)
+    for p in procs:
+        p.join(timeout=5)
+        if p.is_alive():
+            p.kill()
+    return [results.get(p.writer) for p in plans]

@@ -1,0 +1,188 @@
+"""Tests of sage_tfx.dp.keras_dpsgd: DP-SGD with TF Privacy's DPSequential.
+
+Argument checks that fail before TensorFlow is needed are fast; everything that builds or trains a
+model is marked slow.
+"""
+import math
+
+import dp_accounting
+import numpy as np
+import pytest
+
+from sage_tfx.dp import dpsgd
+from sage_tfx.errors import InvalidPrivacyParameterError
+from sage_tfx.dp import keras_dpsgd
+
+
+def _regression_data(n=4000, d=8, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, d)).astype(np.float32)
+    w = rng.normal(size=d) / math.sqrt(d)
+    y = (x @ w + 0.1 * rng.normal(size=n)).astype(np.float32)
+    return x, y
+
+
+_X, _Y = _regression_data(200, 3)
+_OK = dict(layers=[], loss=None, batch_size=20, epochs=1, delta=1e-5, l2_norm_clip=1.0,
+           epsilon=1.0)
+
+
+@pytest.mark.parametrize("bad,error", [
+    (dict(noise_multiplier=1.0), InvalidPrivacyParameterError),   # both ε and σ
+    (dict(epsilon=None), InvalidPrivacyParameterError),           # neither
+    (dict(epochs=0), InvalidPrivacyParameterError),
+    (dict(epochs=1.5), InvalidPrivacyParameterError),
+    (dict(batch_size=201), InvalidPrivacyParameterError),         # > n
+    (dict(epsilon=-1.0), InvalidPrivacyParameterError),
+    (dict(delta=0.0), InvalidPrivacyParameterError),
+    (dict(l2_norm_clip=0.0), InvalidPrivacyParameterError),
+    (dict(l2_norm_clip=math.nan), InvalidPrivacyParameterError),
+    (dict(accountant="moments"), InvalidPrivacyParameterError),
+    (dict(epsilon=None, noise_multiplier=0.0), InvalidPrivacyParameterError),
+])
+def test_train_rejects_bad_privacy_arguments_before_tensorflow(bad, error):
+    with pytest.raises(error):
+        keras_dpsgd.train_dp_keras(_X, _Y, **{**_OK, **bad})
+
+
+@pytest.mark.parametrize("features,labels", [
+    (_X, _Y[:-1]),
+    (np.where(_X > 1, np.nan, _X), _Y),
+    (_X[:, 0], _Y),
+])
+def test_train_rejects_bad_data_before_tensorflow(features, labels):
+    with pytest.raises(ValueError):
+        keras_dpsgd.train_dp_keras(features, labels, **_OK)
+
+
+def test_expected_update_std():
+    assert keras_dpsgd.expected_update_std(2.0, 0.5, 32, 0.1) == pytest.approx(0.1 * 2 * 0.5 / 32)
+
+
+# --- slow: TensorFlow ------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tf():
+    tf, _, _ = keras_dpsgd.import_tf_privacy()
+    return tf
+
+
+@pytest.mark.slow
+def test_train_learns_and_guarantee_matches_dp_accounting(tf):
+    x, y = _regression_data()
+    n, batch, epochs = x.shape[0], 64, 5
+    model, guarantee = keras_dpsgd.train_dp_keras(
+        x, y, layers=lambda: keras_dpsgd.mlp_layers((16,)),
+        loss=tf.keras.losses.MeanSquaredError(), batch_size=batch, epochs=epochs, delta=1e-5,
+        l2_norm_clip=1.0, epsilon=3.0, learning_rate=0.05, seed=0)
+    mse = float(np.mean((model.predict(x, verbose=0)[:, 0] - y) ** 2))
+    assert mse < 0.3 * float(np.var(y))  # learned most of the signal
+
+    # The guarantee, recomputed independently with dp_accounting.
+    steps = math.ceil(epochs * n / batch)
+    accountant = dp_accounting.rdp.RdpAccountant()
+    accountant.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
+        batch / n, dp_accounting.GaussianDpEvent(guarantee.noise_multiplier)), steps))
+    assert guarantee.epsilon == pytest.approx(accountant.get_epsilon(1e-5), rel=1e-12)
+    assert guarantee.epsilon <= 3.0
+    assert guarantee.epsilon == pytest.approx(3.0, rel=1e-3)
+    assert (guarantee.num_examples, guarantee.batch_size, guarantee.steps) == (n, batch, steps)
+    assert guarantee.l2_norm_clip == 1.0 and guarantee.accountant == "rdp"
+    assert "Poisson" in guarantee.sampling
+    # Every step that ran is accounted: drop_remainder gives epochs * floor(n / batch).
+    assert int(model.optimizer.iterations.numpy()) == epochs * (n // batch) <= steps
+    assert model._noise_multiplier == guarantee.noise_multiplier  # pylint: disable=protected-access
+    assert model._enable_fast_peg_computation  # pylint: disable=protected-access
+
+
+@pytest.mark.slow
+def test_train_with_explicit_noise_multiplier(tf):
+    x, y = _regression_data(n=1000)
+    _, guarantee = keras_dpsgd.train_dp_keras(
+        x, y, layers=lambda: keras_dpsgd.mlp_layers(()), loss=tf.keras.losses.MeanSquaredError(),
+        batch_size=100, epochs=2, delta=1e-5, l2_norm_clip=1.0, noise_multiplier=1.5, seed=1)
+    assert guarantee.noise_multiplier == 1.5
+    assert guarantee.epsilon == dpsgd.dpsgd_epsilon(dpsgd.dpsgd_event(1.5, 100, 1000, 2), 1e-5)
+
+
+def _update_samples(tf, *, noise_multiplier, l2_norm_clip, batch, lr, reduction, microbatches,
+                    dim=200, repeats=20):
+    """Weight changes of single SGD steps from zero weights on data with zero gradient."""
+    model = keras_dpsgd.make_dp_keras_model(
+        [tf.keras.layers.Dense(1, kernel_initializer="zeros")], input_shape=(dim,),
+        l2_norm_clip=l2_norm_clip, noise_multiplier=noise_multiplier,
+        num_microbatches=microbatches)
+    keras_dpsgd.compile_dp(model, loss=tf.keras.losses.MeanSquaredError(reduction=reduction),
+                           learning_rate=lr)
+    x = np.zeros((batch, dim), np.float32)
+    y = np.zeros((batch, 1), np.float32)  # prediction 0 = label: every gradient is exactly 0
+    zeros = [np.zeros_like(w) for w in model.get_weights()]
+    samples = []
+    for _ in range(repeats):
+        model.set_weights(zeros)
+        model.train_on_batch(x, y)
+        samples.append(np.concatenate([w.ravel() for w in model.get_weights()]))
+    return np.stack(samples)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("reduction,microbatches,divisor", [
+    ("sum_over_batch_size", None, 32),   # mean loss: noise σC on the sum, divided by B
+    ("sum", None, 1),                    # sum loss: σC, no division
+    ("sum_over_batch_size", 4, 4),       # 4 microbatches: σC on their sum, divided by 4
+])
+def test_update_noise_std_matches_formula(tf, reduction, microbatches, divisor):
+    tf.keras.utils.set_random_seed(3)
+    sigma, clip, batch, lr = 4.0, 0.5, 32, 0.5
+    samples = _update_samples(tf, noise_multiplier=sigma, l2_norm_clip=clip, batch=batch, lr=lr,
+                              reduction=reduction, microbatches=microbatches)
+    expected = lr * sigma * clip / divisor
+    if divisor == batch:
+        assert expected == keras_dpsgd.expected_update_std(sigma, clip, batch, lr)
+    assert np.std(samples) == pytest.approx(expected, rel=0.05)   # ~4,000 samples: ±1.1% (1 sd)
+    assert abs(np.mean(samples)) < 4 * expected / math.sqrt(samples.size)
+    # Fresh noise at every step: repeated steps from the same weights differ.
+    assert not np.allclose(samples[0], samples[1])
+
+
+@pytest.mark.slow
+def test_gradients_are_clipped_exactly(tf):
+    """Mean of per-example clipped gradients: 2(w·x − y)x clipped to C, one big and one small."""
+    clip, lr = 1.0, 0.1
+    model = keras_dpsgd.make_dp_keras_model(
+        [tf.keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")], input_shape=(3,),
+        l2_norm_clip=clip, noise_multiplier=1e-9)
+    keras_dpsgd.compile_dp(model, loss=tf.keras.losses.MeanSquaredError(), learning_rate=lr)
+    w0 = np.ones(3)
+    x = np.array([[1.0, 2.0, 2.0], [0.1, 0.0, 0.0]], np.float32)
+    y = np.array([[-10.0], [0.0]], np.float32)
+    grads = 2 * (x @ w0 - y[:, 0])[:, None] * x        # norms 90 and 0.02: clipped, unclipped
+    norms = np.linalg.norm(grads, axis=1)
+    clipped = grads / np.maximum(1.0, norms / clip)[:, None]
+    model.train_on_batch(x, y)
+    np.testing.assert_allclose(model.get_weights()[0][:, 0], w0 - lr * clipped.mean(axis=0),
+                               rtol=0, atol=1e-6)
+    assert norms[0] > clip > norms[1]
+
+
+@pytest.mark.slow
+def test_make_model_rejects_layers_without_fast_clipping(tf):
+    with pytest.raises(ValueError, match="BatchNormalization"):
+        keras_dpsgd.make_dp_keras_model(
+            [tf.keras.layers.Dense(4), tf.keras.layers.BatchNormalization(),
+             tf.keras.layers.Dense(1)],
+            input_shape=(3,), l2_norm_clip=1.0, noise_multiplier=1.0)
+
+
+@pytest.mark.slow
+def test_compile_rejects_string_loss_and_dp_optimizer(tf):
+    model = keras_dpsgd.make_dp_keras_model(keras_dpsgd.mlp_layers(()), input_shape=(3,),
+                                            l2_norm_clip=1.0, noise_multiplier=1.0)
+    with pytest.raises(ValueError, match="Loss instance"):
+        keras_dpsgd.compile_dp(model, loss="mse")
+    with pytest.raises(ValueError, match="NONE"):
+        keras_dpsgd.compile_dp(model, loss=tf.keras.losses.MeanSquaredError(reduction="none"))
+    from tensorflow_privacy.privacy.optimizers.dp_optimizer_keras import DPKerasSGDOptimizer
+    with pytest.raises(ValueError, match="standard Keras optimizer"):
+        keras_dpsgd.compile_dp(model, loss=tf.keras.losses.MeanSquaredError(),
+                               optimizer=DPKerasSGDOptimizer(1.0, 1.0, learning_rate=0.1))
