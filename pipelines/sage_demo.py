@@ -80,6 +80,7 @@ def make_statistic_iteration(ledger, target: float, eta: float):
     import numpy as np
 
     from sage_tfx.dp.validation import SumStatisticValidator
+    from sage_tfx.streams.reading import read_float_feature
 
     validator = SumStatisticValidator(target=target, value_bound=MEAN_DELAY_BOUND, eta=eta)
 
@@ -87,7 +88,7 @@ def make_statistic_iteration(ledger, target: float, eta: float):
         # Through the gate: the allocator charged this run id; the request replays that grant.
         decision = ledger.request(STREAM, run_id=run_id, blocks=blocks, epsilon=epsilon,
                                   delta=delta)
-        values = _read_feature(decision.grant.locations, "dep_delay")
+        values = read_float_feature(decision.grant.locations, "dep_delay")
         values = np.clip(values + MEAN_DELAY_SHIFT, 0.0, MEAN_DELAY_BOUND)
         result = validator.validate(values, epsilon=epsilon, rng=np.random.default_rng())
         estimate = result.dp_estimate - MEAN_DELAY_SHIFT
@@ -96,55 +97,17 @@ def make_statistic_iteration(ledger, target: float, eta: float):
     return iteration
 
 
-def _read_feature(locations, name: str):
-    """Values of one float feature in the granted blocks (absent values are skipped)."""
-    import glob
-
-    import numpy as np
-    import tensorflow as tf
-
-    from sage_tfx.streams.blocks import BLOCK_FILE_PATTERN
-
-    files = [f for loc in locations for f in sorted(glob.glob(os.path.join(loc, BLOCK_FILE_PATTERN)))]
-    ds = tf.data.TFRecordDataset(files, compression_type="GZIP").batch(4096)
-    spec = {name: tf.io.VarLenFeature(tf.float32)}
-    out = [tf.io.parse_example(batch, spec)[name].values.numpy() for batch in ds]
-    return np.concatenate(out) if out else np.zeros(0)
-
-
-def draw_pictures(ledger, logs, arrivals, out: str, epsilon_g: float) -> list[str]:
-    """Block × step budget heat-map (from the ledger's grants) and per-pipeline iterations."""
+def draw_pictures(ledger, logs, out: str) -> list[str]:
+    """Block × step budget heat-map (replayed from the ledger) and per-pipeline iterations."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
-    ids = [b.block_id for b in arrivals]
-    index = {b: i for i, b in enumerate(ids)}
-    step_of_run = {log.record.run_id: log.step for log in logs}
-    last_step = max([log.step for log in logs] + [0])
-    steps = last_step + 1
-    spent = np.full((len(ids), steps), np.nan)
-    charges = np.zeros((len(ids), steps))
-    for g in ledger.grants(STREAM):
-        step = step_of_run.get(g.run_id)
-        if step is None or g.status != "released":
-            continue
-        for b in g.block_ids:
-            charges[index[b], step] += g.epsilon
-    cum = np.cumsum(charges, axis=1)
-    for i in range(len(ids)):
-        spent[i, i:steps] = cum[i, i:steps]
-    paths = []
-    fig, ax = plt.subplots(figsize=(9, 5.5))
-    im = ax.imshow(spent[:steps], aspect="auto", origin="lower", cmap="magma_r", vmin=0,
-                   vmax=epsilon_g, interpolation="nearest")
-    ax.set_xlabel("stream step (one block arrives per step)")
-    ax.set_ylabel("block (arrival step)")
-    ax.set_title(f"ε spent per block over time (ε_g = {epsilon_g}); blank = not yet arrived")
-    fig.colorbar(im, ax=ax, label="ε spent")
-    fig.tight_layout()
-    paths.append(os.path.join(out, "budget_heatmap.png"))
+    from sage_tfx.ledger.history import budget_history, plot_budget_heatmap
+
+    paths = [os.path.join(out, "budget_heatmap.png")]
+    fig = plot_budget_heatmap(budget_history(ledger, STREAM),
+                              xlabel="stream step (one block arrives per step)")
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
 
@@ -252,7 +215,7 @@ def main(argv=None) -> int:
     report = ledger.verify_audit()
     problems = ledger.check_consistency(STREAM)
     print(f"audit chain: {report.message}; budgets: {'consistent' if not problems else problems[:3]}")
-    for p in draw_pictures(ledger, logs, arrivals, out, args.epsilon_g):
+    for p in draw_pictures(ledger, logs, out):
         print(f"picture: {p}")
     print(f"pushed models: {os.path.join(out, 'serving')}")
     print(f"done in {time.time() - t0:.0f}s")

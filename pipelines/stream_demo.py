@@ -96,35 +96,15 @@ def run_stream(ledger, blocks: list, pipelines=PIPELINES) -> list[dict]:
     return history
 
 
-def draw_heatmap(ledger, history: list, blocks: list, path: str, epsilon_g: float) -> None:
-    """Block × day picture of spent budget (replays the grants in order)."""
+def draw_heatmap(ledger, path: str) -> None:
+    """Block × day picture of spent budget, replayed from the ledger's audit log."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
-    ids = [m.block_id for m in blocks]
-    index = {b: i for i, b in enumerate(ids)}
-    spent = np.full((len(ids), len(ids)), np.nan)
-    current = np.zeros(len(ids))
-    by_day: dict[int, list] = {}
-    for h in history:
-        by_day.setdefault(h["day"], []).append(h)
-    for day in range(len(ids)):
-        for h in by_day.get(day, []):
-            if h["granted"]:
-                for b in h["blocks"]:
-                    current[index[b]] += h["epsilon"]
-        spent[: day + 1, day] = current[: day + 1]
-    fig, ax = plt.subplots(figsize=(10, 6))
-    im = ax.imshow(spent, aspect="auto", origin="lower", cmap="magma_r", vmin=0, vmax=epsilon_g,
-                   interpolation="nearest")
-    ax.set_xlabel("day of the stream")
-    ax.set_ylabel("block (arrival day)")
-    ax.set_title(f"Privacy budget spent per block over time (ε_g = {epsilon_g})\n"
-                 "blank: not arrived yet; darkest: exhausted (retired)")
-    fig.colorbar(im, ax=ax, label="ε spent")
-    fig.tight_layout()
+    from sage_tfx.ledger.history import budget_history, plot_budget_heatmap
+
+    fig = plot_budget_heatmap(budget_history(ledger, "flights"), xlabel="day of the stream")
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -171,7 +151,7 @@ def main(argv=None) -> int:
     print(f"audit chain: {report.message}; budgets: "
           f"{'consistent' if not problems else problems[:3]}")
     heatmap = os.path.join(out, "budget_heatmap.png")
-    draw_heatmap(ledger, history, blocks, heatmap, args.epsilon_g)
+    draw_heatmap(ledger, heatmap)
     print(f"heat-map: {heatmap}")
     print(f"ledger: {ledger_url}  (try: .venv/bin/sage-tfx --ledger {ledger_url} audit --limit 10)")
     print(f"done in {time.time() - t0:.0f}s")
