@@ -41,6 +41,9 @@ PUBLIC_API: dict[str, tuple[str, ...]] = {
     "sage_tfx.dp.mechanisms": (
         "LaplaceMechanism", "GaussianMechanism", "analytic_gaussian_sigma", "gaussian_delta",
         "split_budget", "BudgetShare"),
+    "sage_tfx.dp.noise": (
+        "laplace", "gaussian", "discrete_laplace", "discrete_gaussian", "laplace_epsilon",
+        "gaussian_rho", "SeededNoise", "SECURE"),
     "sage_tfx.dp.queries": (
         "DPRelease", "dp_count", "dp_sum", "dp_mean", "dp_group_by_count", "dp_group_by_sum",
         "dp_group_by_mean"),

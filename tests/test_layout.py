@@ -212,3 +212,13 @@ def test_documented_import_paths_work(doc, module, name):
 def test_documented_imports_are_found():
     found = {(m, n) for _, m, n in _documented_imports()}
     assert ("sage_tfx.ledger", "open_ledger") in found and ("sage_tfx.ledger", "Window") in found
+
+
+@pytest.mark.parametrize("path", [*sorted((ROOT / "components").rglob("*.py")),
+                                  *sorted((ROOT / "pipelines").rglob("*.py"))],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_pipeline_runs_never_use_seeded_noise(path):
+    """Seeded (numpy, floating-point-unsafe) noise is for experiments only: a component or a
+    pipeline always draws from OpenDP (``sage_tfx.dp.noise``)."""
+    assert "SeededNoise" not in path.read_text(), (
+        f"{path.relative_to(ROOT)} uses SeededNoise; pipeline runs must use OpenDP noise")
