@@ -1,0 +1,166 @@
+"""The DP sample-complexity profiler (PTK paper §5.2, Fig. 3).
+
+For one PTK, one training budget ε_train and one estimation budget ε (Fig. 3's ε):
+
+* T = ⌊log2 n_max⌋, δ*_n = sqrt(ln(100 T) / (2 n)), m = ⌈2 (τ⁻² + (ε τ)⁻¹) ln(100 T)⌉;
+* draw a validation set V_m; for j = 0..T: n = 2^j, draw a fresh S_n, f_n = ERM(S_n),
+  f'_n = train_dp(S_n, ε_train); L_n = R_n(f_n) - δ*_n + Lap(1/(ε n)) - ln(2T)/(ε n);
+  U_n = R^val_m(f'_n) + Lap(1/(ε m)) + τ/4; return n if U_n ≤ 2τ; return "R* > τ" if L_n > τ.
+
+Privacy statement. As printed, Fig. 3 runs ERM, EM and the L_n release on the same S_n, and
+the paper states the whole procedure is max{ℰ + ε, J ε}-DP — more than ℰ for any ε > 0, so a
+profile could not be charged to blocks whose cap is ℰ. We apply the modification the paper
+names ("using different iid samples in Steps 3 and 4"): train_dp runs on S_n and the ERM / L_n
+release on a disjoint S'_n of the same size. All of V_m, S_n, S'_n are disjoint record sets:
+
+* a record of S_n is in one train_dp call: its declared (ε_train, δ_train);
+* a record of S'_n is in one Laplace release of R_n(f_n) with scale 1/(ε n): sensitivity 1/n
+  for [0, 1] losses because f_n is the exact ERM (min over F of an average moves by ≤ 1/n), ε;
+* a record of V_m is in at most T + 1 Laplace releases of R^val_m with scale 1/(ε m): (T + 1) ε
+  (the paper writes J ≤ log2 n_max, but j runs over 0..⌊log2 n_max⌋, so up to T + 1 steps).
+
+By parallel composition one menu entry is (max(ε_train, ε, (T + 1) ε), δ_train)-DP, and a menu
+profiled on disjoint slices costs the maximum over entries (:func:`profile_cost`), which the
+store charges to the profile blocks before it reads them. A PTK type with no exact ERM gets no
+lower bound (no S'_n, no L_n release; it can then never be declared "R* > τ").
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from decimal import Decimal
+from typing import Optional, Sequence
+
+import numpy as np
+
+from sage_tfx.dp import noise as dp_noise
+from sage_tfx.errors import InvalidPrivacyParameterError, InvalidRequestError
+from sage_tfx.ptk.abstraction import PTKType, batches_of
+
+FOUND, ABOVE_TARGET, EXHAUSTED = "found", "above_target", "exhausted"
+
+
+@dataclasses.dataclass(frozen=True)
+class ProfileParams:
+    """Fig. 3's inputs besides the PTK: ε (estimation budget), n_max, and τ."""
+
+    epsilon: float
+    n_max: int
+    tau: float
+
+    def __post_init__(self):
+        if not (isinstance(self.epsilon, (int, float)) and math.isfinite(self.epsilon)
+                and self.epsilon > 0):
+            raise InvalidPrivacyParameterError(f"profiler epsilon must be > 0, got {self.epsilon!r}")
+        if not isinstance(self.n_max, int) or self.n_max < 2:
+            raise InvalidRequestError(f"n_max must be an integer >= 2, got {self.n_max!r}")
+        if not (isinstance(self.tau, (int, float)) and 0 < self.tau <= 1):
+            raise InvalidRequestError(f"tau must lie in (0, 1], got {self.tau!r}")
+
+    @property
+    def T(self) -> int:  # noqa: N802 - the paper's name
+        return int(math.floor(math.log2(self.n_max)))
+
+    @property
+    def m(self) -> int:
+        t = self.tau
+        return int(math.ceil(2 * (t ** -2 + 1 / (self.epsilon * t)) * math.log(100 * self.T)))
+
+    def delta_star(self, n: int) -> float:
+        return math.sqrt(math.log(100 * self.T) / (2 * n))
+
+    def records_needed(self, with_erm: bool = True) -> int:
+        """Records one menu entry reads: V_m, S_1 … S_{2^T} and (with an ERM) S'_1 … S'_{2^T}."""
+        return self.m + (2 ** (self.T + 1) - 1) * (2 if with_erm else 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class ProfileStep:
+    n: int
+    lower: Optional[float]
+    upper: float
+
+
+@dataclasses.dataclass(frozen=True)
+class MenuEntry:
+    """One (ε_j, n_j) option: n_j is None when the profile did not reach τ."""
+
+    epsilon: float
+    delta: float
+    n: Optional[int]
+    outcome: str
+    steps: tuple = ()
+
+
+def profile_cost(ptk_type: PTKType, config: dict, menu_eps: Sequence[float],
+                 params: ProfileParams) -> tuple[Decimal, float]:
+    """The (ε, δ) one profile of ``menu_eps`` costs the profile records (module docstring)."""
+    worst, delta = Decimal(0), 0.0
+    e = Decimal(repr(float(params.epsilon)))
+    for eps in menu_eps:
+        charge = ptk_type.charge(eps, config)
+        worst = max(worst, Decimal(repr(float(charge.epsilon))), e * (params.T + 1))
+        delta = max(delta, charge.delta)
+    return worst, delta
+
+
+def _risk(ptk_type, columns, state, config) -> float:
+    losses = ptk_type.eval(batches_of(columns), state, config=config)
+    return float(losses.mean()) if losses.size else 1.0
+
+
+def profile_entry(ptk_type: PTKType, config: dict, data: dict, epsilon_train: float,
+                  params: ProfileParams, noise=None) -> MenuEntry:
+    """Runs Fig. 3 for one ε_train on ``data`` (a dict of columns, at least
+    ``params.records_needed()`` rows, already in random order)."""
+    noise = noise or dp_noise.SECURE
+    charge = ptk_type.charge(epsilon_train, config)
+    rows = len(next(iter(data.values())))
+    with_erm = ptk_type.erm_ref is not None
+    if rows < params.records_needed(with_erm):
+        raise InvalidRequestError(
+            f"the profile slice has {rows} records; Fig. 3 with m={params.m}, "
+            f"n_max={params.n_max} needs {params.records_needed(with_erm)}")
+    eps, tau, T, m = params.epsilon, params.tau, params.T, params.m
+    take = lambda a, b: {k: np.asarray(v)[a:b] for k, v in data.items()}  # noqa: E731
+    val = take(0, m)
+    offset, steps = m, []
+    for j in range(T + 1):
+        n = 2 ** j
+        s_n = take(offset, offset + n)
+        offset += n
+        private = ptk_type.train_dp(batches_of(s_n), epsilon_train, None, None, config=config,
+                                    noise=noise)
+        lower = None
+        if with_erm:
+            s2_n = take(offset, offset + n)
+            offset += n
+            erm_state = ptk_type.erm(batches_of(s2_n), config=config)
+            lower = (float(noise.laplace(_risk(ptk_type, s2_n, erm_state, config), 1 / (eps * n)))
+                     - params.delta_star(n) - math.log(2 * T) / (eps * n))
+        upper = float(noise.laplace(_risk(ptk_type, val, private, config), 1 / (eps * m))) + tau / 4
+        steps.append(ProfileStep(n, lower, upper))
+        if upper <= 2 * tau:
+            return MenuEntry(epsilon_train, charge.delta, n, FOUND, tuple(steps))
+        if lower is not None and lower > tau:
+            return MenuEntry(epsilon_train, charge.delta, None, ABOVE_TARGET, tuple(steps))
+    return MenuEntry(epsilon_train, charge.delta, None, EXHAUSTED, tuple(steps))
+
+
+def profile_menu(ptk_type: PTKType, config: dict, data: dict, menu_eps: Sequence[float],
+                 params: ProfileParams, noise=None) -> list[MenuEntry]:
+    """Profiles every ε_j of the menu on its own disjoint slice of ``data`` (so the cost is
+    :func:`profile_cost`, the maximum over entries, not the sum)."""
+    if not menu_eps or len(set(menu_eps)) != len(menu_eps):
+        raise InvalidRequestError(f"the epsilon menu must be non-empty and distinct: {menu_eps!r}")
+    need = params.records_needed(ptk_type.erm_ref is not None)
+    rows = len(next(iter(data.values()))) if data else 0
+    if rows < need * len(menu_eps):
+        raise InvalidRequestError(
+            f"profiling {len(menu_eps)} budgets needs {need * len(menu_eps)} records "
+            f"({need} each), the profile set has {rows}")
+    out = []
+    for i, eps in enumerate(menu_eps):
+        part = {k: np.asarray(v)[i * need:(i + 1) * need] for k, v in data.items()}
+        out.append(profile_entry(ptk_type, config, part, eps, params, noise))
+    return out
