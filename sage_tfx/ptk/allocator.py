@@ -141,8 +141,8 @@ def _solve_k(ids, menus, K, eps_g, delta_g, n_max, time_limit, eps_rhs, delta_rh
         rd = np.zeros(nv)
         for i in range(len(ids)):
             for j, o in enumerate(menus[i]):
-                r[index[(i, j, k)]] = o.epsilon
-                rd[index[(i, j, k)]] = o.delta
+                r[index[(i, j, k)]] = o.epsilon / eps_g  # rows scaled to O(1) for HiGHS
+                rd[index[(i, j, k)]] = o.delta / delta_g if delta_g > 0 else 0.0
         add(r, -np.inf, eps_rhs)
         if rd.any():
             add(rd, -np.inf, delta_rhs)
@@ -207,7 +207,7 @@ def allocate(menus: dict, *, epsilon_g: float, delta_g: float = 0.0, n_max: int,
     tried = []
     for K in range(k_min, k_max + 1):
         tried.append(K)
-        eps_rhs, delta_rhs = float(epsilon_g), float(delta_g)
+        eps_rhs = delta_rhs = 1.0
         for _attempt in range(3):
             parts, message = _solve_k(ids, clean, K, epsilon_g, delta_g, n_max, time_limit,
                                       eps_rhs, delta_rhs)
@@ -217,9 +217,10 @@ def allocate(menus: dict, *, epsilon_g: float, delta_g: float = 0.0, n_max: int,
             if not over:
                 return Allocation(parts, epsilon_g, delta_g, n_max, time.perf_counter() - t0,
                                   tuple(tried))
-            # float round-off let a partition exceed the exact budget: tighten and re-solve
-            eps_rhs = float(np.nextafter(eps_rhs - 1e-12 * max(1.0, eps_rhs), 0))
-            delta_rhs = float(np.nextafter(delta_rhs, 0)) if delta_rhs > 0 else 0.0
+            # HiGHS accepts rows violated by up to its feasibility tolerance (1e-7): a partition
+            # over the exact budget is re-solved with the (scaled) right-hand side tightened
+            eps_rhs -= 1e-6
+            delta_rhs -= 1e-6
     return Allocation((), epsilon_g, delta_g, n_max, time.perf_counter() - t0, tuple(tried),
                       f"no allocation with K <= {k_max} partitions keeps every partition's sum "
                       f"within eps <= {E} and the total within N_max = {n_max}")

@@ -55,6 +55,7 @@ def _table(batches, config):
 
 
 def dp_event(epsilon_train: float, config: dict) -> PrivacyCharge:
+    check_config(config)
     half = dp_event_lib.LaplaceDpEvent(noise_multiplier=2.0 / epsilon_train)
     return PrivacyCharge(dp_event_lib.ComposedDpEvent([half, half]), epsilon_train, 0.0)
 

@@ -1,0 +1,88 @@
+"""Fig. 3 profiler: its constants, the noise scales of its releases, outcomes and its cost."""
+import math
+from decimal import Decimal
+
+import numpy as np
+import pytest
+
+from sage_tfx.dp.noise import SeededNoise
+from sage_tfx.errors import InvalidRequestError
+from sage_tfx.ptk import profiler
+from sage_tfx.ptk.abstraction import PTKType
+
+from conftest import HS, HS_CONFIG, window
+
+
+def hist_type():
+    return PTKType.resolve(f"{HS}:train_dp", f"{HS}:eval")
+
+
+class Recorder(SeededNoise):
+    def __init__(self):
+        super().__init__(0)
+        self.laplace_scales = []
+
+    def laplace(self, v, scale):
+        self.laplace_scales.append(scale)
+        return super().laplace(v, scale)
+
+
+def test_constants_follow_the_paper():
+    p = profiler.ProfileParams(epsilon=0.1, n_max=1000, tau=0.2)
+    assert p.T == 9
+    assert p.m == math.ceil(2 * (0.2 ** -2 + 1 / (0.1 * 0.2)) * math.log(900))
+    assert p.delta_star(16) == pytest.approx(math.sqrt(math.log(900) / 32))
+    assert p.records_needed() == p.m + 2 * (2 ** 10 - 1)
+    for bad in ({"epsilon": 0, "n_max": 8, "tau": 0.1}, {"epsilon": 0.1, "n_max": 1, "tau": 0.1},
+                {"epsilon": 0.1, "n_max": 8, "tau": 1.5}, {"epsilon": 0.1, "n_max": 8, "tau": 0}):
+        with pytest.raises(ValueError):
+            profiler.ProfileParams(**bad)
+
+
+def test_release_scales_and_early_return():
+    params = profiler.ProfileParams(epsilon=0.2, n_max=256, tau=0.2)
+    data = window(params.records_needed(), 7)
+    rec = Recorder()
+    entry = profiler.profile_entry(hist_type(), HS_CONFIG, data, 1.0, params, rec)
+    assert entry.outcome == profiler.FOUND and entry.n == entry.steps[-1].n
+    assert all(s.upper > 2 * params.tau for s in entry.steps[:-1])
+    assert entry.steps[-1].upper <= 2 * params.tau
+    # the profiler's own releases: per step, the L_n scale 1/(eps n) and the U_n scale
+    # 1/(eps m) (the kernel's sums noise has scale (hi-lo)/eps_train = 10 and is skipped)
+    own = [s for s in rec.laplace_scales if s != 10.0]
+    expect = []
+    for step in entry.steps:
+        expect += [1 / (0.2 * step.n), 1 / (0.2 * params.m)]
+    assert own == pytest.approx(expect)
+
+
+def test_declares_above_target_when_best_risk_exceeds_two_tau():
+    params = profiler.ProfileParams(epsilon=0.5, n_max=1024, tau=0.01)
+    cfg = dict(HS_CONFIG, domain=["a"], lower=-100.0, upper=100.0)  # loss floor >> 2 tau
+    rng = np.random.default_rng(0)
+    n = params.records_needed()
+    data = {"city": np.array(["a"] * n), "delay": rng.uniform(-100, 100, size=n)}
+    entry = profiler.profile_entry(hist_type(), cfg, data, 1.0, params, SeededNoise(1))
+    assert entry.outcome == profiler.ABOVE_TARGET and entry.n is None
+    assert entry.steps[-1].lower > params.tau
+
+
+def test_cost_is_the_parallel_composition_maximum():
+    t = hist_type()
+    params = profiler.ProfileParams(epsilon=0.05, n_max=64, tau=0.2)  # T = 6: V_m takes 0.35
+    cost, delta = profiler.profile_cost(t, HS_CONFIG, [0.1, 0.25], params)
+    assert cost == Decimal("0.35") and delta == 0.0
+    cost, _ = profiler.profile_cost(t, HS_CONFIG, [0.1, 0.5], params)
+    assert cost == Decimal("0.5")
+
+
+def test_menu_needs_disjoint_slices():
+    params = profiler.ProfileParams(epsilon=0.2, n_max=32, tau=0.3)
+    need = params.records_needed()
+    with pytest.raises(InvalidRequestError):
+        profiler.profile_menu(hist_type(), HS_CONFIG, window(2 * need - 1, 1), [0.5, 1.0], params)
+    with pytest.raises(InvalidRequestError):
+        profiler.profile_menu(hist_type(), HS_CONFIG, window(need, 1), [0.5, 0.5], params)
+    out = profiler.profile_menu(hist_type(), HS_CONFIG, window(2 * need, 1), [0.5, 1.0], params,
+                                SeededNoise(2))
+    assert [e.epsilon for e in out] == [0.5, 1.0]

@@ -1,0 +1,181 @@
+"""The PTK store API, lake lineage, window runner and minimal exposure, on the real ledger."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from sage_tfx.errors import InvalidRequestError
+from sage_tfx.ptk import (FunctionReferenceError, PerformanceTargetError, Reject,
+                          SubscriberError, UnaccountableEventError, UnknownPTKError)
+from sage_tfx.ptk.allocator import dec
+
+from conftest import CV, CV_CONFIG, HS, HS_CONFIG, register_hist, window
+
+
+def snapshot(store):
+    """Everything a refused call must leave unchanged: the PTK tables and the ledger's grants."""
+    db = store.lake.db
+    out = {}
+    for t in ("ptk_registry", "ptk_versions", "ptk_subscriptions", "ptk_outbox", "ptk_plans",
+              "ptk_windows"):
+        out[t] = sorted(map(repr, db.q(f"SELECT * FROM {t}").fetchall()))
+    out["grants"] = sorted(g.grant_id for g in store.ledger.grants(store.cfg.stream))
+    return out
+
+
+def test_register_train_lineage_and_minimal_exposure(make_store, tmp_path):
+    store = make_store()
+    store.advance_window(window(10000, 0), user_key="user")
+    pid = register_hist(store)
+    assert isinstance(pid, str) and pid.startswith("ptk-")
+    prof = store.lake.ptk(pid)["profile"]
+    assert prof["grant_id"] and dec(prof["epsilon"]) <= dec(1.0)
+    out = store.advance_window(window(10000, 1), user_key="user")
+    (t,) = out["trained"]
+    lin = store.lineage(pid)
+    assert lin["window_index"] == 1 and lin["version"] == 1 and lin["grant_id"] == t["grant_id"]
+    assert lin["n_used"] == t["n"] and lin["blocks"][0].startswith("w000001.t")
+    grant = store.ledger.grant(lin["grant_id"])
+    assert set(lin["blocks"]) <= set(grant.block_ids)
+    assert grant.epsilon == lin["epsilon"] and grant.run_id == lin["run_id"]
+    ptk = store.get_ptk(pid)
+    assert ptk.oldest_contributing_window == ptk.newest_contributing_window == 1
+    # minimal exposure: window 0's raw block files are gone once window 1 opened ...
+    w0 = store.lake.window(0)
+    assert w0["status"] == "closed" and w0["files"] == []
+    assert not os.path.exists(tmp_path / "data" / "ptk" / "w000000") or \
+        not os.listdir(tmp_path / "data" / "ptk" / "w000000")
+    # ... and after the last window closes nothing non-DP remains anywhere
+    store.windows.close()
+    leftover = [f for _, _, fs in os.walk(tmp_path / "data") for f in fs]
+    assert leftover == []
+    raw_values = {str(v) for v in window(10000, 1)["user"][:50]}
+    for table in ("ptk_registry", "ptk_versions", "ptk_windows", "ptk_plans"):
+        dump = json.dumps(store.lake.db.q(f"SELECT * FROM {table}").fetchall(), default=str)
+        assert not any(u in dump for u in raw_values)
+    # the stored state is exactly the DP output (noisy counts are not the true counts)
+    true_counts = [int(np.sum(window(10000, 1)["city"][:t["n"]] == c)) for c in "abcd"]
+    assert ptk.model_state["counts"] != true_counts
+
+
+def test_one_charge_per_partition_and_idempotent_window(make_store):
+    store = make_store()
+    store.advance_window(window(20000, 0), user_key="user")
+    a = register_hist(store, tau=0.2)
+    b = store.register_ptk(f"{CV}:train_dp", f"{CV}:eval", 1, config=CV_CONFIG, tau=0.3)
+    assert isinstance(a, str) and isinstance(b, str), (a, b)
+    plan = store.plan()
+    before = len(store.ledger.grants("ptk"))
+    store.advance_window(window(20000, 1), user_key="user")
+    train_grants = [g for g in store.ledger.grants("ptk") if g.run_id.startswith("ptk.w1.")]
+    assert len(store.ledger.grants("ptk")) - before == len(train_grants) == plan["K"]
+    for part, g in zip(plan["partitions"], sorted(train_grants, key=lambda g: g.run_id)):
+        assert dec(g.epsilon) == sum((dec(m["epsilon"]) for m in part["members"]), dec(0))
+        assert dec(g.epsilon) == dec(part["epsilon_sum"])
+    # replaying the window's training: same grants back, no new versions, no new charge
+    spent = {b.block_id: b.epsilon_spent for b in store.ledger.blocks("ptk")}
+    again = store.windows.train(1)
+    assert {t["grant_id"] for t in again} == {g.grant_id for g in train_grants}
+    assert [len(store.lake.versions(p)) for p in (a, b)] == [1, 1]
+    assert {b.block_id: b.epsilon_spent for b in store.ledger.blocks("ptk")} == spent
+    # each block's ledger total stays within epsilon_g
+    assert all(dec(b.epsilon_spent) <= dec(1.0) for b in store.ledger.blocks("ptk"))
+
+
+def test_bad_input_changes_nothing(make_store):
+    store = make_store()
+    store.advance_window(window(10000, 0), user_key="user")
+    pid = register_hist(store)
+    snap = snapshot(store)
+    bad = [
+        (FunctionReferenceError, lambda: store.register_ptk("nope.mod:f", f"{HS}:eval", tau=0.2)),
+        (FunctionReferenceError, lambda: store.register_ptk(f"{HS}:train_dp", "x", tau=0.2)),
+        (PerformanceTargetError, lambda: register_hist(store, tau=0.0)),
+        (PerformanceTargetError, lambda: register_hist(store, tau=1.5)),
+        (InvalidRequestError, lambda: register_hist(store, train_frequency=0)),
+        (InvalidRequestError, lambda: register_hist(store, train_frequency=-2)),
+        (UnaccountableEventError, lambda: register_hist(store, dp_event_fn="conftest:wrong_event")),
+        (InvalidRequestError, lambda: register_hist(store, config={"key": "city"})),
+        (UnknownPTKError, lambda: store.deregister_ptk("ptk-unknown")),
+        (UnknownPTKError, lambda: store.update_ptk_config("ptk-unknown", HS_CONFIG)),
+        (PerformanceTargetError, lambda: store.update_ptk_performance_target(pid, 2)),
+        (InvalidRequestError, lambda: store.update_ptk_config(pid, {"key": "city"})),
+        (UnknownPTKError, lambda: store.subscribe_to_ptk("ptk-unknown", "http://127.0.0.1:9/")),
+        (SubscriberError, lambda: store.subscribe_to_ptk(pid, "ftp://x/")),
+        (SubscriberError, lambda: store.subscribe_to_ptk(pid, "http://127.0.0.1:9/")),
+        (UnknownPTKError, lambda: store.notify_new_ptk_state("ptk-unknown")),
+        (InvalidRequestError, lambda: store.advance_window({}, user_key="user")),
+        (InvalidRequestError, lambda: store.advance_window(window(10, 1), user_key="nope")),
+        (InvalidRequestError, lambda: store.advance_window(window(10, 1), window_index=0)),
+    ]
+    for err, call in bad:
+        with pytest.raises(err):
+            call()
+        assert snapshot(store) == snap, call
+
+
+def test_reject_keeps_the_plan_and_deregister_replans(make_store):
+    store = make_store()
+    store.advance_window(window(10000, 0), user_key="user")
+    ids = [register_hist(store, menu=[(1.0, 3000)]) for _ in range(2)]
+    assert all(isinstance(i, str) for i in ids)
+    plan = store.plan()
+    assert plan["K"] == 2 and plan["total"] == 6000
+    small = dict(store.cfg.__dict__)
+    # a third PTK needing eps 1 and 3000 samples breaks N_max: REJECT, plan unchanged
+    from sage_tfx.ptk import StoreConfig
+    tight = make_store(url=store.url, config=StoreConfig(**dict(small, n_max=6000)))
+    r = register_hist(tight, menu=[(1.0, 3000)])
+    assert isinstance(r, Reject) and not r and "N_max = 6000" in r.reason
+    assert tight.plan() == plan and len(tight.lake.ptks()) == 2
+    after = store.deregister_ptk(ids[0])
+    assert after.K == 1 and store.plan()["total"] == 3000
+    with pytest.raises(UnknownPTKError):
+        store.deregister_ptk(ids[0])
+
+
+def test_register_without_a_window_rejects_with_reason(make_store):
+    store = make_store()
+    r = register_hist(store)
+    assert isinstance(r, Reject) and "no training window is open" in r.reason
+    assert store.lake.ptks() == [] and store.ledger.grants("ptk") == []
+
+
+def test_profile_budget_is_charged_and_exhausts(make_store):
+    store = make_store()
+    store.advance_window(window(8000, 0), user_key="user")
+    first = register_hist(store)
+    assert isinstance(first, str)
+    grants = store.ledger.grants("ptk")
+    assert len(grants) == 1 and grants[0].run_id == f"ptk.profile.{first}"
+    # the profile charge is the maximum over the menu of the parallel parts: eps 1.0 here
+    assert grants[0].epsilon == 1.0
+    # the next profile needs fresh profile blocks; 3000 records cannot hold a second one
+    second = register_hist(store)
+    assert isinstance(second, Reject) and "profile" in second.reason
+
+
+def test_update_target_reprofiles_and_replans(make_store):
+    store = make_store()
+    store.advance_window(window(20000, 0), user_key="user")
+    pid = register_hist(store, tau=0.3)
+    old = store.lake.ptk(pid)["profile"]["grant_id"]
+    plan = store.update_ptk_performance_target(pid, 0.25)
+    assert plan.feasible
+    rec = store.lake.ptk(pid)
+    assert rec["tau"] == 0.25 and rec["profile"]["grant_id"] != old
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_store_on_postgres(make_store, postgres_url):
+    store = make_store(url=postgres_url)
+    store.advance_window(window(10000, 0), user_key="user")
+    pid = register_hist(store)
+    assert isinstance(pid, str)
+    store.advance_window(window(10000, 1), user_key="user")
+    assert store.lineage(pid)["version"] == 1
+    assert store.windows.train(1)[0]["version"] == 1  # idempotent on PostgreSQL too
+    store.windows.close()
+    assert store.lake.window(1)["files"] == []
