@@ -19,6 +19,7 @@ the module of ``train_dp`` under the names ``dp_event`` and ``erm``.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib
 import math
 import re
@@ -223,6 +224,23 @@ def check_charge(charge: PrivacyCharge) -> None:
         raise UnaccountableEventError(
             f"the declared event spends epsilon={spent:.6g} at delta={dlt} (dp_accounting PLD), "
             f"more than the charged epsilon={eps}")
+
+
+def hash_positions(keys, salt: str) -> np.ndarray:
+    """A uniform position in [0, 1) per key: a salted SHA-256 (independent of other records)."""
+    out = np.empty(len(keys))
+    for i, k in enumerate(keys):
+        h = hashlib.sha256(f"{salt}\x00{k}".encode()).digest()
+        out[i] = int.from_bytes(h[:8], "big") / 2.0 ** 64
+    return out
+
+
+def record_keys(columns: Mapping[str, np.ndarray]) -> list:
+    """One string per record from all its values: an identity that does not depend on the
+    record's position, so hashing it assigns each record independently of the others."""
+    names = sorted(columns)
+    return ["\x1f".join(map(str, row)) for row in zip(*(np.asarray(columns[c]).tolist()
+                                                        for c in names))]
 
 
 def batches_of(columns: Mapping[str, np.ndarray], size: int = 4096) -> Iterator[dict]:

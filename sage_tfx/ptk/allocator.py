@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from decimal import Decimal
-from typing import Optional, Sequence
+from typing import Optional
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp

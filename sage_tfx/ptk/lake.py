@@ -9,13 +9,13 @@ its own connection and never touches the ledger's tables.
 """
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import threading
 from typing import Any, Callable, Optional, Sequence
 
 from sage_tfx.errors import InvalidRequestError
-from sage_tfx.ledger.values import now
 
 _SCHEMA = [
     """CREATE TABLE IF NOT EXISTS ptk_registry (
@@ -45,6 +45,11 @@ _SCHEMA = [
         blocks TEXT NOT NULL, records {int} NOT NULL, plan_seq {int}, opened_at TEXT NOT NULL,
         closed_at TEXT)""",
 ]
+def now() -> str:
+    """The current UTC time, ISO-8601 with microseconds."""
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="microseconds")
+
+
 REGISTRY_COLS = ("ptk_id", "name", "train_dp_ref", "eval_ref", "dp_event_ref", "erm_ref",
                  "config", "tau", "train_frequency", "status", "menu", "profile",
                  "registered_window", "created_at", "updated_at")

@@ -35,7 +35,7 @@ import numpy as np
 
 from sage_tfx.dp import noise as dp_noise
 from sage_tfx.errors import InvalidPrivacyParameterError, InvalidRequestError
-from sage_tfx.ptk.abstraction import PTKType, batches_of
+from sage_tfx.ptk.abstraction import PTKType, batches_of, hash_positions, record_keys
 
 FOUND, ABOVE_TARGET, EXHAUSTED = "found", "above_target", "exhausted"
 
@@ -104,41 +104,65 @@ def profile_cost(ptk_type: PTKType, config: dict, menu_eps: Sequence[float],
     return worst, delta
 
 
-def _risk(ptk_type, columns, state, config) -> float:
+def _risk_sum(ptk_type, columns, state, config, n: int) -> float:
+    """Σ losses / n with the FIXED public size n (not the slice's random size): adding or
+    removing one record moves it by at most 1/n, also for min_f (the ERM's risk)."""
     losses = ptk_type.eval(batches_of(columns), state, config=config)
-    return float(losses.mean()) if losses.size else 1.0
+    return float(losses.sum()) / n
+
+
+def _slice_index(u: np.ndarray, sizes: Sequence[int], expected_rows: float) -> list:
+    bounds = np.cumsum(sizes) / expected_rows
+    lo = np.r_[0.0, bounds[:-1]]
+    return [np.flatnonzero((u >= a) & (u < b)) for a, b in zip(lo, bounds)]
 
 
 def profile_entry(ptk_type: PTKType, config: dict, data: dict, epsilon_train: float,
-                  params: ProfileParams, noise=None) -> MenuEntry:
-    """Runs Fig. 3 for one ε_train on ``data`` (a dict of columns, at least
-    ``params.records_needed()`` rows, already in random order)."""
+                  params: ProfileParams, noise=None, positions: Optional[np.ndarray] = None,
+                  expected_rows: Optional[float] = None) -> MenuEntry:
+    """Runs Fig. 3 for one ε_train on ``data`` (a dict of columns).
+
+    The samples V_m, S_n and S'_n are not positional slices: each record goes to a slice by its
+    own hash position in [0, 1) (``positions``; default a salted SHA-256 of the record's
+    values), with slice widths size / ``expected_rows`` (a public count, default ``len(data)``).
+    Adding or removing one record therefore changes exactly one slice — the disjointness the
+    parallel composition of the privacy statement needs; positional slicing would shift every
+    later slice. Slice sizes are then random with the right means (n, m); every released risk
+    divides by the fixed n or m.
+    """
     noise = noise or dp_noise.SECURE
     charge = ptk_type.charge(epsilon_train, config)
-    rows = len(next(iter(data.values())))
+    rows = len(next(iter(data.values()))) if data else 0
+    expected_rows = float(rows if expected_rows is None else expected_rows)
     with_erm = ptk_type.erm_ref is not None
-    if rows < params.records_needed(with_erm):
+    if expected_rows < params.records_needed(with_erm):
         raise InvalidRequestError(
-            f"the profile slice has {rows} records; Fig. 3 with m={params.m}, "
+            f"the profile slice has {expected_rows:.0f} records; Fig. 3 with m={params.m}, "
             f"n_max={params.n_max} needs {params.records_needed(with_erm)}")
+    u = (hash_positions(record_keys(data), "ptk-profile") if positions is None
+         else np.asarray(positions, dtype=float))
     eps, tau, T, m = params.epsilon, params.tau, params.T, params.m
-    take = lambda a, b: {k: np.asarray(v)[a:b] for k, v in data.items()}  # noqa: E731
-    val = take(0, m)
-    offset, steps = m, []
+    sizes = [m]
+    for j in range(T + 1):
+        sizes += [2 ** j, 2 ** j] if with_erm else [2 ** j]
+    index = iter(_slice_index(u, sizes, expected_rows))
+    take = lambda idx: {k: np.asarray(v)[idx] for k, v in data.items()}  # noqa: E731
+    val = take(next(index))
+    steps = []
     for j in range(T + 1):
         n = 2 ** j
-        s_n = take(offset, offset + n)
-        offset += n
+        s_n = take(next(index))
         private = ptk_type.train_dp(batches_of(s_n), epsilon_train, None, None, config=config,
                                     noise=noise)
         lower = None
         if with_erm:
-            s2_n = take(offset, offset + n)
-            offset += n
+            s2_n = take(next(index))
             erm_state = ptk_type.erm(batches_of(s2_n), config=config)
-            lower = (float(noise.laplace(_risk(ptk_type, s2_n, erm_state, config), 1 / (eps * n)))
+            lower = (float(noise.laplace(_risk_sum(ptk_type, s2_n, erm_state, config, n),
+                                         1 / (eps * n)))
                      - params.delta_star(n) - math.log(2 * T) / (eps * n))
-        upper = float(noise.laplace(_risk(ptk_type, val, private, config), 1 / (eps * m))) + tau / 4
+        upper = float(noise.laplace(_risk_sum(ptk_type, val, private, config, m),
+                                    1 / (eps * m))) + tau / 4
         steps.append(ProfileStep(n, lower, upper))
         if upper <= 2 * tau:
             return MenuEntry(epsilon_train, charge.delta, n, FOUND, tuple(steps))
@@ -149,18 +173,24 @@ def profile_entry(ptk_type: PTKType, config: dict, data: dict, epsilon_train: fl
 
 def profile_menu(ptk_type: PTKType, config: dict, data: dict, menu_eps: Sequence[float],
                  params: ProfileParams, noise=None) -> list[MenuEntry]:
-    """Profiles every ε_j of the menu on its own disjoint slice of ``data`` (so the cost is
-    :func:`profile_cost`, the maximum over entries, not the sum)."""
+    """Profiles every ε_j of the menu on its own disjoint share of ``data`` (shares and slices
+    by record hash, see :func:`profile_entry`), so the cost is :func:`profile_cost`, the
+    maximum over entries, not the sum."""
     if not menu_eps or len(set(menu_eps)) != len(menu_eps):
         raise InvalidRequestError(f"the epsilon menu must be non-empty and distinct: {menu_eps!r}")
     need = params.records_needed(ptk_type.erm_ref is not None)
     rows = len(next(iter(data.values()))) if data else 0
-    if rows < need * len(menu_eps):
+    J = len(menu_eps)
+    if rows < need * J:
         raise InvalidRequestError(
-            f"profiling {len(menu_eps)} budgets needs {need * len(menu_eps)} records "
+            f"profiling {J} budgets needs {need * J} records "
             f"({need} each), the profile set has {rows}")
+    u = hash_positions(record_keys(data), "ptk-profile")
+    share = np.minimum((u * J).astype(int), J - 1)
     out = []
     for i, eps in enumerate(menu_eps):
-        part = {k: np.asarray(v)[i * need:(i + 1) * need] for k, v in data.items()}
-        out.append(profile_entry(ptk_type, config, part, eps, params, noise))
+        mine = np.flatnonzero(share == i)
+        part = {k: np.asarray(v)[mine] for k, v in data.items()}
+        out.append(profile_entry(ptk_type, config, part, eps, params, noise,
+                                 positions=u[mine] * J - i, expected_rows=rows / J))
     return out

@@ -12,23 +12,18 @@ nothing; an infeasible workload is a :class:`Reject` with the reason.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 import uuid
 from typing import Optional, Sequence
 
-import numpy as np
-
 from sage_tfx.dp import noise as dp_noise
 from sage_tfx.errors import InvalidRequestError, UnknownStreamError
 from sage_tfx.ledger import open_ledger
-from sage_tfx.ledger.values import now
 from sage_tfx.ptk import allocator, profiler
 from sage_tfx.ptk.abstraction import (PTK, PerformanceTargetError, PTKType, UnknownPTKError)
-from sage_tfx.ptk.lake import Lake
+from sage_tfx.ptk.lake import Lake, now
 from sage_tfx.ptk.notify import Notifier, check_endpoint
 from sage_tfx.ptk.windows import WindowRunner
-
 
 @dataclasses.dataclass(frozen=True)
 class Reject:
@@ -39,7 +34,6 @@ class Reject:
 
     def __bool__(self) -> bool:
         return False
-
 
 @dataclasses.dataclass(frozen=True)
 class StoreConfig:
@@ -69,19 +63,16 @@ class StoreConfig:
                 f"the profiler's validation set takes (T + 1) * eps = {t + 1} * "
                 f"{self.profile_epsilon} > epsilon_g = {self.epsilon_g}: lower profile_epsilon")
 
-
 def check_tau(tau) -> float:
     if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not 0 < tau <= 1:
         raise PerformanceTargetError(f"the performance target tau must lie in (0, 1], got {tau!r}")
     return float(tau)
-
 
 def check_frequency(freq) -> int:
     if isinstance(freq, bool) or not isinstance(freq, int) or freq < 1:
         raise InvalidRequestError(f"train_frequency must be a positive integer (windows), got "
                                   f"{freq!r}")
     return freq
-
 
 class PTKStore:
     def __init__(self, url: str, data_root: str, config: StoreConfig = StoreConfig(), *,
@@ -135,12 +126,8 @@ class PTKStore:
             run_id, cost, delta, params.records_needed(ptk_type.erm_ref is not None) * len(menu))
         if isinstance(data, str):
             return Reject(data)
-        # a data-independent shuffle so the slices V_m, S_1, S_2, ... are iid draws
-        rng = np.random.default_rng(int.from_bytes(hashlib.sha256(run_id.encode()).digest()[:8],
-                                                   "big"))
-        order = rng.permutation(len(next(iter(data["columns"].values()))))
-        cols = {k: np.asarray(v)[order] for k, v in data["columns"].items()}
-        entries = profiler.profile_menu(ptk_type, config, cols, menu, params, self.noise)
+        entries = profiler.profile_menu(ptk_type, config, data["columns"], menu, params,
+                                        self.noise)
         options = [(e.epsilon, e.delta, e.n) for e in entries if e.n is not None]
         record = {"epsilon": str(cost), "delta": delta, "grant_id": data["grant_id"],
                   "window": data["window"], "m": params.m, "T": params.T,

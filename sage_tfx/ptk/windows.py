@@ -4,11 +4,13 @@
 exposure), splits the next window on a window × user-hash block scheme and registers the blocks
 with the ledger, then trains every due PTK with its allocated (ε_i, n_i):
 
-* block ids are ``w000007.p03`` (profile buckets, the first ``profile_share`` of the hash space)
-  and ``w000007.t041`` (train buckets); a record's bucket is a salted SHA-256 of its user key;
+* block ids are ``w000007.p003`` (profile buckets, the first ``profile_share`` of the hash
+  space) and ``w000007.t041`` (train buckets); a record's bucket is a salted SHA-256 of its user
+  key (or, without one, of its values);
 * partition k of the plan takes the next run of train blocks holding N_k records (partitions are
-  disjoint block sets: parallel composition), and PTK i of partition k reads the first n_i
-  records of the partition's blocks;
+  disjoint block sets: parallel composition), and PTK i of partition k reads the first whole
+  blocks of its partition holding at least n_i records (block record counts are public ledger
+  metadata; a positional prefix inside a block would turn one added record into a replaced one);
 * a partition run is ONE ledger charge of the exact-decimal sum of its due PTKs' (ε_i, δ_i) to
   all of the partition's blocks, with the idempotent run id ``ptk.w<w>.plan<seq>.p<k>``: a
   replayed window gets the same grant back and stores no second version;
@@ -16,7 +18,6 @@ with the ledger, then trains every due PTK with its allocated (ε_i, n_i):
 """
 from __future__ import annotations
 
-import hashlib
 import os
 from decimal import Decimal
 from typing import Optional
@@ -25,17 +26,9 @@ import numpy as np
 
 from sage_tfx.errors import InvalidRequestError, RetiredBlockError
 from sage_tfx.ledger import BlockSpec
-from sage_tfx.ptk.abstraction import PTKType, batches_of, concat
+from sage_tfx.ptk.abstraction import (PTKType, batches_of, concat, hash_positions,
+                                      record_keys)
 from sage_tfx.ptk.allocator import dec
-
-
-def bucket_positions(keys, salt: str) -> np.ndarray:
-    """A uniform position in [0, 1) per key: salted SHA-256 (the user-hash of the scheme)."""
-    out = np.empty(len(keys))
-    for i, k in enumerate(keys):
-        h = hashlib.sha256(f"{salt}\x00{k}".encode()).digest()
-        out[i] = int.from_bytes(h[:8], "big") / 2.0 ** 64
-    return out
 
 
 def _exact_float(x: Decimal) -> float:
@@ -62,9 +55,11 @@ class WindowRunner:
     def _ingest(self, w: int, columns: dict, user_key: Optional[str]) -> None:
         cfg = self.store.cfg
         n = len(next(iter(columns.values())))
-        keys = (np.asarray(columns[user_key]).astype(str) if user_key
-                else np.array([f"w{w}.r{i}" for i in range(n)]))
-        u = bucket_positions(keys, f"{cfg.stream}")
+        # the user hash: the user key, or without one the record's own values (never its
+        # position, so adding a record moves no other record to another block)
+        keys = (np.asarray(columns[user_key]).astype(str).tolist() if user_key
+                else record_keys(columns))
+        u = hash_positions(keys, f"{cfg.stream}")
         ps = cfg.profile_share
         prof = u < ps
         bucket = np.where(prof, np.floor(u / ps * cfg.profile_buckets),
@@ -197,8 +192,9 @@ class WindowRunner:
                     break
                 mine.append(b)
                 held += r
+            # whole blocks, never a positional prefix: adding or removing a record then changes
+            # one block's content only, which is the neighbouring relation train_dp assumes
             data = concat(dict(np.load(locations[b], allow_pickle=False)) for b in mine)
-            data = {c: v[:m["n"]] for c, v in data.items()}
             n_used = len(next(iter(data.values()))) if data else 0
             ptype = PTKType(rec["train_dp_ref"], rec["eval_ref"], rec["dp_event_ref"],
                             rec["erm_ref"])

@@ -8,7 +8,7 @@ import pytest
 from sage_tfx.dp.noise import SeededNoise
 from sage_tfx.errors import InvalidRequestError
 from sage_tfx.ptk import profiler
-from sage_tfx.ptk.abstraction import PTKType
+from sage_tfx.ptk.abstraction import PTKType, hash_positions, record_keys
 
 from conftest import HS, HS_CONFIG, window
 
@@ -86,3 +86,24 @@ def test_menu_needs_disjoint_slices():
     out = profiler.profile_menu(hist_type(), HS_CONFIG, window(2 * need, 1), [0.5, 1.0], params,
                                 SeededNoise(2))
     assert [e.epsilon for e in out] == [0.5, 1.0]
+
+
+def test_adding_one_record_changes_exactly_one_slice():
+    """The parallel-composition premise: slices by record hash, not by position."""
+    params = profiler.ProfileParams(epsilon=0.2, n_max=64, tau=0.3)
+    data = window(params.records_needed() + 50, 11)
+    extra = window(1, 99)
+    bigger = {k: np.concatenate([data[k][:100], extra[k], data[k][100:]]) for k in data}
+    sizes = [params.m] + [2 ** (j // 2) for j in range(2 * (params.T + 1))]
+    rows = float(len(data["user"]))
+
+    def slices(d):
+        u = hash_positions(record_keys(d), "ptk-profile")
+        return [set(np.asarray(d["user"])[i]) for i in profiler._slice_index(u, sizes, rows)]
+    a, b = slices(data), slices(bigger)
+    changed = [k for k in range(len(a)) if a[k] != b[k]]
+    assert len(changed) <= 1
+    if changed:
+        assert b[changed[0]] - a[changed[0]] == {extra["user"][0]}
+    # slice sizes have the right means: V_m holds about m records
+    assert abs(len(a[0]) - params.m) < 5 * np.sqrt(params.m)

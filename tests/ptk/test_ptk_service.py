@@ -4,7 +4,6 @@ import threading
 import time
 
 import httpx
-import pytest
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse

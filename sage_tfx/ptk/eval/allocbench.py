@@ -1,0 +1,122 @@
+"""Allocator and end-to-end latency benchmark (PTK paper §6.5's "seconds for up to 50 PTKs").
+
+* :func:`synthetic_menus` — ``count`` PTKs with the menu shape the profiler produces: for
+  ε_j in (0.01, 0.05, 0.1, 0.2, 0.5), n_ij = n0_i · (0.5 / ε_j)^a_i rounded up to a power of two
+  (Fig. 3 doubles n), n0_i log-uniform in [16, 4096], a_i uniform in [0.5, 1.5];
+* :func:`solve_times` — Fig. 4 solve time (K = 1, 2, … up to ``k_max``) per workload size;
+* :func:`register_to_notified` — a real store and a real HTTP subscriber on 127.0.0.1: time from
+  ``register_ptk`` (DP profiling on the open window, allocation) through the next window's
+  training to the subscriber receiving the new version.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+from fastapi import FastAPI, Request
+
+from sage_tfx.ptk import allocator
+
+EPS = (0.01, 0.05, 0.1, 0.2, 0.5)
+
+
+def synthetic_menus(count: int, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    menus = {}
+    for i in range(count):
+        n0 = math.exp(rng.uniform(math.log(16), math.log(4096)))
+        a = rng.uniform(0.5, 1.5)
+        menus[f"ptk{i:03d}"] = [
+            allocator.Option(e, 0.0, 2 ** math.ceil(math.log2(n0 * (0.5 / e) ** a)))
+            for e in EPS]
+    return menus
+
+
+def solve_times(sizes=(13, 50, 200), *, k_max: int = 8, time_limit: float = 60.0,
+                seed: int = 0) -> list[dict]:
+    out = []
+    for n in sizes:
+        menus = synthetic_menus(n, seed)
+        t0 = time.perf_counter()
+        plan = allocator.allocate(menus, epsilon_g=1.0, n_max=10**9, k_max=k_max,
+                                  time_limit=time_limit)
+        out.append({"ptks": n, "seconds": time.perf_counter() - t0, "K": plan.K,
+                    "total": plan.total, "feasible": plan.feasible, "tried_k": plan.tried_k,
+                    "max_partition_eps": max((str(p.epsilon_sum) for p in plan.partitions),
+                                             default=None)})
+    return out
+
+
+def register_to_notified(root: str, *, ptks: int = 13, window_records: int = 20000,
+                         seed: int = 0) -> list[dict]:
+    """Registers ``ptks`` historical-statistics PTKs one after another on a real store (SQLite
+    under ``root``); after each registration a window boundary trains everything and notifies
+    a real HTTP subscriber. Returns per-PTK timings (register, window, first notification)."""
+    import threading
+
+    import uvicorn
+    from sage_tfx.dp.noise import SeededNoise
+    from sage_tfx.ptk.store import PTKStore, StoreConfig
+
+    got: dict = {}
+    app = FastAPI()
+
+    @app.post("/cb")
+    async def cb(request: Request):
+        body = await request.json()
+        if not body.get("probe"):
+            got.setdefault((body["ptk_id"], body["version"]), time.perf_counter())
+        return {"ok": True}
+
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    th = threading.Thread(target=server.run, daemon=True)
+    th.start()
+    while not server.started:
+        time.sleep(0.01)
+    rng = np.random.default_rng(seed)
+    cfg = StoreConfig(stream="bench", n_max=10**7, train_buckets=32, profile_buckets=16,
+                      profile_share=0.5, menu=(0.05, 0.1, 0.2, 0.5), profile_epsilon=0.1,
+                      profile_n_max=128)
+    store = PTKStore(f"sqlite:///{root}/ledger.db", f"{root}/data", cfg, noise=SeededNoise(seed))
+
+    def window():
+        keys = rng.choice(np.array(list("abcdefgh")), size=window_records)
+        return {"user": np.arange(window_records).astype(str), "k": keys,
+                "v": rng.normal(5, 2, size=window_records) + (keys == "a")}
+    out = []
+    try:
+        store.advance_window(window(), user_key="user")
+        for i in range(ptks):
+            t0 = time.perf_counter()
+            pid = store.register_ptk(
+                "sage_tfx.ptk.kernels.histstats:train_dp",
+                "sage_tfx.ptk.kernels.histstats:eval", 1, tau=0.2,
+                config={"key": "k", "domain": list("abcdefgh"), "value": "v", "lower": 0,
+                        "upper": 10})
+            t1 = time.perf_counter()
+            if not isinstance(pid, str):
+                out.append({"i": i, "reject": pid.reason})
+                store.advance_window(window(), user_key="user")
+                continue
+            store.subscribe_to_ptk(pid, f"http://127.0.0.1:{port}/cb")
+            t2 = time.perf_counter()
+            res = store.advance_window(window(), user_key="user")
+            t3 = time.perf_counter()
+            version = next(t["version"] for t in res["trained"] if t.get("ptk_id") == pid)
+            deadline = time.time() + 30
+            while (pid, version) not in got and time.time() < deadline:
+                time.sleep(0.001)
+            out.append({"i": i, "ptk_id": pid, "register_s": t1 - t0, "subscribe_s": t2 - t1,
+                        "window_s": t3 - t2, "trained": len(res["trained"]),
+                        "notified_s": got.get((pid, version), float("nan")) - t0,
+                        "K": store.plan()["K"]})
+    finally:
+        store.close()
+        server.should_exit = True
+        th.join(timeout=10)
+    return out
