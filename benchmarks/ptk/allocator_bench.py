@@ -23,6 +23,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ptks", type=int, default=13)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--time-limit", type=float, default=60.0)
+    ap.add_argument("--sweep-time-limit", type=float, default=20.0)
     ap.add_argument("--out", default="benchmarks/results/ptk")
     a = ap.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
@@ -34,12 +35,24 @@ def main(argv=None) -> int:
     reporting.write_csv(os.path.join(a.out, "latency.csv"), lat)
     lines = [reporting.BEGIN, f"Command: `.venv/bin/python benchmarks/ptk/allocator_bench.py "
              f"--sizes {a.sizes} --k-max {a.k_max} --ptks {a.ptks} --seed {a.seed}`", "",
-             "| PTKs | solve time (s) | K | tried K | total samples | max partition Σε |",
-             "|---|---|---|---|---|---|"]
+             "| PTKs | solve time (s) | K | tried K | total samples | max partition Σε | optimal |",
+             "|---|---|---|---|---|---|---|"]
     for s in solves:
         lines.append(f"| {s['ptks']} | {s['seconds']:.3f} | {s['K']} | "
                      f"{','.join(map(str, s['tried_k']))} | {s['total']:,} | "
-                     f"{s['max_partition_eps']} |")
+                     f"{s['max_partition_eps']} | {s['optimal']} |")
+    sweep = [r for n in (13, 50) for r in allocbench.k_sweep(n, k_max=a.k_max, seed=a.seed,
+                                                               time_limit=a.sweep_time_limit)]
+    reporting.write_csv(os.path.join(a.out, "k_sweep.csv"), sweep)
+    lines += ["", "Fig. 4 at each fixed K (same synthetic menus): total samples 𝒩 per K "
+              "(– infeasible; * HiGHS hit the time limit: feasible, not proven optimal; a "
+              "solution may leave partitions empty).", "",
+              "| PTKs | " + " | ".join(f"K={k}" for k in range(1, a.k_max + 1)) + " |",
+              "|---|" + "---|" * a.k_max]
+    for n in (13, 50):
+        cells = [(f"{r['total']:,}" + ("" if r["optimal"] else "*")) if r["feasible"] else "–"
+                 for r in sweep if r["ptks"] == n]
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
     ok = [r for r in lat if "notified_s" in r]
     if ok:
         med = statistics.median(r["notified_s"] for r in ok)

@@ -73,6 +73,7 @@ class Allocation:
     solve_seconds: float
     tried_k: tuple[int, ...]
     reason: str = ""
+    optimal: bool = True  # False: HiGHS hit the time limit; the plan is feasible, not proven best
 
     @property
     def feasible(self) -> bool:
@@ -98,6 +99,7 @@ class Allocation:
             "feasible": self.feasible, "reason": self.reason, "K": self.K, "total": self.total,
             "epsilon_g": self.epsilon_g, "delta_g": self.delta_g, "n_max": self.n_max,
             "solve_seconds": self.solve_seconds, "tried_k": list(self.tried_k),
+            "optimal": self.optimal,
             "partitions": [{"index": p.index, "size": p.size,
                             "epsilon_sum": str(p.epsilon_sum), "delta_sum": str(p.delta_sum),
                             "members": [dataclasses.asdict(a) for a in p.members]}
@@ -107,7 +109,8 @@ class Allocation:
         if not self.feasible:
             return f"REJECT: {self.reason}"
         lines = [f"K = {self.K}, total samples N = {self.total:,} (N_max {self.n_max:,}), "
-                 f"solved in {self.solve_seconds:.3f} s"]
+                 f"solved in {self.solve_seconds:.3f} s"
+                 + ("" if self.optimal else " (time limit: feasible, not proven optimal)")]
         for p in self.partitions:
             lines.append(f"  partition {p.index}: N_k = {p.size:,}, sum eps = {p.epsilon_sum} "
                          f"<= {dec(self.epsilon_g)}, sum delta = {p.delta_sum}")
@@ -164,7 +167,7 @@ def _solve_k(ids, menus, K, eps_g, delta_g, n_max, time_limit, eps_rhs, delta_rh
     res = milp(c, constraints=LinearConstraint(np.array(rows), lo, hi), integrality=integrality,
                bounds=bounds, options={"time_limit": time_limit, "presolve": True})
     if res.x is None:
-        return None, res.message
+        return None, None
     chosen = [cols[v] for v in range(nx) if res.x[v] > 0.5]
     parts = []
     for k in range(K):
@@ -172,7 +175,7 @@ def _solve_k(ids, menus, K, eps_g, delta_g, n_max, time_limit, eps_rhs, delta_rh
                         for (i, j, kk) in chosen if kk == k)
         if members:
             parts.append(Partition(len(parts), max(a.n for a in members), members))
-    return tuple(parts), res.message
+    return tuple(parts), res.status == 0
 
 
 def allocate(menus: dict, *, epsilon_g: float, delta_g: float = 0.0, n_max: int,
@@ -209,14 +212,14 @@ def allocate(menus: dict, *, epsilon_g: float, delta_g: float = 0.0, n_max: int,
         tried.append(K)
         eps_rhs = delta_rhs = 1.0
         for _attempt in range(3):
-            parts, message = _solve_k(ids, clean, K, epsilon_g, delta_g, n_max, time_limit,
+            parts, optimal = _solve_k(ids, clean, K, epsilon_g, delta_g, n_max, time_limit,
                                       eps_rhs, delta_rhs)
             if parts is None:
                 break
             over = [p for p in parts if p.epsilon_sum > E or p.delta_sum > D]
             if not over:
                 return Allocation(parts, epsilon_g, delta_g, n_max, time.perf_counter() - t0,
-                                  tuple(tried))
+                                  tuple(tried), optimal=bool(optimal))
             # HiGHS accepts rows violated by up to its feasibility tolerance (1e-7): a partition
             # over the exact budget is re-solved with the (scaled) right-hand side tightened
             eps_rhs -= 1e-6

@@ -42,6 +42,7 @@ def solve_times(sizes=(13, 50, 200), *, k_max: int = 8, time_limit: float = 60.0
         plan = allocator.allocate(menus, epsilon_g=1.0, n_max=10**9, k_max=k_max,
                                   time_limit=time_limit)
         out.append({"ptks": n, "seconds": time.perf_counter() - t0, "K": plan.K,
+                    "optimal": plan.optimal,
                     "total": plan.total, "feasible": plan.feasible, "tried_k": plan.tried_k,
                     "max_partition_eps": max((str(p.epsilon_sum) for p in plan.partitions),
                                              default=None)})
@@ -119,4 +120,20 @@ def register_to_notified(root: str, *, ptks: int = 13, window_records: int = 200
         store.close()
         server.should_exit = True
         th.join(timeout=10)
+    return out
+
+
+def k_sweep(count: int, *, k_max: int = 8, time_limit: float = 60.0, seed: int = 0) -> list[dict]:
+    """Fig. 4 at each fixed K: the paper stops at the first feasible K, which need not be the K
+    of least total samples (a further partition lets PTKs take larger ε and fewer samples)."""
+    menus = synthetic_menus(count, seed)
+    out = []
+    for K in range(1, k_max + 1):
+        t0 = time.perf_counter()
+        plan = allocator.allocate(menus, epsilon_g=1.0, n_max=10**9, k_min=K, k_max=K,
+                                  time_limit=time_limit)
+        out.append({"ptks": count, "K": K, "feasible": plan.feasible,
+                    "total": plan.total if plan.feasible else None,
+                    "partitions_used": plan.K, "optimal": plan.optimal,
+                    "seconds": time.perf_counter() - t0})
     return out
