@@ -13,6 +13,9 @@ _LAZY = {
     "DPModelValidator": "sage_tfx.components.dp_validator.component",
     "DPTrainer": "sage_tfx.components.dp_trainer.component",
     "DPTransform": "sage_tfx.components.dp_transform.component",
+    "PTKTrainer": "sage_tfx.components.ptk_trainer.component",
+    "PTKFeaturizer": "sage_tfx.components.ptk_featurizer.component",
+    "PTKState": "sage_tfx.components.ptk_trainer.spec",
 }
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())

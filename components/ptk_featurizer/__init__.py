@@ -1,0 +1,1 @@
+"""PTKFeaturizer: featurizes Examples with a pinned PTK version, recording it (lineage)."""
