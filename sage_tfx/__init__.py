@@ -72,4 +72,13 @@ PUBLIC_API: dict[str, tuple[str, ...]] = {
         "DPPreprocessingFn", "dp_mean", "dp_scale_to_0_1", "dp_group_by_mean", "dp_count",
         "dp_quantiles"),
     "sage_tfx.components.dp_trainer": ("report_guarantee", "train_part", "dpsgd_noise_for"),
+    # The PTK store (../shared/papers/ptk-sage-feature-store.md).
+    "sage_tfx.ptk": (
+        "PTKStore", "StoreConfig", "Reject", "PTK", "PTKType", "PrivacyCharge", "allocate",
+        "Allocation", "Option", "UnknownPTKError", "FunctionReferenceError",
+        "UnaccountableEventError", "PerformanceTargetError", "SubscriberError"),
+    "sage_tfx.ptk.profiler": ("ProfileParams", "profile_menu", "profile_entry", "profile_cost"),
+    "sage_tfx.ptk.service": ("create_app", "serve", "main"),
+    "sage_tfx.components.ptk_trainer.component": ("PTKTrainer",),
+    "sage_tfx.components.ptk_featurizer.component": ("PTKFeaturizer",),
 }

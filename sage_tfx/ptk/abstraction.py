@@ -190,6 +190,13 @@ def _accountable(event: dp_event_lib.DpEvent) -> bool:
 _PLD_CACHE: dict = {}
 
 
+def _gaussian_delta(event: dp_event_lib.GaussianDpEvent, epsilon: float) -> float:
+    """The exact δ(ε) of one Gaussian mechanism (dp_accounting's analytic privacy-loss curve)."""
+    from dp_accounting.pld import privacy_loss_mechanism as plm
+    return plm.GaussianPrivacyLoss(event.noise_multiplier,
+                                   sensitivity=1.0).get_delta_for_epsilon(epsilon)
+
+
 def _pld_epsilon(key: str, event: dp_event_lib.DpEvent, delta: float) -> float:
     """dp_accounting's PLD epsilon of ``event`` at ``delta`` (memoised on the event's repr)."""
     if (key, delta) not in _PLD_CACHE:
@@ -201,7 +208,8 @@ def _pld_epsilon(key: str, event: dp_event_lib.DpEvent, delta: float) -> float:
 
 def check_charge(charge: PrivacyCharge) -> None:
     """Raises :class:`UnaccountableEventError` unless the event can be accounted and spends at
-    most (epsilon, delta) according to dp_accounting (exactly for pure-DP event trees)."""
+    most (epsilon, delta) according to dp_accounting: exactly for pure-DP event trees and for a
+    single Gaussian (its analytic privacy-loss curve), by the PLD accountant otherwise."""
     event, eps, dlt = charge.event, charge.epsilon, charge.delta
     if not isinstance(event, dp_event_lib.DpEvent) or not _accountable(event):
         raise UnaccountableEventError(
@@ -219,6 +227,13 @@ def check_charge(charge: PrivacyCharge) -> None:
         return
     if dlt <= 0:
         raise UnaccountableEventError("an approximate-DP event (Gaussian) needs delta > 0")
+    if isinstance(event, dp_event_lib.GaussianDpEvent):  # one Gaussian: the exact curve
+        spent_delta = _gaussian_delta(event, eps)
+        if spent_delta > dlt:
+            raise UnaccountableEventError(
+                f"the declared Gaussian event has delta={spent_delta:.3g} at epsilon={eps} "
+                f"(dp_accounting's exact curve), more than the charged delta={dlt}")
+        return
     spent = _pld_epsilon(repr(event), event, dlt)
     if spent > eps:
         raise UnaccountableEventError(

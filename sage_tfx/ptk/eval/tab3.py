@@ -57,15 +57,15 @@ def flights_columns() -> dict:
 def workload(cols: dict) -> list[dict]:
     """The 13 PTKs: name, kind, config (key domains are the public value sets)."""
     dom = lambda c: sorted(set(cols[c].tolist()))  # noqa: E731 - public dimension tables
-    hs = [("dep_delay|origin", "origin", "dep_delay", -20, 60),
-          ("dep_delay|carrier", "carrier", "dep_delay", -20, 60),
-          ("dep_delay|hour", "hour", "dep_delay", -20, 60),
-          ("dep_delay|day", "day", "dep_delay", -20, 60),
-          ("arr_delay|carrier", "carrier", "arr_delay", -40, 60),
-          ("arr_delay|dest", "dest", "arr_delay", -40, 60),
-          ("arr_delay|origin_hour", "origin_hour", "arr_delay", -40, 60),
-          ("air_time|route", "route", "air_time", 20, 400),
-          ("speed|route", "route", "speed", 200, 600)]
+    hs = [("dep_delay by origin", "origin", "dep_delay", -20, 60),
+          ("dep_delay by carrier", "carrier", "dep_delay", -20, 60),
+          ("dep_delay by hour", "hour", "dep_delay", -20, 60),
+          ("dep_delay by day", "day", "dep_delay", -20, 60),
+          ("arr_delay by carrier", "carrier", "arr_delay", -40, 60),
+          ("arr_delay by dest", "dest", "arr_delay", -40, 60),
+          ("arr_delay by origin_hour", "origin_hour", "arr_delay", -40, 60),
+          ("air_time by route", "route", "air_time", 20, 400),
+          ("speed by route", "route", "speed", 200, 600)]
     out = [{"name": n, "kind": "histstats", "config": {
         "key": k, "domain": dom(k), "value": v, "lower": lo, "upper": hi}} for n, k, v, lo, hi in hs]
     pca = [("pca delays+times", ["dep_delay", "arr_delay", "air_time", "distance"], 2),

@@ -7,7 +7,8 @@ Config (public): ``columns`` (numeric columns), ``center`` and ``scale`` (per co
 Each record is standardised with the public centre/scale and then scaled into the unit L2 ball,
 so one record changes A = Σ x xᵀ by x xᵀ with ‖x xᵀ‖_F = ‖x‖² ≤ 1 (add/remove-one). Noise is added
 to the d(d+1)/2 upper-triangle entries (L2 sensitivity ≤ 1) with the Gaussian σ that
-dp_accounting's PLD accountant calibrates to (ε, δ); the declared event is
+dp_accounting's exact analytic Gaussian privacy-loss curve calibrates to (ε, δ); the declared
+event is
 ``GaussianDpEvent(σ)`` and the charge (ε, δ). The components are the top-k eigenvectors of the
 noisy symmetric matrix (post-processing).
 
@@ -17,9 +18,10 @@ from __future__ import annotations
 
 import functools
 
-import dp_accounting
 import numpy as np
 from dp_accounting import dp_event as dp_event_lib
+from dp_accounting.pld import privacy_loss_mechanism as plm
+from scipy.optimize import brentq
 
 from sage_tfx.dp import noise as dp_noise
 from sage_tfx.errors import InvalidRequestError
@@ -54,11 +56,19 @@ def _rows(batches, config) -> np.ndarray:
 
 @functools.lru_cache(maxsize=256)
 def gaussian_sigma(epsilon: float, delta: float) -> float:
-    """The smallest σ (sensitivity 1) that dp_accounting's PLD accountant calls (ε, δ)-DP."""
-    return float(dp_accounting.calibrate_dp_mechanism(
-        dp_accounting.pld.PLDAccountant, dp_event_lib.GaussianDpEvent, epsilon, delta,
-        bracket_interval=dp_accounting.LowerEndpointAndGuess(
-            0.25, max(0.5, np.sqrt(2 * np.log(1.25 / delta)) / epsilon)), tol=1e-6))
+    """The smallest σ (sensitivity 1) whose Gaussian mechanism is (ε, δ)-DP by dp_accounting's
+    exact analytic privacy-loss curve (``GaussianPrivacyLoss.get_delta_for_epsilon``, Balle &
+    Wang 2018), found by bisection and then nudged up until the curve is at or below δ."""
+    def gap(sigma: float) -> float:
+        return plm.GaussianPrivacyLoss(sigma, sensitivity=1.0).get_delta_for_epsilon(epsilon) \
+            - delta
+    lo, hi = 1e-3, 1.0
+    while gap(hi) > 0:
+        lo, hi = hi, hi * 2
+    sigma = brentq(gap, lo, hi, xtol=1e-12, rtol=1e-12)
+    while gap(sigma) > 0:
+        sigma = float(np.nextafter(sigma * (1 + 1e-12), np.inf))
+    return float(sigma)
 
 
 def dp_event(epsilon_train: float, config: dict) -> PrivacyCharge:
