@@ -182,3 +182,23 @@ def test_store_on_postgres(make_store, postgres_url):
     assert store.windows.train(1)[0]["version"] == 1  # idempotent on PostgreSQL too
     store.windows.close()
     assert store.lake.window(1)["files"] == []
+
+
+def test_train_frequency_and_config_update(make_store):
+    store = make_store()
+    store.advance_window(window(20000, 0), user_key="user")
+    every2 = register_hist(store, train_frequency=2)
+    assert isinstance(every2, str)
+    trained = []
+    for w in (1, 2, 3, 4):
+        out = store.advance_window(window(3000, w), user_key="user")
+        trained.append([t["ptk_id"] for t in out["trained"] if "version" in t])
+    assert trained == [[], [every2], [], [every2]]
+    assert [v["window_index"] for v in store.lake.versions(every2)] == [2, 4]
+    # a config update re-profiles on the open window (charged) and applies from the next window
+    store.advance_window(window(20000, 5), user_key="user")
+    new = dict(HS_CONFIG, upper=12.0)
+    plan = store.update_ptk_config(every2, new)
+    assert plan.feasible and store.lake.ptk(every2)["config"] == new
+    store.advance_window(window(3000, 6), user_key="user")
+    assert store.get_ptk(every2).config == new
