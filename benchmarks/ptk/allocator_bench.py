@@ -41,7 +41,7 @@ def main(argv=None) -> int:
         lines.append(f"| {s['ptks']} | {s['seconds']:.3f} | {s['K']} | "
                      f"{','.join(map(str, s['tried_k']))} | {s['total']:,} | "
                      f"{s['max_partition_eps']} | {s['optimal']} |")
-    sweep = [r for n in (13, 50) for r in allocbench.k_sweep(n, k_max=a.k_max, seed=a.seed,
+    sweep = [r for n in sizes for r in allocbench.k_sweep(n, k_max=a.k_max, seed=a.seed,
                                                                time_limit=a.sweep_time_limit)]
     reporting.write_csv(os.path.join(a.out, "k_sweep.csv"), sweep)
     lines += ["", "Fig. 4 at each fixed K (same synthetic menus): total samples 𝒩 per K "
@@ -49,7 +49,7 @@ def main(argv=None) -> int:
               "solution may leave partitions empty).", "",
               "| PTKs | " + " | ".join(f"K={k}" for k in range(1, a.k_max + 1)) + " |",
               "|---|" + "---|" * a.k_max]
-    for n in (13, 50):
+    for n in sizes:
         cells = [(f"{r['total']:,}" + ("" if r["optimal"] else "*")) if r["feasible"] else "–"
                  for r in sweep if r["ptks"] == n]
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
