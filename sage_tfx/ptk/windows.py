@@ -186,6 +186,12 @@ class WindowRunner:
         out = []
         for m in sorted(due, key=lambda m: m["n"]):
             rec = active[m["ptk_id"]]
+            done = self.lake.version_for_window(m["ptk_id"], w)
+            if done is not None:  # a replayed run: the stored release stands, nothing is retrained
+                out.append({"ptk_id": m["ptk_id"], "version": done["version"],
+                            "n_used": done["n_used"], "n": m["n"], "epsilon": m["epsilon"],
+                            "grant_id": done["grant_id"]})
+                continue
             mine, held = [], 0
             for b, r in blocks:
                 if held >= m["n"]:
