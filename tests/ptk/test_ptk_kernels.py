@@ -120,3 +120,20 @@ def test_eval_outside_unit_interval_is_an_error():
     t = PTKType.resolve(f"{HS}:train_dp", "conftest:bad_eval")
     with pytest.raises(InvalidRequestError, match=r"outside \[0, 1\]"):
         t.eval([{"v": np.array([2.0])}], None, config={})
+
+
+def test_histstats_count_release_empirical_audit():
+    """Neighbouring windows (one extra record of key 'a'): the released count of 'a' must have
+    log P(k | D) / P(k | D') within eps/2 (its share); a mechanism with half the noise (eps)
+    would fail this bound."""
+    cfg = {"key": "k", "domain": ["a", "b"], "value": "v", "lower": 0.0, "upper": 1.0}
+    d = {"k": np.array(["a"] * 5 + ["b"] * 5), "v": np.full(10, 0.5)}
+    d2 = {k: np.append(v, ["a"] if k == "k" else [0.5]) for k, v in d.items()}
+    noise, runs, eps = SeededNoise(7), 8000, 1.0
+    draws = [np.array([histstats.train_dp([x], eps, None, None, config=cfg, noise=noise)
+                       ["counts"][0] for _ in range(runs)]) for x in (d, d2)]
+    worst = 0.0
+    for k in range(3, 9):  # the well-populated bins around the true counts 5 and 6
+        p, q = np.mean(draws[0] == k), np.mean(draws[1] == k)
+        worst = max(worst, abs(np.log(p / q)))
+    assert 0.3 < worst < 0.75  # true value eps/2 = 0.5; a broken scale 2/eps -> 1/eps gives 1.0
