@@ -14,8 +14,8 @@ from sage_tfx.pyramid.featurize import (CountSpec, Featurization, NonCategorical
 from sage_tfx.pyramid.selection import select_groups
 from sage_tfx.pyramid.weights import exact_noise_weights, select_noise_weights
 from sage_tfx.pyramid.windows import (BudgetDeniedError, PyramidStore, RetentionError, SealResult,
-                                      WindowSealedError)
+                                      WindowSealedError, pyramid_run_id)
 
 __all__ = ["CountSpec", "Featurization", "PyramidStore", "SealResult", "WindowSealedError",
            "RetentionError", "BudgetDeniedError", "UnknownFeatureError", "NonCategoricalError",
-           "select_groups", "select_noise_weights", "exact_noise_weights"]
+           "select_groups", "pyramid_run_id", "select_noise_weights", "exact_noise_weights"]

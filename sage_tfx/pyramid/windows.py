@@ -42,7 +42,7 @@ from sage_tfx.pyramid.featurize import CountSpec, Featurization, check_frame, gr
 from sage_tfx.pyramid.weights import select_noise_weights
 
 __all__ = ["PyramidStore", "SealResult", "WindowSealedError", "RetentionError",
-           "BudgetDeniedError", "discrete_laplace_variance", "PRIOR"]
+           "BudgetDeniedError", "discrete_laplace_variance", "PRIOR", "pyramid_run_id"]
 
 PRIOR = "__prior__"
 
@@ -57,6 +57,11 @@ class RetentionError(InvalidRequestError):
 
 class BudgetDeniedError(SageError):
     """The ledger refused the window's charge; nothing was released and the window stays open."""
+
+
+def pyramid_run_id(stream: str, spec: CountSpec, window: int) -> str:
+    """The idempotent ledger run id of one window's tables: (stream, count spec, window)."""
+    return f"pyramid-{stream}-{spec.digest()}-w{int(window)}"
 
 
 def discrete_laplace_variance(scale: float) -> float:
@@ -145,7 +150,7 @@ class PyramidStore:
         return None if w is None else tuple(w)
 
     def run_id(self, window: int) -> str:
-        return f"pyramid-{self.stream or 'offline'}-{self.spec.digest()}-w{int(window)}"
+        return pyramid_run_id(self.stream or "offline", self.spec, window)
 
     def _hot_dir(self, window: int) -> str:
         return os.path.join(self.state_dir, "hot", f"w{int(window)}")
@@ -215,7 +220,7 @@ class PyramidStore:
 
     def seal(self, *, weights: Optional[Sequence[float]] = None,
              weight_epsilon: Optional[float] = None, weight_quantile: float = 0.1,
-             max_count: Optional[int] = None) -> SealResult:
+             max_count: Optional[int] = None, grant=None) -> SealResult:
         """Closes the hot window (see the module docstring for the steps and their order).
 
         Args:
@@ -224,6 +229,9 @@ class PyramidStore:
           weight_epsilon: if given, also select ε-DP noise weights for the next windows from this
             window's data (charged here, on top of ``spec.epsilon``).
           weight_quantile, max_count: quantile and public bound of the weight selection.
+          grant: a released ledger grant that already paid for this window (e.g. from the
+            ``SageGate`` of a pipeline): it must be this window's run id, stream, blocks and ε,
+            and the ledger must hold it as released. No second charge is made.
         """
         hot = self._need_hot()
         window = int(hot["window"])
@@ -240,7 +248,9 @@ class PyramidStore:
         frame = self.hot_frame()
         run_id = self.run_id(window)
         grant_id = None
-        if self.ledger is not None:
+        if grant is not None:
+            grant_id = self._check_grant(grant, run_id, hot["blocks"], eps_total)
+        elif self.ledger is not None:
             decision = self.ledger.request(self.stream, run_id=run_id, blocks=hot["blocks"],
                                            epsilon=eps_total, delta=0.0)
             if not decision.granted:
@@ -268,7 +278,7 @@ class PyramidStore:
         meta = {"window": window, "run_id": run_id, "noise_var": noise_var,
                 "epsilons": eps_tables.tolist(), "scales": scales.tolist()}
         tmp = self._sealed_path(window) + ".tmp.npz"
-        np.savez_compressed(tmp, prior=prior, meta=np.array(json.dumps(meta)), **arrays)
+        np.savez(tmp, prior=prior, meta=np.array(json.dumps(meta)), **arrays)
         os.replace(tmp, self._sealed_path(window))
         deleted = self._delete_hot(window)
         live = sorted(self._m["live"] + [window])
@@ -286,6 +296,28 @@ class PyramidStore:
         return SealResult(window, run_id, eps_total, tuple(eps_tables.tolist()),
                           tuple(scales.tolist()), grant_id, dropped, tuple(deleted), bool(dropped),
                           None if next_weights is None else tuple(next_weights.tolist()))
+
+    def _check_grant(self, grant, run_id: str, blocks: Sequence[str], epsilon: float) -> str:
+        if self.ledger is None:
+            raise InvalidRequestError("a grant can only be used by a store on a ledger")
+        from sage_tfx.ledger import RELEASED
+        recorded = self.ledger.grant(grant.grant_id)
+        problems = []
+        if recorded.status != RELEASED:
+            problems.append(f"status {recorded.status}")
+        if recorded.run_id != run_id:
+            problems.append(f"run id {recorded.run_id!r} is not {run_id!r}")
+        if recorded.stream != self.stream:
+            problems.append(f"stream {recorded.stream!r}")
+        if sorted(b.block_id for b in recorded.blocks) != sorted(blocks):
+            problems.append("blocks differ from the window's")
+        if recorded.epsilon is None or not math.isclose(recorded.epsilon, epsilon, rel_tol=1e-12) \
+                or (recorded.delta or 0.0) != 0.0:
+            problems.append(f"cost ({recorded.epsilon}, {recorded.delta}) is not ({epsilon}, 0)")
+        if problems:
+            raise InvalidRequestError(f"grant {grant.grant_id} does not pay for this window: "
+                                      + "; ".join(problems))
+        return recorded.grant_id
 
     def _delete_hot(self, window: int) -> list[str]:
         d = self._hot_dir(window)

@@ -200,3 +200,24 @@ def test_a_store_reopens_from_disk_with_the_same_spec_only(tmp_path):
     assert again.live_windows == (0,)
     with pytest.raises(InvalidRequestError):
         PyramidStore(CountSpec(groups=("user",), label="y"), str(tmp_path / "p"), retention=2)
+
+
+def test_seal_with_a_gate_grant_charges_nothing_more(tmp_path, ledger):
+    s = store(tmp_path, ledger)
+    s.open_window(0, ["w0d0", "w0d1"])
+    s.observe(frame())
+    wrong = ledger.request("obs", run_id="other-run", blocks=["w0d0", "w0d1"], epsilon=1.0).grant
+    with pytest.raises(InvalidRequestError, match="does not pay"):
+        s.seal(grant=wrong)
+    cheap = ledger.request("obs", run_id=s.run_id(0), blocks=["w0d0", "w0d1"], epsilon=0.5).grant
+    with pytest.raises(InvalidRequestError, match="does not pay"):
+        s.seal(grant=cheap)
+    assert s.hot_window == 0
+    s2 = PyramidStore(SPEC, str(tmp_path / "s2"), retention=2, ledger=ledger, stream="obs",
+                      noise=SeededNoise(0))
+    s2.open_window(1, ["w1d0", "w1d1"])
+    s2.observe(frame())
+    g = ledger.request("obs", run_id=s2.run_id(1), blocks=["w1d0", "w1d1"], epsilon=1.0).grant
+    r = s2.seal(grant=g)
+    assert r.grant_id == g.grant_id
+    assert ledger.remaining("obs", "w1d0")["epsilon"] == pytest.approx(1.5)
