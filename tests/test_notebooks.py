@@ -15,6 +15,10 @@ PROMISES = {
     "01_sage_quickstart.ipynb": (
         ("daily blocks", "retired blocks", "DP mean departure delay", "granted: False",
          "have budget left", "refused: epsilon", "chain intact", "budget problems: none"), 1),
+    "03_pyramid.ipynb": (
+        ("sealed window 3", "dropped window(s): (1,)", "retrain", "hot data deleted",
+         "RetentionError", "WindowSealedError", "noise weights from window 1", "count GBT",
+         "audit chain intact: True"), 1),
 }
 
 pytestmark = pytest.mark.slow

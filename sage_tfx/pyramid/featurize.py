@@ -136,10 +136,11 @@ def check_frame(frame: Any, features: Sequence[str], label: Optional[str] = None
     if missing:
         raise UnknownFeatureError(f"unknown feature(s) {missing}; columns: {list(frame.columns)}")
     for f in features:
-        kind = frame[f].dtype.kind
-        if kind in "fcmM" or (kind == "O" and len(frame) and
-                              isinstance(frame[f].dropna().iloc[0] if frame[f].notna().any()
-                                         else "", float)):
+        col = frame[f]
+        kind = col.dtype.kind
+        first = next((v for v in col.values if v is not None and v == v), "") \
+            if kind == "O" else ""
+        if kind in "fcmM" or isinstance(first, float):
             raise NonCategoricalError(
                 f"column {f!r} ({frame[f].dtype}) is not categorical: bin it first")
     if label is not None:

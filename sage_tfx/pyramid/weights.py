@@ -16,7 +16,8 @@ sensitivity with Cauchy noise (J-List); we use OpenDP's exponential-mechanism qu
 implementation). One observation changes every group's key totals, so the ``n`` quantiles are
 composed sequentially: each gets ``ε_w / n``; the whole weight release is ``ε_w``-DP and is
 charged to the window it reads (:meth:`sage_tfx.pyramid.windows.PyramidStore.seal`).
-The label prior (one key: the window size) gets weight ``max_count``, a public constant.
+The label prior (one key, counted by every observation) keeps the even share ``ε / n_tables``:
+weighting it by its single huge count would drown the back-off rates in noise.
 """
 from __future__ import annotations
 
@@ -45,10 +46,12 @@ def key_totals(frame: pd.DataFrame, spec: CountSpec) -> dict:
     return out
 
 
-def _finish(q: list, max_count: int, max_ratio: float) -> np.ndarray:
+def _finish(q: list, max_ratio: float) -> np.ndarray:
     w = np.maximum(np.asarray(q, dtype=np.float64), 1.0)
     w = np.minimum(w, w.min() * max_ratio)
-    return np.append(w, float(max_count))
+    # The label prior keeps an even share ε / n_tables: its weight is the harmonic mean of the
+    # group weights (ε_prior = ε (1/w_p) / (Σ_g 1/w_g + 1/w_p) = ε / (n_groups + 1)).
+    return np.append(w, len(w) / np.sum(1.0 / w))
 
 
 def select_noise_weights(frame: pd.DataFrame, spec: CountSpec, epsilon: float, *,
@@ -71,14 +74,14 @@ def select_noise_weights(frame: pd.DataFrame, spec: CountSpec, epsilon: float, *
     per = epsilon / len(spec.groups)
     q = [private_count_quantile(totals[spec.group_name(g)], quantile, per, max_count)
          for g in spec.groups]
-    return _finish(q, max_count, max_ratio)
+    return _finish(q, max_ratio)
 
 
 def exact_noise_weights(frame: pd.DataFrame, spec: CountSpec, *, quantile: float = 0.1,
-                        max_count: int, max_ratio: float = 1e4,
+                        max_ratio: float = 1e4,
                         totals: Optional[dict] = None) -> np.ndarray:
     """The non-private weights of §V (exact quantiles): for experiments comparing with DP ones."""
     totals = totals if totals is not None else key_totals(frame, spec)
     q = [float(np.quantile(totals[spec.group_name(g)], quantile)) if len(totals[spec.group_name(g)])
          else 1.0 for g in spec.groups]
-    return _finish(q, max_count, max_ratio)
+    return _finish(q, max_ratio)

@@ -71,9 +71,11 @@ def weights_for(train: pd.DataFrame, spec: CountSpec, mode: str, epsilon: float,
         return None
     frame = train[train["month"] == weight_month]
     if mode == "exact":
-        return exact_noise_weights(frame, spec, quantile=quantile, max_count=len(train))
+        return exact_noise_weights(frame, spec, quantile=quantile)
     if mode == "dp":   # OpenDP's quantile (not seedable): DP weights vary from run to run
-        return select_noise_weights(frame, spec, epsilon, quantile=quantile, max_count=len(train))
+        # max_count: the window's record count, public ledger metadata of its blocks.
+        return select_noise_weights(frame, spec, epsilon, quantile=quantile,
+                                    max_count=len(frame))
     raise ValueError(f"unknown weight mode {mode!r}")
 
 
