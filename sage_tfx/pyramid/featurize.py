@@ -9,7 +9,9 @@ labels ``1 .. L-1`` and ``log1p(n̂(x_g))``. Rates back off to the (noisy) label
 estimated variance of the rate is above ``max_variance`` (§III.B.1: "we estimate the variance of
 our probability estimate and, if it is too high, featurize with a default probability"). The
 variance estimate is binomial sampling variance plus the propagated variance of the sketch
-noise: ``p(1-p)/n̂ + σ² Σ_l p_l² / n̂²`` with σ² the summed noise variance of one label cell.
+noise: ``p̃(1-p̃)/n̂ + σ² Σ_l p̃_l² / n̂²`` with σ² the summed noise variance of one label cell and
+``p̃ = (c + prior) / (n̂ + 1)`` (one pseudo-observation of the prior, so that a key seen once,
+whose raw rate is 0 or 1, is not taken as certain).
 """
 from __future__ import annotations
 
@@ -219,11 +221,15 @@ class Featurization:
         """(rates with back-off, estimated totals) from estimated per-label counts."""
         c = np.clip(est, 0, None)
         n = c.sum(axis=1)
+        prior = self.prior
         with np.errstate(invalid="ignore", divide="ignore"):
             p = c / n[:, None]
-            var = (p * (1 - p)).max(axis=1) / n + noise_var * (p ** 2).sum(axis=1) / n ** 2
+            # The binomial variance uses the rate shrunk by one pseudo-observation toward the
+            # prior: a key seen once (p = 0 or 1) must not look certain.
+            ps = (c + prior) / (n[:, None] + 1.0)
+            var = (ps * (1 - ps)).max(axis=1) / n + noise_var * (ps ** 2).sum(axis=1) / n ** 2
         bad = ~(n > 0) | ~np.isfinite(var) | (var > self.max_variance)
-        p[bad] = self.prior
+        p[bad] = prior
         return p, n
 
     def featurize(self, frame: pd.DataFrame, cache: bool = True) -> np.ndarray:

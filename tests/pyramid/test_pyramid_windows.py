@@ -160,11 +160,13 @@ def test_weight_selection_is_charged_with_the_window_and_used_next(tmp_path, led
     assert r.epsilon_charged == pytest.approx(1.5)
     assert ledger.remaining("obs", "w0d0")["epsilon"] == pytest.approx(1.0)
     w = np.asarray(r.next_weights)
-    assert w.shape == (4,) and np.all(w >= 1) and w[-1] == 10_000
+    assert w.shape == (4,) and np.all(w >= 1)
+    assert w[-1] == pytest.approx(3 / np.sum(1 / w[:3]))     # the prior keeps eps / 4
     fill(s, 1)
     r1 = s.seal()
     assert r1.epsilon_charged == 1.0 and np.isclose(sum(r1.table_epsilons), 1.0)
     assert np.allclose(np.asarray(r1.noise_scales[:3]) / r1.noise_scales[0], w[:3] / w[0])
+    assert r1.table_epsilons[-1] == pytest.approx(0.25)
 
 
 def test_featurization_sums_live_windows_and_backs_off(tmp_path):
@@ -221,3 +223,15 @@ def test_seal_with_a_gate_grant_charges_nothing_more(tmp_path, ledger):
     r = s2.seal(grant=g)
     assert r.grant_id == g.grant_id
     assert ledger.remaining("obs", "w1d0")["epsilon"] == pytest.approx(1.5)
+
+
+def test_rare_keys_back_off_even_when_their_raw_rate_is_extreme(tmp_path):
+    spec = CountSpec(groups=("user",), label="y", width=1024, epsilon=1e6)
+    s = PyramidStore(spec, str(tmp_path / "p"), retention=1, noise=SeededNoise(0))
+    s.open_window(0)
+    s.observe(pd.DataFrame({"user": ["once"] + ["many"] * 400 + ["x"] * 400,
+                            "y": [1] + [1] * 400 + [0] * 400}))
+    s.seal()
+    x = s.featurization().featurize(pd.DataFrame({"user": ["once", "many"]}))
+    assert x[0, 0] == pytest.approx(401 / 801, abs=1e-3)     # the prior, not P = 1
+    assert x[1, 0] == pytest.approx(1.0)                       # 400 observations: kept
