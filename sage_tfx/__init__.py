@@ -64,6 +64,15 @@ PUBLIC_API: dict[str, tuple[str, ...]] = {
         "SageError", "InvalidPrivacyParameterError", "AccountingModeError", "UnknownStreamError",
         "UnknownBlockError", "RetiredBlockError", "InvalidRequestError", "GrantStateError",
         "MissingGrantError"),
+    "sage_tfx.dp.counts": (
+        "CountSketch", "CountTable", "COUNT_MIN", "COUNT_MEDIAN", "key_hashes", "l1_sensitivity",
+        "table_epsilons", "noise_scales"),
+    "sage_tfx.dp.count_selection": (
+        "private_count_quantile", "mi_score", "mi_score_sensitivity", "private_top_k"),
+    "sage_tfx.pyramid": (
+        "CountSpec", "Featurization", "PyramidStore", "SealResult", "WindowSealedError",
+        "RetentionError", "BudgetDeniedError", "UnknownFeatureError", "NonCategoricalError",
+        "select_groups", "select_noise_weights", "exact_noise_weights", "pyramid_run_id"),
     "sage_tfx.cli": ("main",),
     "sage_tfx.components": (
         "SageGate", "BlockExampleGen", "DPTransform", "DPTrainer", "DPModelValidator",

@@ -18,6 +18,10 @@ PROMISES = {
     "02_ptk_store.ipynb": (
         ("registered ptk-", "K = 1", "refused: PerformanceTargetError", "REJECT:",
          "notified version 1", "lineage:", "raw files left: 0"), 1),
+    "03_pyramid.ipynb": (
+        ("sealed window 3", "dropped window(s): (1,)", "retrain", "hot data deleted",
+         "RetentionError", "WindowSealedError", "noise weights from window 1", "count GBT",
+         "audit chain intact: True"), 1),
 }
 
 pytestmark = pytest.mark.slow

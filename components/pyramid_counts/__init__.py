@@ -1,0 +1,1 @@
+"""PyramidCountTable: a granted window's blocks -> one sealed window of DP count tables."""

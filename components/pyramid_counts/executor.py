@@ -1,0 +1,104 @@
+"""PyramidCountTable executor: verify the grant, read its blocks with Beam, seal the window.
+
+The grant must be the window's Pyramid charge: run id ``pyramid_run_id(stream, spec, window)``,
+cost (spec.epsilon, 0), the window's blocks; :meth:`sage_tfx.pyramid.PyramidStore.seal` checks it
+against the ledger and makes no second charge. A retried node whose window is already sealed
+re-emits the sealed window (no new noise, no new charge).
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Any, Dict, Iterable, List
+
+import apache_beam as beam
+import pandas as pd
+from tfx import types
+from tfx.dsl.components.base import base_beam_executor
+from tfx.dsl.io import fileio
+from tfx.types import artifact_utils
+
+from sage_tfx.components import artifacts, pyramid_artifacts as pa
+from sage_tfx.components.block_example_gen.executor import (granted_files, read_gzip_tfrecords,
+                                                            verify_grant)
+from sage_tfx.components.pyramid_counts import spec as s
+from sage_tfx.errors import MissingGrantError
+from sage_tfx.ledger import open_ledger
+from sage_tfx.pyramid import CountSpec, PyramidStore
+
+
+def example_values(record: bytes, columns: List[str]) -> Dict[str, Any]:
+    """The first value of each column of a serialized tf.Example (bytes decoded as UTF-8)."""
+    import tensorflow as tf
+    ex = tf.train.Example.FromString(record)
+    out = {}
+    for c in columns:
+        f = ex.features.feature.get(c)
+        kind = f.WhichOneof("kind") if f is not None else None
+        values = getattr(f, kind).value if kind else []
+        v = values[0] if len(values) else None
+        out[c] = v.decode("utf-8") if isinstance(v, bytes) else v
+    return out
+
+
+def read_frame(pipeline: beam.Pipeline, files: List[str], columns: List[str], tmp: str
+               ) -> pd.DataFrame:
+    """Beam: all records of ``files`` -> rows of ``columns`` (JSON lines), read back as a frame."""
+    prefix = os.path.join(tmp, "rows")
+    with pipeline as p:
+        _ = (p | "Files" >> beam.Create(files) | "Spread" >> beam.Reshuffle()
+             | "Read" >> beam.FlatMap(read_gzip_tfrecords)
+             | "Parse" >> beam.Map(lambda r: json.dumps(example_values(r, columns)))
+             | "Write" >> beam.io.WriteToText(prefix, file_name_suffix=".jsonl"))
+    rows = [json.loads(line) for path in sorted(fileio.glob(prefix + "*.jsonl"))
+            for line in open(path)]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def write_window(artifact, result, spec: CountSpec) -> None:
+    with fileio.open(os.path.join(artifact.uri, pa.WINDOW_FILE), "w") as f:
+        f.write(json.dumps(result, sort_keys=True))
+    artifact.window = int(result["window"])
+    artifact.run_id = result["run_id"]
+    artifact.grant_id = result.get("grant_id") or ""
+    artifact.epsilon = float(result["epsilon"])
+    artifact.spec_digest = spec.digest()
+
+
+class Executor(base_beam_executor.BaseBeamExecutor):
+
+    def Do(self, input_dict: Dict[str, List[types.Artifact]],
+           output_dict: Dict[str, List[types.Artifact]], exec_properties: Dict[str, Any]) -> None:
+        grant_artifact = artifact_utils.get_single_instance(input_dict[s.GRANT_INPUT_KEY])
+        if not artifacts.is_granted(grant_artifact):
+            raise MissingGrantError(f"PyramidCountTable needs a granted SageGrant, got "
+                                    f"{grant_artifact.uri}")
+        grant = artifacts.read_grant(grant_artifact)
+        spec = CountSpec.from_json(json.loads(exec_properties[s.SPEC_JSON_KEY]))
+        window = int(exec_properties[s.WINDOW_KEY])
+        url = exec_properties[s.LEDGER_URL_KEY]
+        out = artifact_utils.get_single_instance(output_dict[s.WINDOW_TABLE_KEY])
+        with open_ledger(url) as ledger:
+            recorded = verify_grant(grant, ledger, url)
+            store = PyramidStore(spec, exec_properties[s.STORE_DIR_KEY],
+                                 retention=int(exec_properties[s.RETENTION_KEY]), ledger=ledger,
+                                 stream=recorded.stream)
+            if window in store.live_windows and recorded.run_id == store.run_id(window):
+                write_window(out, {"window": window, "run_id": recorded.run_id,
+                                   "grant_id": recorded.grant_id, "epsilon": recorded.epsilon,
+                                   "replayed": True}, spec)
+                return
+            files = granted_files(recorded, ledger)
+            columns = list(spec.features) + [spec.label]
+            with tempfile.TemporaryDirectory() as tmp:
+                frame = read_frame(self._make_beam_pipeline(), files, columns, tmp)
+            if store.hot_window != window:
+                store.open_window(window, recorded.block_ids)
+                store.observe(frame)
+            result = store.seal(grant=recorded)
+        write_window(out, {"window": result.window, "run_id": result.run_id,
+                           "grant_id": result.grant_id, "epsilon": result.epsilon_charged,
+                           "table_epsilons": list(result.table_epsilons),
+                           "noise_scales": list(result.noise_scales),
+                           "dropped": list(result.dropped), "retrain": result.retrain}, spec)

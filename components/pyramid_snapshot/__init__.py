@@ -1,0 +1,1 @@
+"""PyramidSnapshot: the current featurization (sum of the live windows) as an artifact."""

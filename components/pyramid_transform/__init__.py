@@ -1,0 +1,1 @@
+"""PyramidTransform: Examples -> Examples of count features, from a featurization snapshot."""

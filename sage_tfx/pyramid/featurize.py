@@ -1,0 +1,260 @@
+"""Count specs and count featurization: label rates P(l | x) from summed windowed sketches.
+
+A :class:`CountSpec` names what is counted (feature groups, label, sketch) and at what privacy
+cost; a :class:`Featurization` is the sum of the live sealed windows' tables (what Pyramid's
+application servers cache, §IV) and maps raw rows to count features.
+
+Features per group ``g`` (in :meth:`Featurization.feature_names` order): ``P(l | x_g)`` for
+labels ``1 .. L-1`` and ``log1p(n̂(x_g))``. Rates back off to the (noisy) label prior when the
+estimated variance of the rate is above ``max_variance`` (§III.B.1: "we estimate the variance of
+our probability estimate and, if it is too high, featurize with a default probability"). The
+variance estimate is binomial sampling variance plus the propagated variance of the sketch
+noise: ``p̃(1-p̃)/n̂ + σ² Σ_l p̃_l² / n̂²`` with σ² the summed noise variance of one label cell and
+``p̃ = (c + prior) / (n̂ + 1)`` (one pseudo-observation of the prior, so that a key seen once,
+whose raw rate is 0 or 1, is not taken as certain).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+
+from sage_tfx.dp.counts import (COUNT_MEDIAN, SKETCH_KINDS, CountSketch, check_depth, check_width,
+                                key_hashes)
+from sage_tfx.errors import InvalidRequestError
+from sage_tfx.ledger.accounting import check_epsilon
+
+__all__ = ["CountSpec", "Featurization", "UnknownFeatureError", "NonCategoricalError",
+           "group_keys", "check_frame"]
+
+
+class UnknownFeatureError(InvalidRequestError):
+    """A count spec or a frame names a feature that is not a column of the data."""
+
+
+class NonCategoricalError(InvalidRequestError):
+    """A counted column is not categorical (floats must be binned before counting)."""
+
+
+def _groups(groups: Any) -> tuple[tuple[str, ...], ...]:
+    out = []
+    for g in groups:
+        g = (g,) if isinstance(g, str) else tuple(g)
+        if not g or not all(isinstance(f, str) and f for f in g) or len(set(g)) != len(g):
+            raise InvalidRequestError(f"a feature group is a non-empty tuple of distinct names: {g!r}")
+        out.append(g)
+    if not out or len(set(out)) != len(out):
+        raise InvalidRequestError(f"need distinct, non-empty feature groups, got {groups!r}")
+    return tuple(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class CountSpec:
+    """What one stream's count tables count, and the ε each window's tables cost.
+
+    Args:
+      groups: feature groups; a string is a single feature, a tuple a feature combination.
+      label: the label column (integer classes in ``[0, n_labels)``).
+      n_labels: label cardinality.
+      kind: ``"count_median"`` (default, unbiased under noise) or ``"count_min"``.
+      depth, width: sketch rows ``h`` and columns (a power of two).
+      epsilon: ε of one window's tables together (split over the tables and the label prior).
+      k: number of observations hidden together (group privacy; noise ∝ k / ε).
+      salt: hashing salt, part of the spec so every process hashes alike.
+    """
+
+    groups: tuple
+    label: str
+    n_labels: int = 2
+    kind: str = COUNT_MEDIAN
+    depth: int = 5
+    width: int = 2 ** 16
+    epsilon: float = 1.0
+    k: int = 1
+    salt: str = "sage-tfx-pyramid"
+
+    def __post_init__(self):
+        object.__setattr__(self, "groups", _groups(self.groups))
+        if not isinstance(self.label, str) or not self.label:
+            raise InvalidRequestError(f"label must be a column name, got {self.label!r}")
+        if any(self.label in g for g in self.groups):
+            raise InvalidRequestError(f"the label {self.label!r} cannot be a counted feature")
+        if self.kind not in SKETCH_KINDS:
+            raise InvalidRequestError(f"kind must be one of {SKETCH_KINDS}, got {self.kind!r}")
+        check_depth(self.depth)
+        check_width(self.width)
+        object.__setattr__(self, "epsilon", check_epsilon(self.epsilon))
+        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
+            raise InvalidRequestError(f"k must be an int >= 1, got {self.k!r}")
+        if isinstance(self.n_labels, bool) or not isinstance(self.n_labels, int) or self.n_labels < 2:
+            raise InvalidRequestError(f"n_labels must be an int >= 2, got {self.n_labels!r}")
+        if not isinstance(self.salt, str) or not self.salt:
+            raise InvalidRequestError("salt must be a non-empty string")
+
+    @property
+    def features(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(f for g in self.groups for f in g))
+
+    @property
+    def n_tables(self) -> int:
+        """Tables an observation is counted in: one per group plus the label prior."""
+        return len(self.groups) + 1
+
+    def group_name(self, group: tuple[str, ...]) -> str:
+        return "*".join(group)
+
+    def group_salt(self, group: tuple[str, ...]) -> bytes:
+        return hashlib.blake2b(f"{self.salt}\0{self.group_name(group)}".encode(),
+                               digest_size=32).digest()
+
+    def to_json(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["groups"] = [list(g) for g in self.groups]
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> "CountSpec":
+        return cls(**{**d, "groups": tuple(tuple(g) for g in d["groups"])})
+
+    def digest(self) -> str:
+        """Short stable id of the spec (part of every ledger run id)."""
+        text = json.dumps(self.to_json(), sort_keys=True)
+        return hashlib.blake2b(text.encode(), digest_size=6).hexdigest()
+
+    def new_sketch(self, group: tuple[str, ...]) -> CountSketch:
+        return CountSketch(self.kind, self.depth, self.width, self.n_labels, self.group_salt(group))
+
+
+def check_frame(frame: Any, features: Sequence[str], label: Optional[str] = None,
+                n_labels: int = 2) -> None:
+    """Raises if ``frame`` lacks a feature, has a non-categorical one, or a bad label."""
+    if not isinstance(frame, pd.DataFrame):
+        raise InvalidRequestError(f"observations must be a pandas DataFrame, got {type(frame)}")
+    missing = [f for f in features if f not in frame.columns]
+    if missing:
+        raise UnknownFeatureError(f"unknown feature(s) {missing}; columns: {list(frame.columns)}")
+    for f in features:
+        col = frame[f]
+        kind = col.dtype.kind
+        first = next((v for v in col.values if v is not None and v == v), "") \
+            if kind == "O" else ""
+        if kind in "fcmM" or isinstance(first, float):
+            raise NonCategoricalError(
+                f"column {f!r} ({frame[f].dtype}) is not categorical: bin it first")
+    if label is not None:
+        if label not in frame.columns:
+            raise UnknownFeatureError(f"unknown label column {label!r}")
+        lab = frame[label].to_numpy()
+        if lab.dtype.kind not in "iub" or (len(lab) and (lab.min() < 0 or lab.max() >= n_labels)):
+            raise InvalidRequestError(f"label {label!r} must hold integer classes in [0, {n_labels})")
+
+
+def group_keys(frame: pd.DataFrame, group: tuple[str, ...]) -> list:
+    """The key of every row for ``group``: the value, or a tuple of values."""
+    if len(group) == 1:
+        return frame[group[0]].tolist()
+    return list(zip(*(frame[f].tolist() for f in group)))
+
+
+class Featurization:
+    """Summed count tables of the live windows, ready to featurize (a cacheable snapshot).
+
+    Args:
+      spec: the count spec.
+      cells: group name → summed ``depth × width × n_labels`` cells.
+      prior: summed noisy label counts (length ``n_labels``).
+      noise_var: group name → summed noise variance of one cell (σ² above); ``"__prior__"`` too.
+      windows: ids of the windows summed.
+      max_variance: back-off threshold on the estimated variance of a rate.
+    """
+
+    def __init__(self, spec: CountSpec, cells: dict, prior: np.ndarray, noise_var: dict,
+                 windows: Sequence[int] = (), max_variance: float = 0.01):
+        self.spec = spec
+        self.cells = cells
+        self.prior_counts = np.asarray(prior, dtype=np.float64)
+        self.noise_var = dict(noise_var)
+        self.windows = tuple(windows)
+        self.max_variance = float(max_variance)
+        self._hash_cache: dict[str, dict] = {}
+
+    @property
+    def prior(self) -> np.ndarray:
+        """Label distribution from the noisy prior counts (uniform if they are not positive)."""
+        c = np.clip(self.prior_counts, 0, None)
+        return c / c.sum() if c.sum() > 0 else np.full(self.spec.n_labels, 1.0 / self.spec.n_labels)
+
+    def feature_names(self) -> list[str]:
+        names = []
+        for g in self.spec.groups:
+            name = self.spec.group_name(g)
+            names += [f"{name}__p{l}" for l in range(1, self.spec.n_labels)] + [f"{name}__logn"]
+        return names
+
+    def _hashes(self, group, keys, cache: bool):
+        salt = self.spec.group_salt(group)
+        if not cache:
+            return key_hashes(keys, salt, self.spec.depth, self.spec.width)
+        memo = self._hash_cache.setdefault(self.spec.group_name(group), {})
+        miss = [k for k in dict.fromkeys(keys) if k not in memo]
+        if miss:
+            b, s = key_hashes(miss, salt, self.spec.depth, self.spec.width)
+            for i, k in enumerate(miss):
+                memo[k] = (b[i], s[i])
+        pairs = [memo[k] for k in keys]
+        return np.array([p[0] for p in pairs]).reshape(len(keys), -1), \
+            np.array([p[1] for p in pairs]).reshape(len(keys), -1)
+
+    def counts(self, group: tuple[str, ...], keys: Sequence[Any], cache: bool = True) -> np.ndarray:
+        """Estimated ``len(keys) × n_labels`` counts of ``group`` (noisy, may be negative)."""
+        b, s = self._hashes(group, keys, cache)
+        if self.spec.kind != COUNT_MEDIAN:
+            s = np.ones_like(s)
+        return CountSketch.estimate_cells(self.cells[self.spec.group_name(group)], b, s,
+                                          self.spec.kind)
+
+    def rates(self, est: np.ndarray, noise_var: float) -> tuple[np.ndarray, np.ndarray]:
+        """(rates with back-off, estimated totals) from estimated per-label counts."""
+        c = np.clip(est, 0, None)
+        n = c.sum(axis=1)
+        prior = self.prior
+        with np.errstate(invalid="ignore", divide="ignore"):
+            p = c / n[:, None]
+            # The binomial variance uses the rate shrunk by one pseudo-observation toward the
+            # prior: a key seen once (p = 0 or 1) must not look certain.
+            ps = (c + prior) / (n[:, None] + 1.0)
+            var = (ps * (1 - ps)).max(axis=1) / n + noise_var * (ps ** 2).sum(axis=1) / n ** 2
+        bad = ~(n > 0) | ~np.isfinite(var) | (var > self.max_variance)
+        p[bad] = prior
+        return p, n
+
+    def featurize(self, frame: pd.DataFrame, cache: bool = True) -> np.ndarray:
+        """``len(frame) × len(feature_names())`` float32 count features."""
+        check_frame(frame, self.spec.features)
+        cols = []
+        for g in self.spec.groups:
+            est = self.counts(g, group_keys(frame, g), cache)
+            p, n = self.rates(est, self.noise_var.get(self.spec.group_name(g), 0.0))
+            cols += [p[:, 1:], np.log1p(n)[:, None]]
+        return np.hstack(cols).astype(np.float32) if cols else np.zeros((len(frame), 0), np.float32)
+
+    # -- persistence (the snapshot artifact) --
+
+    def save(self, path: str) -> None:
+        arrays = {f"cells__{k}": v for k, v in self.cells.items()}
+        meta = {"spec": self.spec.to_json(), "noise_var": self.noise_var,
+                "windows": list(self.windows), "max_variance": self.max_variance}
+        np.savez_compressed(path, prior=self.prior_counts, meta=np.array(json.dumps(meta)), **arrays)
+
+    @classmethod
+    def load(cls, path: str) -> "Featurization":
+        with np.load(path, allow_pickle=False) as z:
+            meta = json.loads(str(z["meta"]))
+            cells = {k[len("cells__"):]: z[k] for k in z.files if k.startswith("cells__")}
+            prior = z["prior"]
+        return cls(CountSpec.from_json(meta["spec"]), cells, prior, meta["noise_var"],
+                   meta["windows"], meta["max_variance"])
