@@ -138,7 +138,7 @@ def adassp_run_fn(fn_args: Any) -> None:
 
     Rows are [scaled features..., 1] (intercept), so ‖x‖ ≤ √(d + 1) = ``x_bound``; labels are
     clipped and scaled into [-1, 1] (``y_bound`` = 1). custom_config: ``features``, ``label``,
-    ``label_bounds``, ``rho``, ``accountant`` (default pld), ``seed`` (tests only).
+    ``label_bounds``, ``rho``, ``accountant`` (default pld). The noise is always OpenDP's.
     """
     from sage_tfx.dp import adassp
 
@@ -150,7 +150,7 @@ def adassp_run_fn(fn_args: Any) -> None:
     result = adassp.adassp(xi, y.astype(np.float64), epsilon=epsilon, delta=delta,
                            x_bound=math.sqrt(xi.shape[1]), y_bound=1.0,
                            rho=float(config.get("rho", adassp.DEFAULT_RHO)),
-                           accountant=config.get("accountant", "pld"), rng=config.get("seed"))
+                           accountant=config.get("accountant", "pld"))
     model = dp.linear_keras_model(result.weights[:-1], bias=float(result.weights[-1]))
     dp.export_serving_model(fn_args, model, columns, kinds=data.kinds,
                             label_key=_raw_label(config), output_scale=scale)
@@ -162,7 +162,7 @@ def logistic_run_fn(fn_args: Any) -> None:
 
     Rows are [scaled features..., 1] (intercept), ``x_bound`` = √(d + 1). custom_config:
     ``features``, ``label``, ``label_threshold``, ``l2_reg`` (default 1e-2), ``accountant``
-    (default pld), ``seed`` (tests only). Replace-one adjacency (see the module docstring).
+    (default pld); the noise is always OpenDP's. Replace-one adjacency (see the module docstring).
     """
     from sage_tfx.dp import logistic
 
@@ -174,7 +174,7 @@ def logistic_run_fn(fn_args: Any) -> None:
     result = logistic.dp_logistic_regression(
         xi, y.astype(np.float64), epsilon=epsilon, delta=delta,
         l2_reg=float(config.get("l2_reg", 1e-2)), x_bound=math.sqrt(xi.shape[1]),
-        accountant=config.get("accountant", "pld"), rng=config.get("seed"))
+        accountant=config.get("accountant", "pld"))
     model = dp.linear_keras_model(result.weights[:-1], bias=float(result.weights[-1]),
                                   activation="sigmoid")
     dp.export_serving_model(fn_args, model, columns, kinds=data.kinds,

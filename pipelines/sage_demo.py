@@ -90,7 +90,7 @@ def make_statistic_iteration(ledger, target: float, eta: float):
                                   delta=delta)
         values = read_float_feature(decision.grant.locations, "dep_delay")
         values = np.clip(values + MEAN_DELAY_SHIFT, 0.0, MEAN_DELAY_BOUND)
-        result = validator.validate(values, epsilon=epsilon, rng=np.random.default_rng())
+        result = validator.validate(values, epsilon=epsilon)  # OpenDP noise
         estimate = result.dp_estimate - MEAN_DELAY_SHIFT
         return result.outcome, {"dp_mean_dep_delay": estimate, "error_bound": result.upper_bound}
 

@@ -102,7 +102,7 @@ def dpsgd_noise_for(fn_args: Any, num_examples: int, batch_size: int, epochs: fl
       (``sage_tfx.dp.dpsgd.calibrate_noise_multiplier``, ``accountant``).
     * rdp part: the event fixes σ, the sampling probability q and the steps T;
       ``batch_size`` / ``epochs`` / ``accountant`` are ignored, the batch size is
-      ``round(q · num_examples)`` (fixed shuffled batches approximating Poisson sampling) and
+      ``round(q · num_examples)`` (reported; training samples each example with q itself) and
       exactly T steps must run. Events of any other shape are refused.
 
     Args:
@@ -188,11 +188,13 @@ def train_dpsgd_keras(features: Any, labels: Any, run: guarantee_lib.DPSGDRun, *
                       loss: Any, optimizer: Any = None, learning_rate: float = 0.01,
                       metrics: Optional[Sequence[Any]] = None, seed: Optional[int] = None
                       ) -> tuple[Any, int]:
-    """Trains a ``DPSequential`` (fast clipping) for exactly ``run.steps`` DP-SGD steps.
+    """Trains a ``PoissonDPSequential`` (fast clipping) for exactly ``run.steps`` DP-SGD steps.
 
-    Shuffled fixed-size batches of ``run.batch_size`` (reshuffled every pass, last partial batch
-    of each pass dropped) with ``run.noise_multiplier`` and ``run.l2_norm_clip``
-    (``sage_tfx.dp.keras_dpsgd``). Keras prints nothing and no training metric is
+    Poisson-sampled batches (every example independently with ``q = run.sampling_probability``,
+    the accounted q), the
+    clipped-gradient sum plus noise ``run.noise_multiplier · run.l2_norm_clip`` divided by the
+    expected batch size (``sage_tfx.dp.keras_dpsgd.make_poisson_dp_model``): exactly the
+    ``PoissonSampledDpEvent`` the run is charged. Keras prints nothing and no training metric is
     written anywhere: they are not DP.
 
     Args:
@@ -201,7 +203,7 @@ def train_dpsgd_keras(features: Any, labels: Any, run: guarantee_lib.DPSGDRun, *
       run: From :func:`dpsgd_noise_for`.
       layers, loss, optimizer, learning_rate, metrics: As in
         ``keras_dpsgd.make_dp_keras_model`` / ``compile_dp``.
-      seed: Tests only (a seeded run has predictable noise).
+      seed: Seeds the initial weights only; the noise and sampling always use OS entropy.
 
     Returns:
       ``(model, trained_steps)``, trained_steps == run.steps.
@@ -218,13 +220,15 @@ def train_dpsgd_keras(features: Any, labels: Any, run: guarantee_lib.DPSGDRun, *
         raise ValueError("features or labels contain NaN or infinite values")
     if seed is not None:
         tf.keras.utils.set_random_seed(int(seed))
-    model = keras_dpsgd.make_dp_keras_model(layers, input_shape=x.shape[1:],
-                                            l2_norm_clip=run.l2_norm_clip,
-                                            noise_multiplier=run.noise_multiplier)
+    q = run.sampling_probability  # the accounted q itself (rdp: the plan's, not batch / n)
+    model = keras_dpsgd.make_poisson_dp_model(layers, input_shape=x.shape[1:],
+                                              l2_norm_clip=run.l2_norm_clip,
+                                              noise_multiplier=run.noise_multiplier,
+                                              expected_batch_size=q * run.num_examples)
     keras_dpsgd.compile_dp(model, loss=loss, optimizer=optimizer, learning_rate=learning_rate,
                            metrics=metrics)
-    batches = keras_dpsgd.shuffled_batches(x, y, run.batch_size, seed).repeat()
-    model.fit(batches, epochs=1, steps_per_epoch=run.steps, verbose=0)
+    batches = keras_dpsgd.poisson_batches(x, y, q, run.steps)
+    model.fit(batches, epochs=1, verbose=0)
     trained = int(model.optimizer.iterations.numpy())
     if trained != run.steps:
         raise RuntimeError(f"DP-SGD ran {trained} steps but {run.steps} were accounted")

@@ -72,7 +72,6 @@ class ValidatorConfig:
     eval_split: str
     signature_name: str
     batch_size: int
-    seed: Optional[int]
 
     def validator(self) -> "validation.LossValidator | validation.AccuracyValidator":
         """The Sage validator of ``sage_tfx.dp.validation`` this configuration describes."""
@@ -94,8 +93,7 @@ def check_config(*, metric: Any, loss_fn: Any = None, target: Any, loss_bound: A
                  eta: Any = spec.DEFAULT_ETA, label_key: Any, prediction_key: Any = None,
                  eval_split: Any = spec.DEFAULT_EVAL_SPLIT,
                  signature_name: Any = spec.DEFAULT_SIGNATURE_NAME,
-                 batch_size: Any = spec.DEFAULT_BATCH_SIZE,
-                 seed: Any = None) -> ValidatorConfig:
+                 batch_size: Any = spec.DEFAULT_BATCH_SIZE) -> ValidatorConfig:
     """Checks a validator's arguments and fills in the defaults that depend on the metric.
 
     ``loss_fn`` defaults to ``squared_error`` for the ``loss`` metric and must be unset for
@@ -106,8 +104,8 @@ def check_config(*, metric: Any, loss_fn: Any = None, target: Any, loss_bound: A
       The checked ValidatorConfig (its ``validator()`` builds without error).
 
     Raises:
-      ValueError: an unknown metric or loss_fn, a missing or invalid B, target, η, batch size,
-        seed or name.
+      ValueError: an unknown metric or loss_fn, a missing or invalid B, target, η, batch size
+        or name.
     """
     if metric not in spec.METRICS:
         raise ValueError(f"metric must be one of {spec.METRICS}, got {metric!r}")
@@ -131,15 +129,12 @@ def check_config(*, metric: Any, loss_fn: Any = None, target: Any, loss_bound: A
                 "the DP noise on their sum scales with B (List. 2 line 15)")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-        raise ValueError(f"seed must be a non-negative int or None, got {seed!r}")
     config = ValidatorConfig(
         metric=metric, loss_fn=loss_fn, target=target, loss_bound=loss_bound, eta=eta,
         label_key=_check_name("label_key", label_key),
         prediction_key=_check_name("prediction_key", prediction_key, optional=True),
         eval_split=_check_name("eval_split", eval_split),
-        signature_name=_check_name("signature_name", signature_name), batch_size=batch_size,
-        seed=seed)
+        signature_name=_check_name("signature_name", signature_name), batch_size=batch_size)
     validator = config.validator()  # checks target, eta and B (ValueError)
     return dataclasses.replace(config, target=validator.target, eta=validator.eta,
                                loss_bound=validator.loss_bound)
@@ -157,7 +152,7 @@ def config_from_exec_properties(exec_properties: Dict[str, Any]) -> ValidatorCon
         prediction_key=get(spec.PREDICTION_KEY),
         eval_split=get(spec.EVAL_SPLIT_KEY, spec.DEFAULT_EVAL_SPLIT),
         signature_name=get(spec.SIGNATURE_NAME_KEY, spec.DEFAULT_SIGNATURE_NAME),
-        batch_size=get(spec.BATCH_SIZE_KEY, spec.DEFAULT_BATCH_SIZE), seed=get(spec.SEED_KEY))
+        batch_size=get(spec.BATCH_SIZE_KEY, spec.DEFAULT_BATCH_SIZE))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -484,12 +479,8 @@ class Executor(base_executor.BaseExecutor):
         values = per_example_values(config.metric, config.loss_fn, labels, predictions)
         del labels, predictions
 
-        if config.seed is not None:
-            logging.warning("DPModelValidator: seed=%d makes the DP noise reproducible; anyone "
-                            "who knows the seed can remove it. Use a seed for tests only.",
-                            config.seed)
-        rng = np.random.default_rng(config.seed)  # OS entropy when seed is None
-        result = validator.validate(values, epsilon=epsilon, rng=rng)
+        # Noise from OpenDP (the validator's default): never seeded, safe from Mironov's attack.
+        result = validator.validate(values, epsilon=epsilon)
         del values
 
         write_decision(blessing, result, loss_bound=config.loss_bound,

@@ -23,7 +23,6 @@ PREDICTION_KEY = "prediction_key"
 EVAL_SPLIT_KEY = "eval_split"
 SIGNATURE_NAME_KEY = "signature_name"
 BATCH_SIZE_KEY = "batch_size"
-SEED_KEY = "seed"
 
 # Exec-property values and defaults.
 LOSS = "loss"
@@ -85,7 +84,6 @@ class DPModelValidatorSpec(ComponentSpec):
         EVAL_SPLIT_KEY: ExecutionParameter(type=str),
         SIGNATURE_NAME_KEY: ExecutionParameter(type=str),
         BATCH_SIZE_KEY: ExecutionParameter(type=int),
-        SEED_KEY: ExecutionParameter(type=int, optional=True),
     }
     INPUTS = {
         EXAMPLES_KEY: ChannelParameter(type=standard_artifacts.Examples),

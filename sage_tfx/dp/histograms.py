@@ -14,6 +14,7 @@ import numpy as np
 
 from sage_tfx.dp.mechanisms import (ArrayLike, LaplaceMechanism, Value, check_bounds,
                                     check_positive)
+from sage_tfx.dp.noise import NoiseSource
 from sage_tfx.dp.queries import DPRelease, Query, record_values
 from sage_tfx.errors import InvalidPrivacyParameterError
 from sage_tfx.ledger.accounting import check_epsilon
@@ -44,7 +45,7 @@ def _bin_counts(x: np.ndarray, edges: tuple[float, ...]) -> np.ndarray:
 
 @dataclasses.dataclass(frozen=True)
 class HistogramQuery(Query):
-    """Counts per public bin [e_i, e_{i+1}) (last bin closed); Laplace noise, L1 sensitivity 1.
+    """Counts per public bin [e_i, e_{i+1}) (last bin closed); discrete Laplace noise, L1 sensitivity 1.
 
     Values outside [e_0, e_last] are clipped into the first/last bin (as ``dp_sum`` clips to its
     bounds); NaN values are dropped.
@@ -63,8 +64,8 @@ class HistogramQuery(Query):
     def aggregate(self, *columns: np.ndarray) -> np.ndarray:
         return _bin_counts(columns[0], self.bin_edges)
 
-    def release(self, total: np.ndarray, rng: np.random.Generator | None = None) -> Value:
-        return LaplaceMechanism(self.epsilon, 1.0).add_noise(total, rng)
+    def release(self, total: np.ndarray, noise: NoiseSource | None = None) -> Value:
+        return LaplaceMechanism(self.epsilon, 1.0).add_count_noise(total, noise)
 
     def dp_event(self) -> dp_accounting.DpEvent:
         return LaplaceMechanism(self.epsilon, 1.0).dp_event()
@@ -82,8 +83,9 @@ class MinMaxQuery(Query):
 
     The range is cut into ``num_bins`` equal bins and a DP histogram is released; min (max) is the
     left (right) edge of the first (last) bin whose noisy count exceeds the threshold
-    ``scale · ln(num_bins / (2 β))``, above which an empty bin's noise rises with probability at
-    most β = ``failure_probability`` over all bins (union bound on Laplace tails). If no bin
+    ``scale · ln(num_bins / ((1 + a) β))`` (a = exp(-1/scale)), above which an empty bin's noise rises
+    with probability at most β = ``failure_probability`` over all bins (union bound on the
+    discrete Laplace tails). If no bin
     passes, (lower, upper) is returned. The result is exact up to one bin width when every bin
     near the true extremes holds more than about the threshold many records; always
     ``lower <= min < max <= upper``.
@@ -114,8 +116,10 @@ class MinMaxQuery(Query):
     @property
     def threshold(self) -> float:
         """Noisy count a bin must exceed to count as non-empty."""
+        # Discrete Laplace of scale b: P(Z > t) <= P(Z >= t) <= a**t / (1 + a), a = exp(-1/b).
         scale = LaplaceMechanism(self.epsilon, 1.0).scale
-        return scale * max(0.0, math.log(self.num_bins / (2.0 * self.failure_probability)))
+        a = math.exp(-1.0 / scale)
+        return scale * max(0.0, math.log(self.num_bins / ((1.0 + a) * self.failure_probability)))
 
     def zero(self) -> np.ndarray:
         return np.zeros(self.num_bins)
@@ -123,8 +127,8 @@ class MinMaxQuery(Query):
     def aggregate(self, *columns: np.ndarray) -> np.ndarray:
         return _bin_counts(columns[0], self.bin_edges)
 
-    def release(self, total: np.ndarray, rng: np.random.Generator | None = None) -> Value:
-        noisy = np.asarray(LaplaceMechanism(self.epsilon, 1.0).add_noise(total, rng))
+    def release(self, total: np.ndarray, noise: NoiseSource | None = None) -> Value:
+        noisy = np.asarray(LaplaceMechanism(self.epsilon, 1.0).add_count_noise(total, noise))
         occupied = np.flatnonzero(noisy > self.threshold)
         if occupied.size == 0:
             return np.array([self.lower, self.upper])
@@ -171,8 +175,8 @@ class QuantilesQuery(Query):
     def aggregate(self, *columns: np.ndarray) -> np.ndarray:
         return _bin_counts(columns[0], self.bin_edges)
 
-    def release(self, total: np.ndarray, rng: np.random.Generator | None = None) -> Value:
-        noisy = np.asarray(LaplaceMechanism(self.epsilon, 1.0).add_noise(total, rng))
+    def release(self, total: np.ndarray, noise: NoiseSource | None = None) -> Value:
+        noisy = np.asarray(LaplaceMechanism(self.epsilon, 1.0).add_count_noise(total, noise))
         counts = np.maximum(noisy, 0.0)
         qs = np.asarray(self.quantiles)
         mass = counts.sum()
@@ -196,27 +200,27 @@ class QuantilesQuery(Query):
 
 
 def dp_histogram(x: ArrayLike, bin_edges: ArrayLike, epsilon: float, *,
-                 rng: np.random.Generator | None = None) -> DPRelease:
+                 noise: NoiseSource | None = None) -> DPRelease:
     """DP counts per public bin (values outside the edges clipped into the outer bins)."""
-    return HistogramQuery(check_bin_edges(bin_edges), epsilon).run(x, rng=rng)
+    return HistogramQuery(check_bin_edges(bin_edges), epsilon).run(x, noise=noise)
 
 
 def dp_min_max(x: ArrayLike, lower: float, upper: float, epsilon: float, *, num_bins: int = 100,
                failure_probability: float = 0.05,
-               rng: np.random.Generator | None = None) -> DPRelease:
+               noise: NoiseSource | None = None) -> DPRelease:
     """DP approximate (min, max) of ``x`` clipped to [lower, upper]; see :class:`MinMaxQuery`.
 
     Returns:
       DPRelease whose value is the float64 array [min, max].
     """
-    return MinMaxQuery(lower, upper, epsilon, num_bins, failure_probability).run(x, rng=rng)
+    return MinMaxQuery(lower, upper, epsilon, num_bins, failure_probability).run(x, noise=noise)
 
 
 def dp_quantiles(x: ArrayLike, quantiles: Sequence[float], lower: float, upper: float,
                  epsilon: float, *, num_bins: int = 100,
-                 rng: np.random.Generator | None = None) -> DPRelease:
+                 noise: NoiseSource | None = None) -> DPRelease:
     """DP quantiles of ``x`` clipped to [lower, upper]; see :class:`QuantilesQuery`.
 
     All quantiles come from one DP histogram, so asking for several costs ε once.
     """
-    return QuantilesQuery(tuple(quantiles), lower, upper, epsilon, num_bins).run(x, rng=rng)
+    return QuantilesQuery(tuple(quantiles), lower, upper, epsilon, num_bins).run(x, noise=noise)
