@@ -21,6 +21,24 @@ adjacent input, whatever ε is claimed.
 
 Privacy audits give lower bounds only: passing one is evidence, not a proof. This module imports
 no TensorFlow.
+
+Two audits of trained models complete the black-box tester:
+
+* :func:`membership_inference` — the loss-threshold membership-inference attack of TF Privacy's
+  ``privacy_tests.membership_inference_attack`` (``AttackType.THRESHOLD_ATTACK``: a lower loss
+  means "member"; AUC and attacker advantage ``max(TPR − FPR)`` on train vs held-out). The
+  ``tensorflow-privacy`` 0.9.0 wheel ships without ``privacy_tests`` (tensorflow/privacy#555),
+  so the same ROC is computed with scikit-learn's ``roc_curve`` / ``roc_auc_score``.
+  The report is computed from the private training data and is *not* DP: it is an audit for the
+  data owner, never a release.
+* :func:`one_run_epsilon_lower_bound` — auditing in one training run (Steinke, Nasr & Jagielski,
+  NeurIPS 2023, Thm. 3.1 / Alg. 1): m canaries, each inserted independently with probability 1/2;
+  after training, the auditor guesses "in" for the k lowest-loss canaries and "out" for the k
+  highest. For an ε-DP training run the number of correct guesses among the r = 2k made is
+  stochastically dominated by Binomial(r, e^ε / (1 + e^ε)); the largest ε that this tail
+  rejects at level β is a lower bound on ε with confidence 1 − β. δ is ignored (the pure-ε form
+  of the theorem); for DP-SGD's small δ this can only make the bound larger, i.e. the check
+  "bound below the charged ε" is conservative.
 """
 from __future__ import annotations
 
@@ -33,7 +51,9 @@ from scipy import stats
 
 from sage_tfx.errors import InvalidPrivacyParameterError
 
-__all__ = ["AuditResult", "audit_mechanism", "clopper_pearson", "epsilon_lower_bound",
+__all__ = ["AuditResult", "MembershipInference", "audit_mechanism", "clopper_pearson",
+           "epsilon_lower_bound", "membership_inference", "one_run_audit",
+           "one_run_epsilon_lower_bound",
            "textbook_laplace_reachable"]
 
 _TWO53 = 9007199254740992.0
@@ -192,3 +212,114 @@ def textbook_laplace_reachable(y: float, x: float, scale: float, width: int = 8)
         if _numpy_laplace(k * (1.0 / _TWO53), x, scale) == y:
             return True
     return False
+
+
+@dataclasses.dataclass(frozen=True)
+class MembershipInference:
+    """The loss-threshold attack on train vs held-out examples (not DP: an audit, never released).
+
+    Attributes:
+      auc: ROC AUC of "member" scored by the negated loss (0.5: no better than chance).
+      attacker_advantage: ``max(TPR − FPR)`` over thresholds (Yeom et al. 2018).
+      num_train, num_heldout: examples attacked on each side.
+    """
+
+    auc: float
+    attacker_advantage: float
+    num_train: int
+    num_heldout: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "attack": "loss threshold (TF Privacy THRESHOLD_ATTACK)",
+                "differentially_private": False}
+
+
+def membership_inference(loss_train: Any, loss_heldout: Any) -> MembershipInference:
+    """AUC and attacker advantage of the loss-threshold membership-inference attack.
+
+    Raises:
+      ValueError: an empty side, or a non-finite loss.
+    """
+    from sklearn import metrics  # pylint: disable=import-outside-toplevel
+    train = np.asarray(loss_train, dtype=np.float64).ravel()
+    heldout = np.asarray(loss_heldout, dtype=np.float64).ravel()
+    if train.size == 0 or heldout.size == 0:
+        raise ValueError("membership inference needs train and held-out examples")
+    if not (np.all(np.isfinite(train)) and np.all(np.isfinite(heldout))):
+        raise ValueError("per-example losses must be finite")
+    labels = np.concatenate([np.ones(train.size), np.zeros(heldout.size)])
+    scores = -np.concatenate([train, heldout])
+    fpr, tpr, _ = metrics.roc_curve(labels, scores)
+    return MembershipInference(float(metrics.roc_auc_score(labels, scores)),
+                               float(np.max(tpr - fpr)), int(train.size), int(heldout.size))
+
+
+def one_run_epsilon_lower_bound(correct: int, guesses: int, beta: float = 0.05) -> float:
+    """Largest ε with ``P[Binomial(guesses, e^ε/(1+e^ε)) ≥ correct] ≤ beta`` (0 if none).
+
+    Steinke, Nasr & Jagielski (2023), Thm. 3.1: with confidence 1 − β the training run is not
+    ε'-DP for any ε' below the returned value.
+    """
+    if guesses < 1 or not 0 <= correct <= guesses:
+        raise ValueError(f"need 0 <= correct <= guesses, guesses >= 1; got {correct}/{guesses}")
+    if not 0.0 < beta < 1.0:
+        raise ValueError(f"beta must lie in (0, 1), got {beta!r}")
+
+    def tail(eps: float) -> float:  # P[Bin(r, p_eps) >= correct], increasing in eps
+        return float(stats.binom.sf(correct - 1, guesses, 1.0 / (1.0 + math.exp(-eps))))
+
+    if tail(0.0) > beta:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    while tail(hi) <= beta:
+        lo, hi = hi, 2.0 * hi
+        if hi > 100.0:
+            return lo
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if tail(mid) <= beta:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+@dataclasses.dataclass(frozen=True)
+class OneRunAudit:
+    """Result of :func:`one_run_audit`: guesses, correct guesses and the ε lower bound."""
+
+    num_canaries: int
+    included: int
+    guesses: int
+    correct: int
+    epsilon_lower_bound: float
+    beta: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def one_run_audit(train_and_score: Callable[[np.ndarray], np.ndarray], num_canaries: int,
+                  guesses_per_side: int, *, beta: float = 0.05,
+                  rng: Optional[np.random.Generator] = None) -> OneRunAudit:
+    """Auditing in one training run (Steinke, Nasr & Jagielski 2023, Alg. 1).
+
+    Args:
+      train_and_score: given the boolean inclusion mask of the canaries, trains ONE model on the
+        data plus the included canaries and returns a loss per canary (all of them).
+      num_canaries: m.
+      guesses_per_side: k: "in" for the k lowest losses, "out" for the k highest (2k ≤ m).
+      beta: 1 − confidence of the bound.
+      rng: draws the inclusion mask (fresh OS entropy by default).
+    """
+    if not 1 <= 2 * guesses_per_side <= num_canaries:
+        raise ValueError(f"need 1 <= 2 * guesses_per_side <= num_canaries, got "
+                         f"{guesses_per_side}, {num_canaries}")
+    gen = np.random.default_rng() if rng is None else rng
+    include = gen.random(num_canaries) < 0.5
+    losses = np.asarray(train_and_score(include.copy()), dtype=np.float64).reshape(num_canaries)
+    order = np.argsort(losses, kind="stable")
+    k = guesses_per_side
+    correct = int(include[order[:k]].sum() + (~include[order[-k:]]).sum())
+    return OneRunAudit(num_canaries, int(include.sum()), 2 * k, correct,
+                       one_run_epsilon_lower_bound(correct, 2 * k, beta), float(beta))
