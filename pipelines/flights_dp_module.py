@@ -28,7 +28,8 @@ raw label removed from serving requests).
 
 Every run_fn exports a serving SavedModel (``serving_default``: serialized raw tf.Example in,
 ``predictions`` out) and reports its DP guarantee; it never evaluates on the eval split (that is
-the DP validator's job: non-DP metrics would leak).
+the DP validator's job: non-DP metrics would leak), except for the opt-in membership-inference
+audit of ``dpsgd_run_fn`` (``membership_audit``), which is not DP and is stored for the data owner.
 """
 from __future__ import annotations
 
@@ -61,6 +62,7 @@ DPSGD_DEFAULTS = {
     "learning_rate": 0.05,
     "accountant": "rdp",
     "seed": None,
+    "membership_audit": None,
 }
 
 
@@ -68,11 +70,11 @@ def _config(fn_args: Any) -> dict:
     return dict(fn_args.custom_config or {})
 
 
-def _task_data(fn_args: Any, config: dict, task: str):
-    """(columns, features, labels, label_scale) of the train split; unlabeled rows dropped."""
+def _task_data(fn_args: Any, config: dict, task: str, split: str = "train"):
+    """(columns, features, labels, label_scale) of ``split``; unlabeled rows dropped."""
     columns = dp.columns_from_config(config.get("features", DEFAULT_FEATURES))
     label_key = config.get("label", LABEL_KEY)
-    data = dp.read_split(fn_args, "train", columns, label_key=label_key)
+    data = dp.read_split(fn_args, split, columns, label_key=label_key)
     has_label = ~np.isnan(data.labels)
     x = data.features[has_label]
     raw_y = data.labels[has_label]
@@ -100,7 +102,9 @@ def dpsgd_run_fn(fn_args: Any) -> None:
     custom_config: ``task`` (regression | classification), ``hidden_units``, ``epochs``,
     ``batch_size`` (basic parts; an rdp part fixes both), ``l2_norm_clip``, ``learning_rate``,
     ``accountant`` (rdp | pld, basic parts), ``features``, ``label``, ``label_bounds``,
-    ``label_threshold``, ``seed`` (tests only).
+    ``label_threshold``, ``seed`` (initial weights only), ``membership_audit`` (the name of a
+    held-out split: the membership-inference audit of train vs that split is written into the
+    Model artifact; not DP, off by default).
     """
     import tensorflow as tf
     from sage_tfx.dp import keras_dpsgd
@@ -125,6 +129,9 @@ def dpsgd_run_fn(fn_args: Any) -> None:
         seed=config["seed"])
     dp.export_serving_model(fn_args, model, columns, kinds=data.kinds,
                             label_key=_raw_label(config), output_scale=scale)
+    if config.get("membership_audit"):
+        _, _, x_held, y_held, _ = _task_data(fn_args, config, task, config["membership_audit"])
+        dp.report_membership_inference(fn_args, model, loss, (x, y), (x_held, y_held))
     dp.report_guarantee(fn_args, run, trained_steps=trained_steps, task=task,
                         hidden_units=hidden, learning_rate=float(config["learning_rate"]))
 

@@ -57,7 +57,8 @@ ACCEPT, REJECT, RETRY, DENIED = "ACCEPT", "REJECT", "RETRY", "DENIED"
 BLESSING_PROPERTIES = (
     validator_spec.BLESSED_PROPERTY, validator_spec.OUTCOME_PROPERTY,
     validator_spec.METRIC_NAME_PROPERTY, *validator_spec.RESULT_FLOAT_PROPERTIES,
-    validator_spec.LOSS_BOUND_PROPERTY, validator_spec.GRANT_ID_PROPERTY)
+    validator_spec.LOSS_BOUND_PROPERTY, validator_spec.GRANT_ID_PROPERTY,
+    validator_spec.MEMBERSHIP_AUC_PROPERTY, validator_spec.MEMBERSHIP_ADVANTAGE_PROPERTY)
 
 
 def create_pipeline(*, pipeline_name: str, pipeline_root: str, metadata_path: str,

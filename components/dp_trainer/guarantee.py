@@ -54,6 +54,8 @@ RESERVED_PREFIX = "sage_"
 TRAIN_PART_CONFIG_KEY = "sage_train_part"        # PlanPart.to_dict() of the plan's "train" part
 GRANT_ID_CONFIG_KEY = "sage_grant_id"            # the grant the run spends
 GUARANTEE_PATH_CONFIG_KEY = "sage_guarantee_path"  # where report_guarantee writes
+# The membership-inference audit a run_fn may add to the Model artifact (not DP: an audit).
+MEMBERSHIP_FILE_NAME = "membership_inference.json"
 NUM_TRAIN_RECORDS_CONFIG_KEY = "sage_num_train_records"  # records in the train split(s)
 REPORT_DELTA_CONFIG_KEY = "sage_report_delta"    # rdp parts: δ at which ε is reported
 

@@ -33,6 +33,7 @@ Validation is the DP validator's job.
 from __future__ import annotations
 
 import json
+import os
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
@@ -176,6 +177,40 @@ def report_guarantee(fn_args: Any, guarantee: Any, *, algorithm: Optional[str] =
                                        num_examples=num_examples, **extra)
     path = _config(fn_args)[guarantee_lib.GUARANTEE_PATH_CONFIG_KEY]
     with fileio.open(path, "w") as f:
+        f.write(json.dumps(report, sort_keys=True, indent=1))
+    return report
+
+
+def per_example_losses(model: Any, loss: Any, features: Any, labels: Any) -> np.ndarray:
+    """``loss`` (a ``tf.keras.losses.Loss``) of every example, unreduced, as float64."""
+    x = np.asarray(features, dtype=np.float32)
+    y = np.asarray(labels, dtype=np.float32)
+    if y.ndim == 1:
+        y = y[:, None]
+    unreduced = type(loss).from_config({**loss.get_config(), "reduction": "none"})
+    return np.asarray(unreduced(y, model.predict(x, verbose=0, batch_size=1024)),
+                      dtype=np.float64).reshape(len(x))
+
+
+def report_membership_inference(fn_args: Any, model: Any, loss: Any, train: tuple,
+                                heldout: tuple) -> dict:
+    """Writes the loss-threshold membership-inference audit into the Model artifact.
+
+    ``membership_inference.json`` (next to ``dp_guarantee.json``): AUC and attacker advantage of
+    ``sage_tfx.dp.audit.membership_inference`` on ``train`` vs ``heldout`` ((features, labels)
+    each). The DPModelValidator shows it. NOT differentially private: computed from the private
+    training rows, it is an audit for the data owner and is not charged to the ledger; a run_fn
+    writes it only when its configuration asks for it.
+
+    Returns:
+      The report written.
+    """
+    from sage_tfx.dp import audit
+    result = audit.membership_inference(per_example_losses(model, loss, *train),
+                                        per_example_losses(model, loss, *heldout))
+    report = result.to_dict()
+    directory = os.path.dirname(_config(fn_args)[guarantee_lib.GUARANTEE_PATH_CONFIG_KEY])
+    with fileio.open(os.path.join(directory, guarantee_lib.MEMBERSHIP_FILE_NAME), "w") as f:
         f.write(json.dumps(report, sort_keys=True, indent=1))
     return report
 

@@ -48,6 +48,7 @@ from sage_tfx.adaptive import plan as plan_lib
 from sage_tfx.dp import validation
 from sage_tfx.components import artifacts, plan_io
 from sage_tfx.components.block_example_gen.spec import GRANT_ID_PROPERTY as EXAMPLES_GRANT_ID
+from sage_tfx.components.dp_trainer.guarantee import MEMBERSHIP_FILE_NAME
 from sage_tfx.components.dp_validator import spec
 from sage_tfx.errors import MissingGrantError
 
@@ -404,12 +405,25 @@ def _write_marker(blessing: types.Artifact, blessed: bool) -> None:
         spec.BLESSED_PROPERTY, spec.BLESSED_VALUE if blessed else spec.NOT_BLESSED_VALUE)
 
 
+def read_membership_audit(model: types.Artifact) -> Optional[dict]:
+    """The DPTrainer's membership-inference audit of ``model`` (``membership_inference.json``),
+    or None if the run_fn wrote none. Not DP: shown next to the decision, never used by it."""
+    path = os.path.join(model.uri, MEMBERSHIP_FILE_NAME)
+    if not fileio.exists(path):
+        return None
+    with fileio.open(path) as f:
+        return json.loads(f.read())
+
+
 def write_decision(blessing: types.Artifact, result: validation.ValidationResult, *,
-                   loss_bound: float, grant_id: str, model: types.Artifact) -> None:
+                   loss_bound: float, grant_id: str, model: types.Artifact,
+                   membership: Optional[dict] = None) -> None:
     """Writes a validation result as a ModelBlessing: blessed iff the outcome is ACCEPT.
 
     Only the DP quantities of ``result`` are recorded (custom properties, and the full
-    ``result.to_dict()`` in ``validation.json``).
+    ``result.to_dict()`` in ``validation.json``), plus the trainer's membership-inference audit
+    of the model if it wrote one (``membership_auc`` / ``membership_advantage`` properties and
+    ``validation.json["membership_inference"]``; an audit, not a DP quantity).
     """
     _write_marker(blessing, result.outcome == validation.Outcome.ACCEPT)
     blessing.set_string_custom_property(spec.OUTCOME_PROPERTY, result.outcome.value)
@@ -422,8 +436,14 @@ def write_decision(blessing: types.Artifact, result: validation.ValidationResult
     blessing.set_string_custom_property(spec.GRANT_ID_PROPERTY, grant_id)
     blessing.set_string_custom_property(spec.CURRENT_MODEL_PROPERTY, model.uri)
     blessing.set_int_custom_property(spec.CURRENT_MODEL_ID_PROPERTY, model.id)
+    record = result.to_dict()
+    if membership is not None:
+        record["membership_inference"] = membership
+        blessing.set_float_custom_property(spec.MEMBERSHIP_AUC_PROPERTY, float(membership["auc"]))
+        blessing.set_float_custom_property(spec.MEMBERSHIP_ADVANTAGE_PROPERTY,
+                                           float(membership["attacker_advantage"]))
     with fileio.open(os.path.join(blessing.uri, spec.VALIDATION_FILE_NAME), "w") as f:
-        f.write(json.dumps(result.to_dict(), sort_keys=True, indent=2))
+        f.write(json.dumps(record, sort_keys=True, indent=2))
 
 
 class Executor(base_executor.BaseExecutor):
@@ -483,8 +503,13 @@ class Executor(base_executor.BaseExecutor):
         result = validator.validate(values, epsilon=epsilon)
         del values
 
+        membership = read_membership_audit(model_artifact)
         write_decision(blessing, result, loss_bound=config.loss_bound,
-                       grant_id=grant.grant_id, model=model_artifact)
+                       grant_id=grant.grant_id, model=model_artifact, membership=membership)
+        if membership is not None:
+            logging.info("DPModelValidator: trainer's membership-inference audit of the model "
+                         "(not DP): AUC %.3f, attacker advantage %.3f", membership["auc"],
+                         membership["attacker_advantage"])
         # Only DP quantities are logged: the raw loss and example count are never released.
         logging.info("DPModelValidator: grant %s, %s target %s at epsilon=%s, eta=%s: %s "
                      "(DP estimate %.6g, bounds [%.6g, %.6g], DP count %.1f)", grant.grant_id,

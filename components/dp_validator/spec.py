@@ -60,6 +60,9 @@ DELTA_PROPERTY = "delta"
 ETA_PROPERTY = "eta"
 TARGET_PROPERTY = "target"
 LOSS_BOUND_PROPERTY = "loss_bound"
+# The DPTrainer's membership-inference audit of the model, if it wrote one (not DP: shown only).
+MEMBERSHIP_AUC_PROPERTY = "membership_auc"
+MEMBERSHIP_ADVANTAGE_PROPERTY = "membership_advantage"
 GRANT_ID_PROPERTY = "grant_id"
 REASON_PROPERTY = "reason"  # why validation was refused (no usable grant); refusals only
 # Float properties holding the ValidationResult field of the same name. MLMD cannot store

@@ -244,6 +244,29 @@ def test_epsilon_is_exactly_the_plans_validate_part(mods, tmp_path, eval_data, e
     assert result["details"]["count_noise_scale"] == 2.0 / epsilon
 
 
+@pytest.mark.slow
+def test_trainers_membership_audit_is_shown_next_to_the_decision(mods, tmp_path, examples_dir,
+                                                                good_model_uri):
+    """The DPTrainer's membership-inference audit (not DP) is carried into validation.json and
+    the blessing's properties; the decision itself is unchanged by it."""
+    import shutil
+    from sage_tfx.components.dp_trainer.guarantee import MEMBERSHIP_FILE_NAME
+    _, _, spec, _, _ = mods
+    audited = str(tmp_path / "audited_model")
+    shutil.copytree(good_model_uri, audited)
+    report = {"auc": 0.51, "attacker_advantage": 0.04, "num_train": 10, "num_heldout": 10,
+              "differentially_private": False}
+    with open(os.path.join(audited, MEMBERSHIP_FILE_NAME), "w") as f:
+        json.dump(report, f)
+    grant = _grant(mods, tmp_path, _plan(("train", 0.5), ("validate", 1.0)))
+    blessing = _run(mods, tmp_path, grant=grant, model=_model(audited),
+                    examples=_examples(examples_dir))
+    assert blessing.get_float_custom_property("membership_auc") == 0.51
+    assert blessing.get_float_custom_property("membership_advantage") == 0.04
+    assert _validation_json(spec, blessing)["membership_inference"] == report
+    assert blessing.get_string_custom_property("outcome") == "ACCEPT"
+
+
 @pytest.mark.parametrize("target,epsilon", [
     (0.012, 1.0),   # tight target: true loss 0.01 is within the DP + sampling error
     (0.1, 0.01),    # lenient target, but ε too small for the 2000 examples
