@@ -129,18 +129,28 @@ def _threshold_events(sel_a: np.ndarray, sel_b: np.ndarray, num_thresholds: int,
     pooled = np.concatenate([sel_a, sel_b])
     thresholds = np.unique(np.quantile(pooled, np.linspace(0.01, 0.99, num_thresholds)))
     n_a, n_b = sel_a.size, sel_b.size
+    sorted_a, sorted_b = np.sort(sel_a), np.sort(sel_b)
+    # counts of y >= t and y <= t, for every threshold at once
+    ge_a = n_a - np.searchsorted(sorted_a, thresholds, side="left")
+    ge_b = n_b - np.searchsorted(sorted_b, thresholds, side="left")
+    le_a = np.searchsorted(sorted_a, thresholds, side="right")
+    le_b = np.searchsorted(sorted_b, thresholds, side="right")
+    candidates = []  # (upper, side, k_favoured, n_favoured, k_other, n_other)
+    for upper, k_a, k_b in ((True, ge_a, ge_b), (False, le_a, le_b)):
+        candidates.append((upper, "a", k_a, n_a, k_b, n_b))
+        candidates.append((upper, "b", k_b, n_b, k_a, n_a))
     best = (-math.inf, True, "a", float(thresholds[0]))
-    floor = min_fraction * min(n_a, n_b)
-    for t in thresholds:
-        for upper in (True, False):
-            k_a = int(np.sum(sel_a >= t) if upper else np.sum(sel_a <= t))
-            k_b = int(np.sum(sel_b >= t) if upper else np.sum(sel_b <= t))
-            for side, k_x, n_x, k_y, n_y in (("a", k_a, n_a, k_b, n_b), ("b", k_b, n_b, k_a, n_a)):
-                if k_x < floor:
-                    continue
-                loss = epsilon_lower_bound(k_x, n_x, k_y, n_y, alpha=alpha)
-                if loss > best[0]:
-                    best = (loss, upper, side, float(t))
+    for upper, side, k_x, n_x, k_y, n_y in candidates:
+        # the ε lower bound of epsilon_lower_bound, vectorised over thresholds
+        p_x = np.where(k_x > 0, stats.beta.ppf(alpha / 2, np.maximum(k_x, 1), n_x - k_x + 1), 0.0)
+        p_y = np.where(k_y < n_y, stats.beta.ppf(1 - alpha / 2, k_y + 1,
+                                                 np.maximum(n_y - k_y, 1)), 1.0)
+        with np.errstate(divide="ignore"):
+            loss = np.where((k_x >= min_fraction * min(n_a, n_b)) & (p_x > 0),
+                            np.log(np.maximum(p_x, 1e-300) / p_y), -np.inf)
+        i = int(np.argmax(loss))
+        if loss[i] > best[0]:
+            best = (float(loss[i]), upper, side, float(thresholds[i]))
     return best[1], best[2], best[3]
 
 
