@@ -63,9 +63,9 @@ def mechanism_cases(runs: int) -> list[dict]:
 
     extra = np.array([[1.0, 1.0]]) / np.sqrt(2)  # one more record, (Xᵀy)[0] moves by 1/√2
     return [
-        dict(name="count (discrete Laplace)", eps=1.0, delta=0.0, a=100, b=101, runs=runs,
-             release=_vector(lambda v: m.LaplaceMechanism(1.0, 1.0).add_count_noise(v)),
-             broken=_vector(lambda v: noise.discrete_laplace(v, 0.5))),
+        dict(name="count (Laplace)", eps=1.0, delta=0.0, a=100, b=101, runs=runs,
+             release=_vector(lambda v: m.LaplaceMechanism(1.0, 1.0).add_noise(v)),
+             broken=_vector(lambda v: m.LaplaceMechanism(1.0, 0.5).add_noise(v))),
         dict(name="sum [0, 5] (Laplace)", eps=0.5, delta=0.0, a=40.0, b=45.0, runs=runs,
              release=_vector(lambda v: queries.SumQuery(0.0, 5.0, 0.5).mechanism.add_noise(v)),
              broken=_vector(lambda v: m.LaplaceMechanism(0.5, 2.5).add_noise(v))),

@@ -45,7 +45,7 @@ def _bin_counts(x: np.ndarray, edges: tuple[float, ...]) -> np.ndarray:
 
 @dataclasses.dataclass(frozen=True)
 class HistogramQuery(Query):
-    """Counts per public bin [e_i, e_{i+1}) (last bin closed); discrete Laplace noise, L1 sensitivity 1.
+    """Counts per public bin [e_i, e_{i+1}) (last bin closed); Laplace noise, L1 sensitivity 1.
 
     Values outside [e_0, e_last] are clipped into the first/last bin (as ``dp_sum`` clips to its
     bounds); NaN values are dropped.
@@ -65,7 +65,7 @@ class HistogramQuery(Query):
         return _bin_counts(columns[0], self.bin_edges)
 
     def release(self, total: np.ndarray, noise: NoiseSource | None = None) -> Value:
-        return LaplaceMechanism(self.epsilon, 1.0).add_count_noise(total, noise)
+        return LaplaceMechanism(self.epsilon, 1.0).add_noise(total, noise)
 
     def dp_event(self) -> dp_accounting.DpEvent:
         return LaplaceMechanism(self.epsilon, 1.0).dp_event()
@@ -83,9 +83,8 @@ class MinMaxQuery(Query):
 
     The range is cut into ``num_bins`` equal bins and a DP histogram is released; min (max) is the
     left (right) edge of the first (last) bin whose noisy count exceeds the threshold
-    ``scale · ln(num_bins / ((1 + a) β))`` (a = exp(-1/scale)), above which an empty bin's noise rises
-    with probability at most β = ``failure_probability`` over all bins (union bound on the
-    discrete Laplace tails). If no bin
+    ``scale · ln(num_bins / (2 β))``, above which an empty bin's noise rises with probability at
+    most β = ``failure_probability`` over all bins (union bound on Laplace tails). If no bin
     passes, (lower, upper) is returned. The result is exact up to one bin width when every bin
     near the true extremes holds more than about the threshold many records; always
     ``lower <= min < max <= upper``.
@@ -116,10 +115,8 @@ class MinMaxQuery(Query):
     @property
     def threshold(self) -> float:
         """Noisy count a bin must exceed to count as non-empty."""
-        # Discrete Laplace of scale b: P(Z > t) <= P(Z >= t) <= a**t / (1 + a), a = exp(-1/b).
         scale = LaplaceMechanism(self.epsilon, 1.0).scale
-        a = math.exp(-1.0 / scale)
-        return scale * max(0.0, math.log(self.num_bins / ((1.0 + a) * self.failure_probability)))
+        return scale * max(0.0, math.log(self.num_bins / (2.0 * self.failure_probability)))
 
     def zero(self) -> np.ndarray:
         return np.zeros(self.num_bins)
@@ -128,7 +125,7 @@ class MinMaxQuery(Query):
         return _bin_counts(columns[0], self.bin_edges)
 
     def release(self, total: np.ndarray, noise: NoiseSource | None = None) -> Value:
-        noisy = np.asarray(LaplaceMechanism(self.epsilon, 1.0).add_count_noise(total, noise))
+        noisy = np.asarray(LaplaceMechanism(self.epsilon, 1.0).add_noise(total, noise))
         occupied = np.flatnonzero(noisy > self.threshold)
         if occupied.size == 0:
             return np.array([self.lower, self.upper])
@@ -176,7 +173,7 @@ class QuantilesQuery(Query):
         return _bin_counts(columns[0], self.bin_edges)
 
     def release(self, total: np.ndarray, noise: NoiseSource | None = None) -> Value:
-        noisy = np.asarray(LaplaceMechanism(self.epsilon, 1.0).add_count_noise(total, noise))
+        noisy = np.asarray(LaplaceMechanism(self.epsilon, 1.0).add_noise(total, noise))
         counts = np.maximum(noisy, 0.0)
         qs = np.asarray(self.quantiles)
         mass = counts.sum()

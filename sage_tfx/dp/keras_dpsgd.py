@@ -34,6 +34,13 @@ privacy guarantee; the fast path needs every trainable layer in the registry (``
 ``tf.random.normal`` (floating-point Gaussian; Mironov 2012's attack is out of scope, as in every
 TF Privacy model).
 
+What :func:`train_dp_keras` and the DP Trainer run is :func:`make_poisson_dp_model`: the same
+fast clipping, but every example joins every step independently with probability q
+(:func:`poisson_batches`), the noise (``tf.random.Generator`` from OS entropy) is added to the
+clipped *sum* and the result divided by the *expected* batch size q·n — exactly the
+``PoissonSampledDpEvent`` of :func:`sage_tfx.dp.dpsgd.dpsgd_event`. ``make_dp_keras_model`` (shuffled
+fixed-size batches, realised batch size) remains for experiments that compare the two.
+
 TensorFlow is imported inside functions only: importing this module costs nothing.
 """
 from __future__ import annotations

@@ -8,10 +8,12 @@ Privacy assumptions, stated once for every mechanism here:
 
 * Sensitivities come from public clipping bounds, public key domains and public bin edges chosen
   *without looking at the data*.
-* Noise comes from :mod:`sage_tfx.dp.noise`: OpenDP's samplers by default (continuous Laplace /
-  Gaussian on floats, discrete Laplace on integer counts), which are not open to the
-  floating-point attack of Mironov (CCS 2012). The sampler's scale is the textbook calibration,
-  raised by at most a few ulps where needed so that OpenDP's own privacy map of the sampler is
+* Noise comes from :mod:`sage_tfx.dp.noise`: OpenDP's Laplace / Gaussian samplers by default,
+  which are not open to the floating-point attack of Mironov (CCS 2012). Counts get the same
+  continuous Laplace: a discrete Laplace count has the same pure ε but a larger Rényi divergence
+  (its privacy loss is always ±ε), so ``LaplaceDpEvent`` — what the ledger's rdp mode composes;
+  dp_accounting has no discrete-Laplace event — would undercharge it. The sampler's scale is
+  the textbook calibration, raised by at most a few ulps where needed so that OpenDP's own privacy map of the sampler is
   ≤ the ε (ρ) of the DpEvent charged (:func:`secure_laplace_scale`, :func:`secure_gaussian_sigma`).
   Seeded numpy noise (``noise=SeededNoise(seed)``) is for experiments and tests only; it is never
   reachable from a component or pipeline.
@@ -87,7 +89,7 @@ def _raise_until(scale: float, fits) -> float:
 
 @functools.lru_cache(maxsize=1024)
 def secure_laplace_scale(epsilon: float, l1_sensitivity: float, *, integer: bool = False) -> float:
-    """Scale of OpenDP's (discrete) Laplace sampler whose privacy map gives ≤ ``epsilon``.
+    """Scale of OpenDP's Laplace sampler (``integer``: discrete) whose map gives ≤ ``epsilon``.
 
     The textbook ``l1_sensitivity / epsilon``, raised by the few ulps OpenDP's map needs (it
     rounds its ε up), so the sampler that runs is ε-DP by OpenDP's own accounting, never more.
@@ -159,23 +161,6 @@ class LaplaceMechanism:
           A float for a scalar ``value``, else a float64 array of the same shape.
         """
         return noise_source(noise).laplace(value, self.sampler_scale)
-
-    def add_count_noise(self, counts: ArrayLike | float, noise: NoiseSource | None = None) -> Value:
-        """Integer ``counts`` plus discrete Laplace noise (exact, no floating point), as floats.
-
-        Same ε as :meth:`add_noise` for an integer query of integer L1 sensitivity; the output is
-        an integer-valued float (array).
-
-        Raises:
-          ValueError: non-integer counts, or a non-integer sensitivity.
-        """
-        if self.l1_sensitivity != int(self.l1_sensitivity):
-            raise ValueError(f"discrete noise needs an integer sensitivity, got "
-                             f"{self.l1_sensitivity!r}")
-        scale = secure_laplace_scale(self.epsilon, self.l1_sensitivity, integer=True)
-        noisy = noise_source(noise).discrete_laplace(counts, scale)
-        out = np.asarray(noisy, dtype=np.float64)
-        return float(out) if out.ndim == 0 else out
 
     def dp_event(self) -> dp_accounting.LaplaceDpEvent:
         """The dp_accounting event of one application of this mechanism."""

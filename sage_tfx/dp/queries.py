@@ -19,9 +19,9 @@ Privacy assumptions, stated once for every function here:
   contains a NaN).
 * Group-by queries use parallel composition across keys (Sage §3.1: each record has exactly one
   key): the vector of per-key counts has L1 sensitivity 1, not ``len(key_domain)``.
-* Noise comes from OpenDP (:mod:`sage_tfx.dp.noise`): discrete Laplace on integer counts
-  (counts, group-by counts, histograms, the count of a mean), continuous Laplace on clipped sums,
-  both safe from Mironov's floating-point attack. ``noise=SeededNoise(seed)`` (experiments and
+* Noise comes from OpenDP's Laplace sampler (:mod:`sage_tfx.dp.noise`), safe from Mironov's
+  floating-point attack, on counts too (see :mod:`sage_tfx.dp.mechanisms` for why not the
+  discrete Laplace). ``noise=SeededNoise(seed)`` (experiments and
   tests only) makes a release reproducible.
 
 This module imports no TensorFlow.
@@ -149,7 +149,7 @@ class Query:
 
 @dataclasses.dataclass(frozen=True)
 class CountQuery(Query):
-    """Number of records, with discrete Laplace(1/ε) noise (sensitivity 1)."""
+    """Number of records, with Laplace(1/ε) noise (sensitivity 1)."""
 
     epsilon: float
 
@@ -163,7 +163,7 @@ class CountQuery(Query):
         return np.array([float(len(np.asarray(columns[0])))])
 
     def release(self, total: np.ndarray, noise: NoiseSource | None = None) -> Value:
-        return LaplaceMechanism(self.epsilon, 1.0).add_count_noise(total[0], noise)
+        return LaplaceMechanism(self.epsilon, 1.0).add_noise(total[0], noise)
 
     def dp_event(self) -> dp_accounting.DpEvent:
         return LaplaceMechanism(self.epsilon, 1.0).dp_event()
@@ -211,7 +211,7 @@ def _noisy_means(centered_sums: np.ndarray, counts: np.ndarray, lower: float, up
     [lower, upper]; both are post-processing, free of privacy cost.
     """
     half = epsilon / 2.0
-    noisy_counts = LaplaceMechanism(half, 1.0).add_count_noise(counts, noise)
+    noisy_counts = LaplaceMechanism(half, 1.0).add_noise(counts, noise)
     noisy_sums = LaplaceMechanism(half, (upper - lower) / 2.0).add_noise(centered_sums, noise)
     midpoint = (lower + upper) / 2.0
     means = midpoint + np.asarray(noisy_sums) / np.maximum(np.asarray(noisy_counts), 1.0)
@@ -281,7 +281,7 @@ class GroupByCountQuery(Query):
         return np.bincount(idx[idx >= 0], minlength=len(self.key_domain)).astype(np.float64)
 
     def release(self, total: np.ndarray, noise: NoiseSource | None = None) -> Value:
-        return LaplaceMechanism(self.epsilon, 1.0).add_count_noise(total, noise)
+        return LaplaceMechanism(self.epsilon, 1.0).add_noise(total, noise)
 
     def dp_event(self) -> dp_accounting.DpEvent:
         return LaplaceMechanism(self.epsilon, 1.0).dp_event()

@@ -26,9 +26,8 @@ Assumptions stated once for every validator here:
   ``(epsilon, 0)``-DP; ``dp_event(epsilon)`` is exactly what it consumes.
 * Noise is OpenDP's continuous Laplace (:mod:`sage_tfx.dp.noise`), safe from Mironov's
   floating-point attack (CCS'12), at a scale raised by at most a few ulps so that OpenDP's map
-  meets ε/2 per release. The count keeps the *continuous* Laplace (not the discrete one of
-  :mod:`sage_tfx.dp.queries`) so that the DP-noise corrections below, which use its tails, hold
-  as written. ``noise=SeededNoise(seed)`` (experiments and tests only) makes a run reproducible.
+  meets ε/2 per release (continuous Laplace on the count too, so the DP-noise corrections
+  below, which use its tails, hold as written). ``noise=SeededNoise(seed)`` (experiments and tests only) makes a run reproducible.
 * Per-example values are clipped to their range and non-finite values count as the worst value;
   no exception ever depends on the data, since an exception would itself release information.
 

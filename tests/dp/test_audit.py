@@ -27,10 +27,8 @@ def test_clopper_pearson_is_scipys_exact_interval():
 
 
 def _count_release(sensitivity):
-    """Discrete Laplace calibrated (like the mechanism) for ε = 1 at ``sensitivity``."""
-    if sensitivity == 1.0:
-        return lambda x, n: m.LaplaceMechanism(1.0, 1.0).add_count_noise(np.full(n, x))
-    return lambda x, n: noise.discrete_laplace(np.full(n, x), sensitivity / 1.0)
+    """A count's Laplace mechanism calibrated for ε = 1 at ``sensitivity``."""
+    return lambda x, n: m.LaplaceMechanism(1.0, sensitivity).add_noise(np.full(n, x))
 
 
 def test_count_noise_passes_and_halved_sensitivity_is_caught():
