@@ -10,10 +10,10 @@ Privacy assumptions, stated once for every mechanism here:
   *without looking at the data*.
 * Noise comes from :mod:`sage_tfx.dp.noise`: OpenDP's Laplace / Gaussian samplers by default,
   which are not open to the floating-point attack of Mironov (CCS 2012). Counts get the same
-  continuous Laplace: a discrete Laplace count has the same pure ε but a larger Rényi divergence
-  (its privacy loss is always ±ε), so ``LaplaceDpEvent`` — what the ledger's rdp mode composes;
-  dp_accounting has no discrete-Laplace event — would undercharge it. The sampler's scale is
-  the textbook calibration, raised by at most a few ulps where needed so that OpenDP's own privacy map of the sampler is
+  continuous Laplace: a discrete Laplace count has the same pure ε but a worse privacy-loss
+  distribution (always ±ε), so ``LaplaceDpEvent`` would undercharge it under PLD accounting
+  (dp_accounting has no discrete-Laplace event); the continuous sampler is exactly the event
+  charged, for every accountant. The sampler's scale is the textbook calibration, raised by at most a few ulps where needed so that OpenDP's own privacy map of the sampler is
   ≤ the ε (ρ) of the DpEvent charged (:func:`secure_laplace_scale`, :func:`secure_gaussian_sigma`).
   Seeded numpy noise (``noise=SeededNoise(seed)``) is for experiments and tests only; it is never
   reachable from a component or pipeline.
