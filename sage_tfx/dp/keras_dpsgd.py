@@ -6,7 +6,9 @@ add ``N(0, (noise_multiplier · C)²)`` per coordinate, divide by the batch size
 ``layer_registry=make_default_layer_registry()`` so that per-example gradient norms come from the
 "ghost norm" trick (Goodfellow 2015; Li et al. 2022) instead of materialized per-example gradients:
 1.1–1.25x the non-private seconds per epoch for a 64-32-1 MLP, batch 256, on this 2-core machine
-(``benchmarks/bench_dpsgd.py``; per-example-gradient optimizers were 9–17x, shared/reference).
+(``benchmarks/sage/bench_dpsgd.py``; per-example-gradient optimizers were 9–17x). With Poisson
+sampling (below) the same benchmark measured 1.34–1.36x the non-private CPU seconds per epoch on
+a heavily loaded machine (``benchmarks/results/audit/REPORT.md``).
 
 What TF Privacy 0.9 actually computes (read from ``dp_keras_model.py``, ``clip_grads.py`` and
 ``gradient_clipping_utils.add_aggregate_noise``), fast path, ``num_microbatches=None``:
