@@ -28,7 +28,8 @@ raw label removed from serving requests).
 
 Every run_fn exports a serving SavedModel (``serving_default``: serialized raw tf.Example in,
 ``predictions`` out) and reports its DP guarantee; it never evaluates on the eval split (that is
-the DP validator's job: non-DP metrics would leak).
+the DP validator's job: non-DP metrics would leak), except for the opt-in membership-inference
+audit of ``dpsgd_run_fn`` (``membership_audit``), which is not DP and is stored for the data owner.
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ import math
 from typing import Any
 
 import numpy as np
+from absl import logging
 
 from sage_tfx.components.dp_trainer import guarantee as guarantee_lib
 from sage_tfx.components.dp_trainer import run_fn_utils as dp
@@ -61,6 +63,7 @@ DPSGD_DEFAULTS = {
     "learning_rate": 0.05,
     "accountant": "rdp",
     "seed": None,
+    "membership_audit": None,
 }
 
 
@@ -68,11 +71,11 @@ def _config(fn_args: Any) -> dict:
     return dict(fn_args.custom_config or {})
 
 
-def _task_data(fn_args: Any, config: dict, task: str):
-    """(columns, features, labels, label_scale) of the train split; unlabeled rows dropped."""
+def _task_data(fn_args: Any, config: dict, task: str, split: str = "train"):
+    """(columns, features, labels, label_scale) of ``split``; unlabeled rows dropped."""
     columns = dp.columns_from_config(config.get("features", DEFAULT_FEATURES))
     label_key = config.get("label", LABEL_KEY)
-    data = dp.read_split(fn_args, "train", columns, label_key=label_key)
+    data = dp.read_split(fn_args, split, columns, label_key=label_key)
     has_label = ~np.isnan(data.labels)
     x = data.features[has_label]
     raw_y = data.labels[has_label]
@@ -100,7 +103,9 @@ def dpsgd_run_fn(fn_args: Any) -> None:
     custom_config: ``task`` (regression | classification), ``hidden_units``, ``epochs``,
     ``batch_size`` (basic parts; an rdp part fixes both), ``l2_norm_clip``, ``learning_rate``,
     ``accountant`` (rdp | pld, basic parts), ``features``, ``label``, ``label_bounds``,
-    ``label_threshold``, ``seed`` (tests only).
+    ``label_threshold``, ``seed`` (initial weights only), ``membership_audit`` (the name of a
+    held-out split: the membership-inference audit of train vs that split is written into the
+    Model artifact; not DP, off by default).
     """
     import tensorflow as tf
     from sage_tfx.dp import keras_dpsgd
@@ -125,6 +130,14 @@ def dpsgd_run_fn(fn_args: Any) -> None:
         seed=config["seed"])
     dp.export_serving_model(fn_args, model, columns, kinds=data.kinds,
                             label_key=_raw_label(config), output_scale=scale)
+    if config.get("membership_audit"):
+        try:
+            _, _, x_held, y_held, _ = _task_data(fn_args, config, task,
+                                                 config["membership_audit"])
+        except ValueError as e:  # an audit, not part of the guarantee: no held-out rows, no audit
+            logging.warning("membership audit skipped: %s", e)
+        else:
+            dp.report_membership_inference(fn_args, model, loss, (x, y), (x_held, y_held))
     dp.report_guarantee(fn_args, run, trained_steps=trained_steps, task=task,
                         hidden_units=hidden, learning_rate=float(config["learning_rate"]))
 
@@ -138,7 +151,7 @@ def adassp_run_fn(fn_args: Any) -> None:
 
     Rows are [scaled features..., 1] (intercept), so ‖x‖ ≤ √(d + 1) = ``x_bound``; labels are
     clipped and scaled into [-1, 1] (``y_bound`` = 1). custom_config: ``features``, ``label``,
-    ``label_bounds``, ``rho``, ``accountant`` (default pld), ``seed`` (tests only).
+    ``label_bounds``, ``rho``, ``accountant`` (default pld). The noise is always OpenDP's.
     """
     from sage_tfx.dp import adassp
 
@@ -150,7 +163,7 @@ def adassp_run_fn(fn_args: Any) -> None:
     result = adassp.adassp(xi, y.astype(np.float64), epsilon=epsilon, delta=delta,
                            x_bound=math.sqrt(xi.shape[1]), y_bound=1.0,
                            rho=float(config.get("rho", adassp.DEFAULT_RHO)),
-                           accountant=config.get("accountant", "pld"), rng=config.get("seed"))
+                           accountant=config.get("accountant", "pld"))
     model = dp.linear_keras_model(result.weights[:-1], bias=float(result.weights[-1]))
     dp.export_serving_model(fn_args, model, columns, kinds=data.kinds,
                             label_key=_raw_label(config), output_scale=scale)
@@ -162,7 +175,7 @@ def logistic_run_fn(fn_args: Any) -> None:
 
     Rows are [scaled features..., 1] (intercept), ``x_bound`` = √(d + 1). custom_config:
     ``features``, ``label``, ``label_threshold``, ``l2_reg`` (default 1e-2), ``accountant``
-    (default pld), ``seed`` (tests only). Replace-one adjacency (see the module docstring).
+    (default pld); the noise is always OpenDP's. Replace-one adjacency (see the module docstring).
     """
     from sage_tfx.dp import logistic
 
@@ -174,7 +187,7 @@ def logistic_run_fn(fn_args: Any) -> None:
     result = logistic.dp_logistic_regression(
         xi, y.astype(np.float64), epsilon=epsilon, delta=delta,
         l2_reg=float(config.get("l2_reg", 1e-2)), x_bound=math.sqrt(xi.shape[1]),
-        accountant=config.get("accountant", "pld"), rng=config.get("seed"))
+        accountant=config.get("accountant", "pld"))
     model = dp.linear_keras_model(result.weights[:-1], bias=float(result.weights[-1]),
                                   activation="sigmoid")
     dp.export_serving_model(fn_args, model, columns, kinds=data.kinds,

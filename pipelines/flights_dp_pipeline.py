@@ -57,7 +57,8 @@ ACCEPT, REJECT, RETRY, DENIED = "ACCEPT", "REJECT", "RETRY", "DENIED"
 BLESSING_PROPERTIES = (
     validator_spec.BLESSED_PROPERTY, validator_spec.OUTCOME_PROPERTY,
     validator_spec.METRIC_NAME_PROPERTY, *validator_spec.RESULT_FLOAT_PROPERTIES,
-    validator_spec.LOSS_BOUND_PROPERTY, validator_spec.GRANT_ID_PROPERTY)
+    validator_spec.LOSS_BOUND_PROPERTY, validator_spec.GRANT_ID_PROPERTY,
+    validator_spec.MEMBERSHIP_AUC_PROPERTY, validator_spec.MEMBERSHIP_ADVANTAGE_PROPERTY)
 
 
 def create_pipeline(*, pipeline_name: str, pipeline_root: str, metadata_path: str,
@@ -67,8 +68,7 @@ def create_pipeline(*, pipeline_name: str, pipeline_root: str, metadata_path: st
                     trainer_config: Optional[dict] = None, metric: str = "loss",
                     target: float, loss_bound: Optional[float] = None,
                     eta: float = DEFAULT_ETA, serving_model_dir: str,
-                    use_transform: bool = True,
-                    validator_seed: Optional[int] = None) -> tfx.dsl.Pipeline:
+                    use_transform: bool = True) -> tfx.dsl.Pipeline:
     """Builds SageGate → BlockExampleGen → ImportSchemaGen → DPTransform → DPTrainer →
     DPModelValidator → Pusher (everything after the gate under ``Cond(granted == 1)``).
 
@@ -97,8 +97,6 @@ def create_pipeline(*, pipeline_name: str, pipeline_root: str, metadata_path: st
       use_transform: run DPTransform and train on its DP features; False trains on the raw
         records with the module's public-bound featurization (then the plan has no transform
         part).
-      validator_seed: seeds the validator's DP noise; tests only (a known seed removes the
-        privacy of the validation).
 
     Returns:
       The pipeline.
@@ -149,7 +147,7 @@ def create_pipeline(*, pipeline_name: str, pipeline_root: str, metadata_path: st
             examples=example_gen.outputs["examples"], model=trainer.outputs["model"],
             grant=gate.outputs["grant"], label_key=LABEL_KEY, target=target,
             metric=flights_plan.LOSS, loss_bound=bound, eta=eta,
-            prediction_key=flights_plan.PREDICTION_KEY, seed=validator_seed)
+            prediction_key=flights_plan.PREDICTION_KEY)
         pusher = tfx.components.Pusher(
             model=trainer.outputs["model"], model_blessing=validator.outputs["blessing"],
             push_destination=tfx.proto.PushDestination(

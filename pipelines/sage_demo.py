@@ -90,7 +90,7 @@ def make_statistic_iteration(ledger, target: float, eta: float):
                                   delta=delta)
         values = read_float_feature(decision.grant.locations, "dep_delay")
         values = np.clip(values + MEAN_DELAY_SHIFT, 0.0, MEAN_DELAY_BOUND)
-        result = validator.validate(values, epsilon=epsilon, rng=np.random.default_rng())
+        result = validator.validate(values, epsilon=epsilon)  # OpenDP noise
         estimate = result.dp_estimate - MEAN_DELAY_SHIFT
         return result.outcome, {"dp_mean_dep_delay": estimate, "error_bound": result.upper_bound}
 
@@ -156,10 +156,12 @@ def pipelines_for(args) -> list[PipelineSpec]:
                      arrive_at=0, iteration_kwargs=(
                          ("algorithm", args.lr_algorithm), ("target", args.lr_target),
                          ("metric", "loss"), ("eta", args.eta))),
-        # A DP-SGD network (one hidden layer, TF Privacy fast clipping).
+        # A DP-SGD network (one hidden layer, TF Privacy fast clipping, Poisson sampling), with
+        # the trainer's membership-inference audit (train vs eval; not DP) shown in the summary.
         PipelineSpec("delay-nn", SearchConfig(epsilon0=0.1, min_blocks=args.min_days, **common),
                      arrive_at=2, iteration_kwargs=(
-                         ("algorithm", "dpsgd"), ("trainer_config", {"hidden_units": [16]}),
+                         ("algorithm", "dpsgd"), ("trainer_config", {"hidden_units": [16],
+                                                                "membership_audit": "eval"}),
                          ("target", args.nn_target), ("metric", "loss"), ("eta", args.eta))),
     ]
 

@@ -51,7 +51,8 @@ PUBLIC_API: dict[str, tuple[str, ...]] = {
     "sage_tfx.dp.dpsgd": (
         "dpsgd_event", "dpsgd_epsilon", "calibrate_noise_multiplier", "dpsgd_guarantee",
         "DPGuarantee"),
-    "sage_tfx.dp.keras_dpsgd": ("make_dp_keras_model", "compile_dp", "train_dp_keras"),
+    "sage_tfx.dp.keras_dpsgd": ("make_dp_keras_model", "compile_dp", "train_dp_keras",
+                                "make_poisson_dp_model", "poisson_batches"),
     "sage_tfx.dp.adassp": ("adassp", "AdaSSPResult"),
     "sage_tfx.dp.logistic": ("dp_logistic_regression", "DPLogisticResult"),
     "sage_tfx.dp.validation": (
@@ -90,4 +91,8 @@ PUBLIC_API: dict[str, tuple[str, ...]] = {
     "sage_tfx.ptk.service": ("create_app", "serve", "main"),
     "sage_tfx.components.ptk_trainer.component": ("PTKTrainer",),
     "sage_tfx.components.ptk_featurizer.component": ("PTKFeaturizer",),
+    # Trustworthy DP: Poisson DP-SGD, empirical privacy audits.
+    "sage_tfx.dp.audit": (
+        "audit_mechanism", "epsilon_lower_bound", "clopper_pearson", "membership_inference",
+        "one_run_audit", "one_run_epsilon_lower_bound", "textbook_laplace_reachable"),
 }

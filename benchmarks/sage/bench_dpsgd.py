@@ -1,7 +1,10 @@
-"""Benchmark: DP-SGD (DPSequential + fast clipping) vs non-DP training, seconds per epoch.
+"""Benchmark: Poisson DP-SGD (fast clipping) vs non-DP training, seconds per epoch.
 
-Same MLP (64-32-1, ReLU), same data, same optimizer (Adam), same tf.data pipeline
-(``keras_dpsgd.shuffled_batches``: shuffled batches of 256, last partial batch dropped). Steady
+Same MLP (64-32-1, ReLU), same data, same optimizer (Adam), same number of steps per epoch
+(``rows // batch``). Non-DP reads ``keras_dpsgd.shuffled_batches`` (shuffled batches of 256, last
+partial batch dropped); DP-SGD is what the DP Trainer runs: ``keras_dpsgd.poisson_batches``
+(every example independently with q = 256 / rows per step) and ``make_poisson_dp_model`` (fast
+clipping, noisy sum divided by the expected batch size). Steady
 state: the first epoch (tracing) is skipped. Rounds alternate non-DP / DP so that load from other
 processes hits both alike. Reported: wall medians and minima (least disturbed epochs), and
 process CPU seconds (the work done; robust to other load on a shared machine).
@@ -64,7 +67,8 @@ def load_data(rows: int, seed: int, synthetic: bool = False
 
 
 def model_builders(tf: Any, input_shape: Sequence[int], *, l2_norm_clip: float,
-                   noise_multiplier: float) -> dict[str, Callable[[], Any]]:
+                   noise_multiplier: float, batch_size: int = 256
+                   ) -> dict[str, Callable[[], Any]]:
     """Zero-argument builders of fresh compiled models: the same MLP, non-DP and DP-SGD."""
 
     def non_dp_model():
@@ -75,16 +79,26 @@ def model_builders(tf: Any, input_shape: Sequence[int], *, l2_norm_clip: float,
         return model
 
     def dp_model():
-        model = keras_dpsgd.make_dp_keras_model(
+        model = keras_dpsgd.make_poisson_dp_model(
             keras_dpsgd.mlp_layers(HIDDEN_UNITS), input_shape=input_shape,
-            l2_norm_clip=l2_norm_clip, noise_multiplier=noise_multiplier)
+            l2_norm_clip=l2_norm_clip, noise_multiplier=noise_multiplier,
+            expected_batch_size=batch_size)
         return keras_dpsgd.compile_dp(model, loss=tf.keras.losses.MeanSquaredError(),
                                       optimizer=tf.keras.optimizers.Adam(1e-3))
 
     return {NON_DP: non_dp_model, DP: dp_model}
 
 
-def epoch_seconds(tf, model, dataset, epochs: int) -> tuple[list[float], list[float], float]:
+def datasets(x: np.ndarray, y: np.ndarray, batch_size: int, epochs: int, seed: int
+             ) -> dict[str, Any]:
+    """Per model, the training data of ``epochs`` epochs of ``len(x) // batch_size`` steps."""
+    steps = len(x) // batch_size
+    return {NON_DP: keras_dpsgd.shuffled_batches(x, y, batch_size, seed),
+            DP: keras_dpsgd.poisson_batches(x, y, batch_size / len(x), steps * epochs)}
+
+
+def epoch_seconds(tf, model, dataset, epochs: int,
+                  steps_per_epoch: Optional[int] = None) -> tuple[list[float], list[float], float]:
     """Wall and process-CPU seconds of each epoch of ``model.fit``, and the final training loss.
 
     CPU seconds (all threads of this process) measure the work done and are far less disturbed
@@ -101,7 +115,8 @@ def epoch_seconds(tf, model, dataset, epochs: int) -> tuple[list[float], list[fl
             wall.append(time.perf_counter() - self.start[0])
             cpu.append(time.process_time() - self.start[1])
 
-    history = model.fit(dataset, epochs=epochs, verbose=0, callbacks=[Timer()])
+    history = model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch, verbose=0,
+                        callbacks=[Timer()])
     return wall, cpu, float(history.history["loss"][-1])
 
 
@@ -161,15 +176,16 @@ def epoch_benchmark(x: np.ndarray, y: np.ndarray, *, batch_size: int = 256, epoc
     _check_sizes(len(x), batch_size, epochs, rounds, min_epochs=2)
     tf, _, _ = keras_dpsgd.import_tf_privacy()
     tf.keras.utils.set_random_seed(seed)
-    dataset = keras_dpsgd.shuffled_batches(x, y, batch_size, seed)
     builders = model_builders(tf, x.shape[1:], l2_norm_clip=l2_norm_clip,
-                              noise_multiplier=noise_multiplier)
+                              noise_multiplier=noise_multiplier, batch_size=batch_size)
     wall: dict[str, list[float]] = {m: [] for m in MODELS}
     cpu: dict[str, list[float]] = {m: [] for m in MODELS}
     loss: dict[str, float] = {}
     for _ in range(rounds):
+        data = datasets(x, y, batch_size, epochs, seed)  # fresh Poisson samples every round
         for label in MODELS:
-            w, c, loss[label] = epoch_seconds(tf, builders[label](), dataset, epochs)
+            w, c, loss[label] = epoch_seconds(tf, builders[label](), data[label], epochs,
+                                              len(x) // batch_size)
             wall[label].extend(w[1:])  # skip the first epoch (tracing)
             cpu[label].extend(c[1:])
     return EpochTimes(wall, cpu, loss, rows=len(x), batch_size=batch_size, epochs=epochs,
@@ -211,7 +227,7 @@ def model_benchmark(x: np.ndarray, y: np.ndarray, *, sizes: Sequence[int], epoch
     tf, _, _ = keras_dpsgd.import_tf_privacy()
     tf.keras.utils.set_random_seed(seed)
     builders = model_builders(tf, x.shape[1:], l2_norm_clip=l2_norm_clip,
-                              noise_multiplier=noise_multiplier)
+                              noise_multiplier=noise_multiplier, batch_size=batch_size)
     out: list[dict] = []
     for n in sizes:
         wall: dict[str, list[float]] = {m: [] for m in MODELS}
@@ -221,8 +237,9 @@ def model_benchmark(x: np.ndarray, y: np.ndarray, *, sizes: Sequence[int], epoch
             for label in MODELS:
                 t0 = (time.perf_counter(), time.process_time())
                 model = builders[label]()
-                dataset = keras_dpsgd.shuffled_batches(x[:n], y[:n], batch_size, seed)
-                history = model.fit(dataset, epochs=epochs, verbose=0)
+                dataset = datasets(x[:n], y[:n], batch_size, epochs, seed)[label]
+                history = model.fit(dataset, epochs=epochs, steps_per_epoch=n // batch_size,
+                                    verbose=0)
                 wall[label].append(time.perf_counter() - t0[0])
                 cpu[label].append(time.process_time() - t0[1])
                 loss[label] = float(history.history["loss"][-1])
@@ -259,8 +276,9 @@ def main() -> None:
 
     print(f"data: {name}; MLP 64-32-1; Adam 1e-3; batch {args.batch_size}; "
           f"{t.steps_per_epoch} steps/epoch; {args.epochs} epochs x {args.rounds} rounds")
-    print(f"DP: DPSequential fast clipping, l2_norm_clip={args.l2_norm_clip}, "
-          f"noise_multiplier={args.noise_multiplier}, use_xla=False")
+    print(f"DP: Poisson-sampled DP-SGD (q = {args.batch_size}/{args.rows}), fast clipping, "
+          f"l2_norm_clip={args.l2_norm_clip}, noise_multiplier={args.noise_multiplier}, "
+          "noisy sum / expected batch size, use_xla=False")
     for label in MODELS:
         print(f"{label:>7}: wall s/epoch median {statistics.median(t.wall[label]):.4f} "
               f"min {min(t.wall[label]):.4f}; CPU s/epoch median "

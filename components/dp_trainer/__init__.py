@@ -9,6 +9,7 @@ from sage_tfx._lazy import lazy_exports
 _LAZY = {
     "DPTrainer": "sage_tfx.components.dp_trainer.component",
     "report_guarantee": "sage_tfx.components.dp_trainer.run_fn_utils",
+    "report_membership_inference": "sage_tfx.components.dp_trainer.run_fn_utils",
     "train_part": "sage_tfx.components.dp_trainer.run_fn_utils",
     "dpsgd_noise_for": "sage_tfx.components.dp_trainer.run_fn_utils",
     "DPSGDRun": "sage_tfx.components.dp_trainer.guarantee",

@@ -184,8 +184,10 @@ class Executor(trainer_executor.GenericExecutor):
         model_artifact = artifact_utils.get_single_instance(output_dict[spec.MODEL_KEY])
         fileio.makedirs(model_artifact.uri)
         report_path = os.path.join(model_artifact.uri, guarantee_lib.GUARANTEE_FILE_NAME)
-        if fileio.exists(report_path):  # a retry must not inherit the previous attempt's report
-            fileio.remove(report_path)
+        for stale in (report_path, os.path.join(model_artifact.uri,
+                                                guarantee_lib.MEMBERSHIP_FILE_NAME)):
+            if fileio.exists(stale):  # a retry must not inherit the previous attempt's reports
+                fileio.remove(stale)
         config.update({
             guarantee_lib.TRAIN_PART_CONFIG_KEY: part.to_dict(),
             guarantee_lib.GRANT_ID_CONFIG_KEY: grant.grant_id,

@@ -13,12 +13,12 @@ from those parameters alone, with dp_accounting, and accepts the model only if i
   reported hyper-parameters must be the ones the event describes. ε is then reported at a δ the
   executor chooses (the part's ``delta`` param, else the stream's δ_g).
 
-DP-SGD accounting assumptions (``sage_tfx.dp.dpsgd``): Poisson sampling with ``q = batch_size / n``
-accounted, shuffled fixed-size batches run (the common approximation); add-or-remove-one
-adjacency; one example per microbatch. In ``rdp`` mode the plan fixes q, σ and the number of steps
-T up front; the trainer runs exactly T steps of shuffled fixed batches of ``round(q · n)`` examples
-(n = the real number of training examples), so the realized batch fraction differs from the
-accounted q by at most ``1 / (2n)`` — part of the same fixed-batch approximation.
+DP-SGD accounting (``sage_tfx.dp.dpsgd``): Poisson sampling with ``q = batch_size / n`` accounted
+and run (``sage_tfx.dp.keras_dpsgd.poisson_batches``: every example joins every step
+independently with probability q; the noisy clipped-gradient sum is divided by the expected batch
+size q·n); add-or-remove-one adjacency; one example per microbatch. In ``rdp`` mode the plan
+fixes q, σ and the number of steps T up front; the trainer runs exactly T steps sampling with
+that q (``batch_size`` = ``round(q · n)`` is only the nominal size it reports).
 
 This module imports no TensorFlow or TFX: it is plain accounting on dicts.
 """
@@ -43,7 +43,7 @@ LOGISTIC = "logistic"
 ALGORITHMS = (DPSGD, ADASSP, LOGISTIC)
 
 # The sampling scheme recorded on the model (what the accounting assumed, what training ran).
-DPSGD_SAMPLING = "poisson (approximated by shuffled fixed batches)"
+DPSGD_SAMPLING = "poisson (each example independently with probability q per step)"
 FULL_BATCH_SAMPLING = "none (one pass over the whole dataset)"
 
 # The report the run_fn writes (then replaced by the verified record), in the Model artifact.
@@ -54,6 +54,8 @@ RESERVED_PREFIX = "sage_"
 TRAIN_PART_CONFIG_KEY = "sage_train_part"        # PlanPart.to_dict() of the plan's "train" part
 GRANT_ID_CONFIG_KEY = "sage_grant_id"            # the grant the run spends
 GUARANTEE_PATH_CONFIG_KEY = "sage_guarantee_path"  # where report_guarantee writes
+# The membership-inference audit a run_fn may add to the Model artifact (not DP: an audit).
+MEMBERSHIP_FILE_NAME = "membership_inference.json"
 NUM_TRAIN_RECORDS_CONFIG_KEY = "sage_num_train_records"  # records in the train split(s)
 REPORT_DELTA_CONFIG_KEY = "sage_report_delta"    # rdp parts: δ at which ε is reported
 
@@ -78,12 +80,13 @@ class DPSGDRun:
       mode: ``"basic"`` (σ calibrated to the part's (ε, δ)) or ``"rdp"`` (σ, q, T from the event).
       noise_multiplier: σ, noise std / ``l2_norm_clip`` on the summed clipped gradients.
       l2_norm_clip: Per-example gradient clipping norm C.
-      batch_size: Examples per training step (fixed, shuffled batches).
+      batch_size: Nominal examples per step (expected size under Poisson sampling; rdp:
+        ``round(q · n)``).
       num_examples: n, the real number of training examples.
       steps: Exactly the number of DP-SGD steps to run (and accounted).
       epochs: ``steps · batch_size / n`` (rdp; may be fractional) or the requested epochs (basic).
       sampling_probability: The accounted q (``batch_size / n`` in basic mode; the event's q in
-        rdp mode, which ``batch_size / n`` approximates).
+        rdp mode), the probability training samples each example with.
       epsilon: ε of ``event`` at ``delta`` by ``accountant``.
       delta: δ.
       accountant: ``"rdp"`` or ``"pld"``.
@@ -132,7 +135,7 @@ def parse_dpsgd_event(event: Any) -> tuple[float, float, int]:
 
 
 def fixed_batch_size(sampling_probability: float, num_examples: int) -> int:
-    """``round(q · n)``: the fixed batch size that approximates Poisson sampling with rate q.
+    """``round(q · n)``: the nominal batch size of Poisson sampling with rate q (reported).
 
     Raises:
       GuaranteeMismatchError: the batch would be empty (q · n < 0.5).
@@ -154,7 +157,7 @@ def dpsgd_run_for_part(part: plan_lib.PlanPart, *, num_examples: int, batch_size
       ``batch_size`` / ``epochs`` over the real ``num_examples`` is (ε, δ)-DP for ``accountant``;
       the run has ``ceil(epochs · n / batch_size)`` steps.
     * rdp part: ``batch_size`` and ``epochs`` are ignored: the event fixes σ, q and the steps T;
-      the batch size is ``round(q · n)`` (fixed-batch approximation of Poisson sampling) and ε is
+      the nominal batch size is ``round(q · n)`` (training samples with q itself) and ε is
       reported at ``report_delta`` by the RDP accountant.
 
     Raises:

@@ -33,6 +33,7 @@ Validation is the DP validator's job.
 from __future__ import annotations
 
 import json
+import os
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
@@ -102,7 +103,7 @@ def dpsgd_noise_for(fn_args: Any, num_examples: int, batch_size: int, epochs: fl
       (``sage_tfx.dp.dpsgd.calibrate_noise_multiplier``, ``accountant``).
     * rdp part: the event fixes σ, the sampling probability q and the steps T;
       ``batch_size`` / ``epochs`` / ``accountant`` are ignored, the batch size is
-      ``round(q · num_examples)`` (fixed shuffled batches approximating Poisson sampling) and
+      ``round(q · num_examples)`` (reported; training samples each example with q itself) and
       exactly T steps must run. Events of any other shape are refused.
 
     Args:
@@ -180,6 +181,40 @@ def report_guarantee(fn_args: Any, guarantee: Any, *, algorithm: Optional[str] =
     return report
 
 
+def per_example_losses(model: Any, loss: Any, features: Any, labels: Any) -> np.ndarray:
+    """``loss`` (a ``tf.keras.losses.Loss``) of every example, unreduced, as float64."""
+    x = np.asarray(features, dtype=np.float32)
+    y = np.asarray(labels, dtype=np.float32)
+    if y.ndim == 1:
+        y = y[:, None]
+    unreduced = type(loss).from_config({**loss.get_config(), "reduction": "none"})
+    return np.asarray(unreduced(y, model.predict(x, verbose=0, batch_size=1024)),
+                      dtype=np.float64).reshape(len(x))
+
+
+def report_membership_inference(fn_args: Any, model: Any, loss: Any, train: tuple,
+                                heldout: tuple) -> dict:
+    """Writes the loss-threshold membership-inference audit into the Model artifact.
+
+    ``membership_inference.json`` (next to ``dp_guarantee.json``): AUC and attacker advantage of
+    ``sage_tfx.dp.audit.membership_inference`` on ``train`` vs ``heldout`` ((features, labels)
+    each). The DPModelValidator shows it. NOT differentially private: computed from the private
+    training rows, it is an audit for the data owner and is not charged to the ledger; a run_fn
+    writes it only when its configuration asks for it.
+
+    Returns:
+      The report written.
+    """
+    from sage_tfx.dp import audit
+    result = audit.membership_inference(per_example_losses(model, loss, *train),
+                                        per_example_losses(model, loss, *heldout))
+    report = result.to_dict()
+    directory = os.path.dirname(_config(fn_args)[guarantee_lib.GUARANTEE_PATH_CONFIG_KEY])
+    with fileio.open(os.path.join(directory, guarantee_lib.MEMBERSHIP_FILE_NAME), "w") as f:
+        f.write(json.dumps(report, sort_keys=True, indent=1))
+    return report
+
+
 # ---------------------------------------------------------------------------------------------
 # Training.
 
@@ -188,11 +223,13 @@ def train_dpsgd_keras(features: Any, labels: Any, run: guarantee_lib.DPSGDRun, *
                       loss: Any, optimizer: Any = None, learning_rate: float = 0.01,
                       metrics: Optional[Sequence[Any]] = None, seed: Optional[int] = None
                       ) -> tuple[Any, int]:
-    """Trains a ``DPSequential`` (fast clipping) for exactly ``run.steps`` DP-SGD steps.
+    """Trains a ``PoissonDPSequential`` (fast clipping) for exactly ``run.steps`` DP-SGD steps.
 
-    Shuffled fixed-size batches of ``run.batch_size`` (reshuffled every pass, last partial batch
-    of each pass dropped) with ``run.noise_multiplier`` and ``run.l2_norm_clip``
-    (``sage_tfx.dp.keras_dpsgd``). Keras prints nothing and no training metric is
+    Poisson-sampled batches (every example independently with ``q = run.sampling_probability``,
+    the accounted q), the
+    clipped-gradient sum plus noise ``run.noise_multiplier · run.l2_norm_clip`` divided by the
+    expected batch size (``sage_tfx.dp.keras_dpsgd.make_poisson_dp_model``): exactly the
+    ``PoissonSampledDpEvent`` the run is charged. Keras prints nothing and no training metric is
     written anywhere: they are not DP.
 
     Args:
@@ -201,7 +238,7 @@ def train_dpsgd_keras(features: Any, labels: Any, run: guarantee_lib.DPSGDRun, *
       run: From :func:`dpsgd_noise_for`.
       layers, loss, optimizer, learning_rate, metrics: As in
         ``keras_dpsgd.make_dp_keras_model`` / ``compile_dp``.
-      seed: Tests only (a seeded run has predictable noise).
+      seed: Seeds the initial weights only; the noise and sampling always use OS entropy.
 
     Returns:
       ``(model, trained_steps)``, trained_steps == run.steps.
@@ -218,13 +255,15 @@ def train_dpsgd_keras(features: Any, labels: Any, run: guarantee_lib.DPSGDRun, *
         raise ValueError("features or labels contain NaN or infinite values")
     if seed is not None:
         tf.keras.utils.set_random_seed(int(seed))
-    model = keras_dpsgd.make_dp_keras_model(layers, input_shape=x.shape[1:],
-                                            l2_norm_clip=run.l2_norm_clip,
-                                            noise_multiplier=run.noise_multiplier)
+    q = run.sampling_probability  # the accounted q itself (rdp: the plan's, not batch / n)
+    model = keras_dpsgd.make_poisson_dp_model(layers, input_shape=x.shape[1:],
+                                              l2_norm_clip=run.l2_norm_clip,
+                                              noise_multiplier=run.noise_multiplier,
+                                              expected_batch_size=q * run.num_examples)
     keras_dpsgd.compile_dp(model, loss=loss, optimizer=optimizer, learning_rate=learning_rate,
                            metrics=metrics)
-    batches = keras_dpsgd.shuffled_batches(x, y, run.batch_size, seed).repeat()
-    model.fit(batches, epochs=1, steps_per_epoch=run.steps, verbose=0)
+    batches = keras_dpsgd.poisson_batches(x, y, q, run.steps)
+    model.fit(batches, epochs=1, verbose=0)
     trained = int(model.optimizer.iterations.numpy())
     if trained != run.steps:
         raise RuntimeError(f"DP-SGD ran {trained} steps but {run.steps} were accounted")

@@ -10,11 +10,12 @@ a ``tft.experimental.ptransform_analyzer`` whose Beam PTransform
 1. computes exact additive partial aggregates of each batch (numpy, ``sage_tfx.dp.mechanisms``
    queries),
 2. combines them globally, and
-3. adds noise with numpy in one ``Map`` after the global combine,
+3. adds noise (OpenDP, :mod:`sage_tfx.dp.noise`) in one ``Map`` after the global combine,
 
 so the noise is drawn exactly once per Transform run and only the noisy value reaches the
 transform graph, as a constant shared by every instance. The queries are the same objects the
-numpy reference functions of ``sage_tfx.dp.mechanisms`` run, so for one seed both give the same value.
+numpy reference functions of ``sage_tfx.dp.queries`` run, so for one noise source both give the same
+value.
 
 Budget. Every analyzer charges its ε to the active :class:`DPBudget` and raises
 :class:`DPBudgetExceededError` before building anything if the charge does not fit. Run a
@@ -38,9 +39,11 @@ same, and that common spend is what the run costs. One budget accounts for ONE a
 fresh ``DPPreprocessingFn`` for every run (running the analysis twice releases twice, and the
 budget cannot see that; the Beam counter ``noise_draws`` in :data:`METRICS_NAMESPACE` can).
 
-Common keyword arguments of the analyzers: ``seed`` seeds the numpy generator that draws the
-noise, for tests only (analyzers sharing a seed draw correlated noise, which voids the
-composition argument); the default None draws from OS entropy. ``name`` names the analyzer in the
+Common keyword arguments of the analyzers: ``noise`` is the noise source the release draws from;
+None (the default, and the only value components and pipelines use: ``tests/test_layout.py``
+forbids seeded noise there) is OpenDP's samplers, safe from Mironov's floating-point attack. Tests
+may pass seeded noise (``sage_tfx.dp.noise``) to compare with the numpy reference (analyzers sharing a seed draw
+correlated noise, which voids the composition argument). ``name`` names the analyzer in the
 graph and in the budget's spends (made unique per trace).
 
 Privacy assumptions are those of ``sage_tfx.dp.mechanisms``: add-or-remove-one-record adjacency,
@@ -59,7 +62,9 @@ import tensorflow as tf
 import tensorflow_transform as tft
 
 from sage_tfx.dp import histograms
+from sage_tfx.dp import mechanisms
 from sage_tfx.dp import queries
+from sage_tfx.dp.noise import NoiseSource
 from sage_tfx.components.dp_transform.budget import (DPBudget, DPBudgetExceededError, DPPreprocessingFn,
                                                      DPSpend, active_budget, dp_budget)
 
@@ -100,22 +105,22 @@ def _aggregate_batch(batch: Sequence[np.ndarray], query: queries.Query) -> np.nd
     return np.asarray(query.aggregate(*batch), dtype=np.float64)
 
 
-def _release_total(total: np.ndarray, query: queries.Query, seed: Optional[int],
+def _release_total(total: np.ndarray, query: queries.Query, noise: Optional[NoiseSource],
                    shape: Sequence[int], name: str) -> np.ndarray:
     beam.metrics.Metrics.counter(METRICS_NAMESPACE, NOISE_DRAWS_COUNTER).inc()
     beam.metrics.Metrics.counter(METRICS_NAMESPACE, f"{NOISE_DRAWS_COUNTER}/{name}").inc()
-    value = query.release(total, np.random.default_rng(seed))
+    value = query.release(total, noise)  # None: OpenDP, drawn here, on the Beam worker
     return np.asarray(value, dtype=np.float32).reshape(shape)
 
 
 class _DPRelease(beam.PTransform):
     """Exact partial aggregates → global combine → one noisy release (the only noise draw)."""
 
-    def __init__(self, query: queries.Query, seed: Optional[int], shape: Sequence[int],
+    def __init__(self, query: queries.Query, noise: Optional[NoiseSource], shape: Sequence[int],
                  name: str) -> None:
         super().__init__()
         self._query = query
-        self._seed = seed
+        self._noise = noise
         self._shape = tuple(shape)
         self._name = name
 
@@ -123,26 +128,23 @@ class _DPRelease(beam.PTransform):
         return (pcoll
                 | "ExactPartialAggregates" >> beam.Map(_aggregate_batch, self._query)
                 | "ExactTotal" >> beam.CombineGlobally(_SumAggregates(self._query.zero()))
-                | "AddNoiseOnce" >> beam.Map(_release_total, self._query, self._seed,
+                | "AddNoiseOnce" >> beam.Map(_release_total, self._query, self._noise,
                                              self._shape, self._name))
 
 
-def _check_seed(seed: Optional[int]) -> Optional[int]:
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))
-                             or seed < 0):
-        raise ValueError(f"seed must be None or an int >= 0, got {seed!r}")
-    return None if seed is None else int(seed)
+def _check_noise(noise: Optional[NoiseSource]) -> Optional[NoiseSource]:
+    return None if noise is None else mechanisms.noise_source(noise)
 
 
 def _release(query: queries.Query, inputs: Sequence[tf.Tensor], shape: Sequence[int],
-             name: str, seed: Optional[int]) -> tf.Tensor:
+             name: str, noise: Optional[NoiseSource]) -> tf.Tensor:
     """Charges the active budget, then adds the query as a ptransform analyzer (float32 output)."""
-    seed = _check_seed(seed)
+    noise = _check_noise(noise)
     spend = active_budget().spend(name, query.epsilon, query.dp_event(),
                                   trace=tf.compat.v1.get_default_graph())
     (output,) = tft.experimental.ptransform_analyzer(
         inputs=list(inputs),
-        ptransform=_DPRelease(query, seed, shape, spend.name),
+        ptransform=_DPRelease(query, noise, shape, spend.name),
         output_dtypes=[tf.float32],
         output_shapes=[list(shape)],
         name=spend.name)
@@ -202,14 +204,14 @@ def _dense_values(values: tf.Tensor, what: str = "values") -> tf.Tensor:
 # --- analyzers --------------------------------------------------------------------------------
 
 
-def dp_count(x: TensorLike, epsilon: float, *, seed: Optional[int] = None,
+def dp_count(x: TensorLike, epsilon: float, *, noise: Optional[NoiseSource] = None,
              name: str = "dp_count") -> tf.Tensor:
     """DP number of records (rows of ``x``; for a SparseTensor, rows with a value).
 
     Args:
       x: any dense tensor with a batch dimension, or a rank-2 SparseTensor.
       epsilon: ε charged to the active budget (Laplace, sensitivity 1).
-      seed: seed of the noise, for tests; None (default) uses OS randomness.
+      noise: noise source, for tests only; None (default) is OpenDP.
       name: analyzer name (in the graph and in the budget's spends).
 
     Returns:
@@ -227,11 +229,11 @@ def dp_count(x: TensorLike, epsilon: float, *, seed: Optional[int] = None,
         if present.shape.rank == 0:
             raise ValueError("x must have a batch dimension")
         present = tf.zeros(tf.shape(present)[:1], tf.float32)
-    return _release(query, [present], [], name, seed)
+    return _release(query, [present], [], name, noise)
 
 
 def dp_sum(x: TensorLike, lower: float, upper: float, epsilon: float, *,
-           seed: Optional[int] = None, name: str = "dp_sum") -> tf.Tensor:
+           noise: Optional[NoiseSource] = None, name: str = "dp_sum") -> tf.Tensor:
     """DP sum of ``x`` clipped to the public bounds [lower, upper] (NaN values are ignored).
 
     Laplace noise of sensitivity max(|lower|, |upper|).
@@ -243,11 +245,11 @@ def dp_sum(x: TensorLike, lower: float, upper: float, epsilon: float, *,
       InvalidPrivacyParameterError: bad ε or bounds; DPBudgetExceededError; MissingGrantError.
     """
     query = queries.SumQuery(lower, upper, epsilon)
-    return _release(query, [_record_values(x)], [], name, seed)
+    return _release(query, [_record_values(x)], [], name, noise)
 
 
 def dp_mean(x: TensorLike, lower: float, upper: float, epsilon: float, *,
-            seed: Optional[int] = None, name: str = "dp_mean") -> tf.Tensor:
+            noise: Optional[NoiseSource] = None, name: str = "dp_mean") -> tf.Tensor:
     """DP mean of ``x`` clipped to [lower, upper]: noisy sum / noisy count (Sage List. 1).
 
     ε is split in half between the (midpoint-centered) sum and the count.
@@ -259,11 +261,12 @@ def dp_mean(x: TensorLike, lower: float, upper: float, epsilon: float, *,
       InvalidPrivacyParameterError: bad ε or bounds; DPBudgetExceededError; MissingGrantError.
     """
     query = queries.MeanQuery(lower, upper, epsilon)
-    return _release(query, [_record_values(x)], [], name, seed)
+    return _release(query, [_record_values(x)], [], name, noise)
 
 
 def dp_group_by_count(keys: tf.Tensor, key_domain: Sequence[Any], epsilon: float, *,
-                      seed: Optional[int] = None, name: str = "dp_group_by_count") -> tf.Tensor:
+                      noise: Optional[NoiseSource] = None,
+                      name: str = "dp_group_by_count") -> tf.Tensor:
     """DP number of records per key of the public ``key_domain`` (parallel composition).
 
     Keys outside the domain are dropped; every domain key is released, even without records.
@@ -281,11 +284,11 @@ def dp_group_by_count(keys: tf.Tensor, key_domain: Sequence[Any], epsilon: float
     """
     query = queries.GroupByCountQuery(tuple(key_domain), epsilon)
     return _release(query, [_record_keys(keys, query.key_domain)], [len(query.key_domain)],
-                    name, seed)
+                    name, noise)
 
 
 def dp_group_by_sum(keys: tf.Tensor, values: tf.Tensor, key_domain: Sequence[Any], lower: float,
-                    upper: float, epsilon: float, *, seed: Optional[int] = None,
+                    upper: float, epsilon: float, *, noise: Optional[NoiseSource] = None,
                     name: str = "dp_group_by_sum") -> tf.Tensor:
     """DP sum per key of the public ``key_domain`` of values clipped to [lower, upper].
 
@@ -298,12 +301,12 @@ def dp_group_by_sum(keys: tf.Tensor, values: tf.Tensor, key_domain: Sequence[Any
     """
     query = queries.GroupBySumQuery(tuple(key_domain), lower, upper, epsilon)
     return _release(query, [_record_keys(keys, query.key_domain), _dense_values(values)],
-                    [len(query.key_domain)], name, seed)
+                    [len(query.key_domain)], name, noise)
 
 
 def dp_group_by_mean_per_key(keys: tf.Tensor, values: tf.Tensor, key_domain: Sequence[Any],
                              lower: float, upper: float, epsilon: float, *,
-                             seed: Optional[int] = None,
+                             noise: Optional[NoiseSource] = None,
                              name: str = "dp_group_by_mean") -> tf.Tensor:
     """DP mean per key of the public ``key_domain`` of values clipped to [lower, upper].
 
@@ -319,12 +322,12 @@ def dp_group_by_mean_per_key(keys: tf.Tensor, values: tf.Tensor, key_domain: Seq
     """
     query = queries.GroupByMeanQuery(tuple(key_domain), lower, upper, epsilon)
     return _release(query, [_record_keys(keys, query.key_domain), _dense_values(values)],
-                    [len(query.key_domain)], name, seed)
+                    [len(query.key_domain)], name, noise)
 
 
 def dp_group_by_mean(keys: tf.Tensor, values: tf.Tensor, key_domain: Sequence[Any],
                      lower: float, upper: float, epsilon: float, *,
-                     default_value: Optional[float] = None, seed: Optional[int] = None,
+                     default_value: Optional[float] = None, noise: Optional[NoiseSource] = None,
                      name: str = "dp_group_by_mean") -> tf.Tensor:
     """Each instance's key's DP mean value: Sage List. 1 ``dp_group_by_mean``.
 
@@ -338,7 +341,7 @@ def dp_group_by_mean(keys: tf.Tensor, values: tf.Tensor, key_domain: Sequence[An
       lower, upper: public clipping bounds of ``values``.
       epsilon: ε charged to the active budget.
       default_value: the feature for keys outside the domain; default (lower + upper) / 2.
-      seed: noise seed for tests; None uses OS randomness.
+      noise: noise source, for tests only; None (default) is OpenDP.
       name: analyzer name.
 
     Returns:
@@ -355,7 +358,7 @@ def dp_group_by_mean(keys: tf.Tensor, values: tf.Tensor, key_domain: Sequence[An
         keys, (tf.SparseTensor, tf.RaggedTensor)) else keys
     flat_keys = _record_keys(keys_tensor, query.key_domain)
     means = _release(query, [flat_keys, _dense_values(values)], [len(query.key_domain)], name,
-                     seed)
+                     noise)
     domain = tf.constant(list(query.key_domain),
                          dtype=tf.int64 if isinstance(query.key_domain[0], int) else tf.string)
     matches = tf.equal(tf.expand_dims(flat_keys, 1), tf.expand_dims(domain, 0))
@@ -367,7 +370,7 @@ def dp_group_by_mean(keys: tf.Tensor, values: tf.Tensor, key_domain: Sequence[An
 
 
 def dp_histogram(x: TensorLike, bin_edges: Sequence[float], epsilon: float, *,
-                 seed: Optional[int] = None, name: str = "dp_histogram") -> tf.Tensor:
+                 noise: Optional[NoiseSource] = None, name: str = "dp_histogram") -> tf.Tensor:
     """DP counts per public bin [e_i, e_{i+1}) (last bin closed; outside values clipped in).
 
     Returns:
@@ -377,12 +380,13 @@ def dp_histogram(x: TensorLike, bin_edges: Sequence[float], epsilon: float, *,
       InvalidPrivacyParameterError: bad ε or edges; DPBudgetExceededError; MissingGrantError.
     """
     query = histograms.HistogramQuery(histograms.check_bin_edges(bin_edges), epsilon)
-    return _release(query, [_record_values(x)], [len(query.bin_edges) - 1], name, seed)
+    return _release(query, [_record_values(x)], [len(query.bin_edges) - 1], name, noise)
 
 
 def dp_min_max(x: TensorLike, lower: float, upper: float, epsilon: float, *,
                num_bins: int = 100, failure_probability: float = 0.05,
-               seed: Optional[int] = None, name: str = "dp_min_max") -> tuple[tf.Tensor, tf.Tensor]:
+               noise: Optional[NoiseSource] = None,
+               name: str = "dp_min_max") -> tuple[tf.Tensor, tf.Tensor]:
     """DP approximate (min, max) of ``x`` clipped to [lower, upper], from a DP histogram.
 
     See ``sage_tfx.dp.histograms.MinMaxQuery``: ``lower <= min < max <= upper``, exact to a bin
@@ -396,13 +400,14 @@ def dp_min_max(x: TensorLike, lower: float, upper: float, epsilon: float, *,
       DPBudgetExceededError; MissingGrantError.
     """
     query = histograms.MinMaxQuery(lower, upper, epsilon, num_bins, failure_probability)
-    both = _release(query, [_record_values(x)], [2], name, seed)
+    both = _release(query, [_record_values(x)], [2], name, noise)
     return both[0], both[1]
 
 
 def dp_scale_to_0_1(x: TensorLike, lower: float, upper: float, epsilon: float, *,
                     num_bins: int = 100, failure_probability: float = 0.05,
-                    seed: Optional[int] = None, name: str = "dp_scale_to_0_1") -> TensorLike:
+                    noise: Optional[NoiseSource] = None,
+                    name: str = "dp_scale_to_0_1") -> TensorLike:
     """DP replacement of ``tft.scale_to_0_1``: scales ``x`` with a DP (min, max), clipping.
 
     ``tft.scale_to_0_1`` uses the exact min and max, which are not DP. Here the min and max come
@@ -416,7 +421,7 @@ def dp_scale_to_0_1(x: TensorLike, lower: float, upper: float, epsilon: float, *
       DPBudgetExceededError; MissingGrantError.
     """
     low, high = dp_min_max(x, lower, upper, epsilon, num_bins=num_bins,
-                           failure_probability=failure_probability, seed=seed, name=name)
+                           failure_probability=failure_probability, noise=noise, name=name)
 
     def scale(values: tf.Tensor) -> tf.Tensor:
         values = tf.cast(values, tf.float32)
@@ -428,7 +433,7 @@ def dp_scale_to_0_1(x: TensorLike, lower: float, upper: float, epsilon: float, *
 
 
 def dp_quantiles(x: TensorLike, quantiles: Sequence[float], lower: float, upper: float,
-                 epsilon: float, *, num_bins: int = 100, seed: Optional[int] = None,
+                 epsilon: float, *, num_bins: int = 100, noise: Optional[NoiseSource] = None,
                  name: str = "dp_quantiles") -> tf.Tensor:
     """DP quantiles of ``x`` clipped to [lower, upper], all from one DP histogram (ε once).
 
@@ -440,7 +445,7 @@ def dp_quantiles(x: TensorLike, quantiles: Sequence[float], lower: float, upper:
       DPBudgetExceededError; MissingGrantError.
     """
     query = histograms.QuantilesQuery(tuple(quantiles), lower, upper, epsilon, num_bins)
-    return _release(query, [_record_values(x)], [len(query.quantiles)], name, seed)
+    return _release(query, [_record_values(x)], [len(query.quantiles)], name, noise)
 
 
 # The budget API (defined in ``budget``) is re-exported: this is the one module a

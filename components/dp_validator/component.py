@@ -69,7 +69,7 @@ class DPModelValidator(base_component.BaseComponent):
                  prediction_key: Optional[str] = None,
                  eval_split: str = spec.DEFAULT_EVAL_SPLIT,
                  signature_name: str = spec.DEFAULT_SIGNATURE_NAME,
-                 batch_size: int = spec.DEFAULT_BATCH_SIZE, seed: Optional[int] = None):
+                 batch_size: int = spec.DEFAULT_BATCH_SIZE):
         """Constructs a DPModelValidator.
 
         Args:
@@ -91,19 +91,18 @@ class DPModelValidator(base_component.BaseComponent):
           eval_split: the split of ``examples`` to validate on.
           signature_name: the SavedModel signature taking serialized tf.Examples.
           batch_size: examples per model call.
-          seed: seeds the DP noise, for tests only: a known seed removes the privacy.
 
         Raises:
           ValueError: an unknown metric or loss_fn, a missing or invalid loss_bound, target,
-            eta, batch_size or seed, an empty label_key / split / signature name.
+            eta or batch_size, an empty label_key / split / signature name.
         """
         values = (metric, loss_fn, target, loss_bound, eta, label_key, prediction_key,
-                  eval_split, signature_name, batch_size, seed)
+                  eval_split, signature_name, batch_size)
         if not any(_dynamic(v) for v in values):
             config = executor.check_config(
                 metric=metric, loss_fn=loss_fn, target=target, loss_bound=loss_bound, eta=eta,
                 label_key=label_key, prediction_key=prediction_key, eval_split=eval_split,
-                signature_name=signature_name, batch_size=batch_size, seed=seed)
+                signature_name=signature_name, batch_size=batch_size)
             loss_fn, target, loss_bound, eta = (config.loss_fn, config.target,
                                                 config.loss_bound, config.eta)
         super().__init__(spec=spec.DPModelValidatorSpec(
@@ -117,7 +116,6 @@ class DPModelValidator(base_component.BaseComponent):
             eval_split=eval_split,
             signature_name=signature_name,
             batch_size=batch_size,
-            seed=seed,
             examples=examples,
             model=model,
             grant=grant,

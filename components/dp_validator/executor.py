@@ -48,6 +48,7 @@ from sage_tfx.adaptive import plan as plan_lib
 from sage_tfx.dp import validation
 from sage_tfx.components import artifacts, plan_io
 from sage_tfx.components.block_example_gen.spec import GRANT_ID_PROPERTY as EXAMPLES_GRANT_ID
+from sage_tfx.components.dp_trainer.guarantee import MEMBERSHIP_FILE_NAME
 from sage_tfx.components.dp_validator import spec
 from sage_tfx.errors import MissingGrantError
 
@@ -72,7 +73,6 @@ class ValidatorConfig:
     eval_split: str
     signature_name: str
     batch_size: int
-    seed: Optional[int]
 
     def validator(self) -> "validation.LossValidator | validation.AccuracyValidator":
         """The Sage validator of ``sage_tfx.dp.validation`` this configuration describes."""
@@ -94,8 +94,7 @@ def check_config(*, metric: Any, loss_fn: Any = None, target: Any, loss_bound: A
                  eta: Any = spec.DEFAULT_ETA, label_key: Any, prediction_key: Any = None,
                  eval_split: Any = spec.DEFAULT_EVAL_SPLIT,
                  signature_name: Any = spec.DEFAULT_SIGNATURE_NAME,
-                 batch_size: Any = spec.DEFAULT_BATCH_SIZE,
-                 seed: Any = None) -> ValidatorConfig:
+                 batch_size: Any = spec.DEFAULT_BATCH_SIZE) -> ValidatorConfig:
     """Checks a validator's arguments and fills in the defaults that depend on the metric.
 
     ``loss_fn`` defaults to ``squared_error`` for the ``loss`` metric and must be unset for
@@ -106,8 +105,8 @@ def check_config(*, metric: Any, loss_fn: Any = None, target: Any, loss_bound: A
       The checked ValidatorConfig (its ``validator()`` builds without error).
 
     Raises:
-      ValueError: an unknown metric or loss_fn, a missing or invalid B, target, η, batch size,
-        seed or name.
+      ValueError: an unknown metric or loss_fn, a missing or invalid B, target, η, batch size
+        or name.
     """
     if metric not in spec.METRICS:
         raise ValueError(f"metric must be one of {spec.METRICS}, got {metric!r}")
@@ -131,15 +130,12 @@ def check_config(*, metric: Any, loss_fn: Any = None, target: Any, loss_bound: A
                 "the DP noise on their sum scales with B (List. 2 line 15)")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-        raise ValueError(f"seed must be a non-negative int or None, got {seed!r}")
     config = ValidatorConfig(
         metric=metric, loss_fn=loss_fn, target=target, loss_bound=loss_bound, eta=eta,
         label_key=_check_name("label_key", label_key),
         prediction_key=_check_name("prediction_key", prediction_key, optional=True),
         eval_split=_check_name("eval_split", eval_split),
-        signature_name=_check_name("signature_name", signature_name), batch_size=batch_size,
-        seed=seed)
+        signature_name=_check_name("signature_name", signature_name), batch_size=batch_size)
     validator = config.validator()  # checks target, eta and B (ValueError)
     return dataclasses.replace(config, target=validator.target, eta=validator.eta,
                                loss_bound=validator.loss_bound)
@@ -157,7 +153,7 @@ def config_from_exec_properties(exec_properties: Dict[str, Any]) -> ValidatorCon
         prediction_key=get(spec.PREDICTION_KEY),
         eval_split=get(spec.EVAL_SPLIT_KEY, spec.DEFAULT_EVAL_SPLIT),
         signature_name=get(spec.SIGNATURE_NAME_KEY, spec.DEFAULT_SIGNATURE_NAME),
-        batch_size=get(spec.BATCH_SIZE_KEY, spec.DEFAULT_BATCH_SIZE), seed=get(spec.SEED_KEY))
+        batch_size=get(spec.BATCH_SIZE_KEY, spec.DEFAULT_BATCH_SIZE))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -409,12 +405,25 @@ def _write_marker(blessing: types.Artifact, blessed: bool) -> None:
         spec.BLESSED_PROPERTY, spec.BLESSED_VALUE if blessed else spec.NOT_BLESSED_VALUE)
 
 
+def read_membership_audit(model: types.Artifact) -> Optional[dict]:
+    """The DPTrainer's membership-inference audit of ``model`` (``membership_inference.json``),
+    or None if the run_fn wrote none. Not DP: shown next to the decision, never used by it."""
+    path = os.path.join(model.uri, MEMBERSHIP_FILE_NAME)
+    if not fileio.exists(path):
+        return None
+    with fileio.open(path) as f:
+        return json.loads(f.read())
+
+
 def write_decision(blessing: types.Artifact, result: validation.ValidationResult, *,
-                   loss_bound: float, grant_id: str, model: types.Artifact) -> None:
+                   loss_bound: float, grant_id: str, model: types.Artifact,
+                   membership: Optional[dict] = None) -> None:
     """Writes a validation result as a ModelBlessing: blessed iff the outcome is ACCEPT.
 
     Only the DP quantities of ``result`` are recorded (custom properties, and the full
-    ``result.to_dict()`` in ``validation.json``).
+    ``result.to_dict()`` in ``validation.json``), plus the trainer's membership-inference audit
+    of the model if it wrote one (``membership_auc`` / ``membership_advantage`` properties and
+    ``validation.json["membership_inference"]``; an audit, not a DP quantity).
     """
     _write_marker(blessing, result.outcome == validation.Outcome.ACCEPT)
     blessing.set_string_custom_property(spec.OUTCOME_PROPERTY, result.outcome.value)
@@ -427,8 +436,14 @@ def write_decision(blessing: types.Artifact, result: validation.ValidationResult
     blessing.set_string_custom_property(spec.GRANT_ID_PROPERTY, grant_id)
     blessing.set_string_custom_property(spec.CURRENT_MODEL_PROPERTY, model.uri)
     blessing.set_int_custom_property(spec.CURRENT_MODEL_ID_PROPERTY, model.id)
+    record = result.to_dict()
+    if membership is not None:
+        record["membership_inference"] = membership
+        blessing.set_float_custom_property(spec.MEMBERSHIP_AUC_PROPERTY, float(membership["auc"]))
+        blessing.set_float_custom_property(spec.MEMBERSHIP_ADVANTAGE_PROPERTY,
+                                           float(membership["attacker_advantage"]))
     with fileio.open(os.path.join(blessing.uri, spec.VALIDATION_FILE_NAME), "w") as f:
-        f.write(json.dumps(result.to_dict(), sort_keys=True, indent=2))
+        f.write(json.dumps(record, sort_keys=True, indent=2))
 
 
 class Executor(base_executor.BaseExecutor):
@@ -484,16 +499,17 @@ class Executor(base_executor.BaseExecutor):
         values = per_example_values(config.metric, config.loss_fn, labels, predictions)
         del labels, predictions
 
-        if config.seed is not None:
-            logging.warning("DPModelValidator: seed=%d makes the DP noise reproducible; anyone "
-                            "who knows the seed can remove it. Use a seed for tests only.",
-                            config.seed)
-        rng = np.random.default_rng(config.seed)  # OS entropy when seed is None
-        result = validator.validate(values, epsilon=epsilon, rng=rng)
+        # Noise from OpenDP (the validator's default): never seeded, safe from Mironov's attack.
+        result = validator.validate(values, epsilon=epsilon)
         del values
 
+        membership = read_membership_audit(model_artifact)
         write_decision(blessing, result, loss_bound=config.loss_bound,
-                       grant_id=grant.grant_id, model=model_artifact)
+                       grant_id=grant.grant_id, model=model_artifact, membership=membership)
+        if membership is not None:
+            logging.info("DPModelValidator: trainer's membership-inference audit of the model "
+                         "(not DP): AUC %.3f, attacker advantage %.3f", membership["auc"],
+                         membership["attacker_advantage"])
         # Only DP quantities are logged: the raw loss and example count are never released.
         logging.info("DPModelValidator: grant %s, %s target %s at epsilon=%s, eta=%s: %s "
                      "(DP estimate %.6g, bounds [%.6g, %.6g], DP count %.1f)", grant.grant_id,

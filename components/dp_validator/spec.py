@@ -23,7 +23,6 @@ PREDICTION_KEY = "prediction_key"
 EVAL_SPLIT_KEY = "eval_split"
 SIGNATURE_NAME_KEY = "signature_name"
 BATCH_SIZE_KEY = "batch_size"
-SEED_KEY = "seed"
 
 # Exec-property values and defaults.
 LOSS = "loss"
@@ -61,6 +60,9 @@ DELTA_PROPERTY = "delta"
 ETA_PROPERTY = "eta"
 TARGET_PROPERTY = "target"
 LOSS_BOUND_PROPERTY = "loss_bound"
+# The DPTrainer's membership-inference audit of the model, if it wrote one (not DP: shown only).
+MEMBERSHIP_AUC_PROPERTY = "membership_auc"
+MEMBERSHIP_ADVANTAGE_PROPERTY = "membership_advantage"
 GRANT_ID_PROPERTY = "grant_id"
 REASON_PROPERTY = "reason"  # why validation was refused (no usable grant); refusals only
 # Float properties holding the ValidationResult field of the same name. MLMD cannot store
@@ -85,7 +87,6 @@ class DPModelValidatorSpec(ComponentSpec):
         EVAL_SPLIT_KEY: ExecutionParameter(type=str),
         SIGNATURE_NAME_KEY: ExecutionParameter(type=str),
         BATCH_SIZE_KEY: ExecutionParameter(type=int),
-        SEED_KEY: ExecutionParameter(type=int, optional=True),
     }
     INPUTS = {
         EXAMPLES_KEY: ChannelParameter(type=standard_artifacts.Examples),

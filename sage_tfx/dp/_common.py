@@ -1,4 +1,4 @@
-"""Input checks shared by the numpy DP regressions (features, labels, public bounds, randomness)."""
+"""Input checks shared by the numpy DP regressions (features, labels, public bounds)."""
 from __future__ import annotations
 
 from typing import Any
@@ -34,10 +34,3 @@ def clip_rows(features: np.ndarray, bound: float) -> np.ndarray:
     """Scales every row with L2 norm above ``bound`` down to norm ``bound`` (others unchanged)."""
     norms = np.linalg.norm(features, axis=1, keepdims=True)
     return features * np.minimum(1.0, bound / np.maximum(norms, np.finfo(np.float64).tiny))
-
-
-def make_rng(rng: Any) -> np.random.Generator:
-    """``rng`` if it is a Generator, else ``np.random.default_rng(rng)`` (seed or None)."""
-    if isinstance(rng, np.random.Generator):
-        return rng
-    return np.random.default_rng(rng)

@@ -40,7 +40,9 @@ from dp_accounting import dp_event as dp_event_lib
 
 from sage_tfx.dp import dpsgd
 from sage_tfx.ledger.accounting import check_delta, check_epsilon, check_positive
-from sage_tfx.dp._common import check_features, clip_rows, make_rng
+from sage_tfx.dp._common import check_features, clip_rows
+from sage_tfx.dp.mechanisms import noise_source, secure_gaussian_sigma
+from sage_tfx.dp.noise import NoiseSource
 
 NUM_RELEASES = 3  # λ_min, XᵀX, Xᵀy
 DEFAULT_RHO = 0.1  # Sage Tab. 1 (Wang 2018 uses 0.05)
@@ -112,23 +114,37 @@ class AdaSSPResult:
         return np.asarray(features, dtype=np.float64) @ self.weights
 
 
-def release_from_moments(xtx: np.ndarray, xty: np.ndarray, *, s_xx: float, s_xy: float,
-                         delta: float, rho: float, gen: np.random.Generator) -> tuple:
+def release_from_moments(xtx: np.ndarray, xty: np.ndarray, *, noise_multiplier: float,
+                         x_bound: float, y_bound: float, delta: float, rho: float,
+                         noise: NoiseSource | None = None) -> tuple:
     """AdaSSP's three releases and its ridge solve, from the exact moments of clipped data.
+
+    Noise of std ``σ·Δ`` per release, Δ = x_bound² (λ_min, XᵀX) and x_bound·y_bound (Xᵀy), from
+    ``noise`` (None: OpenDP, at a std raised by the ulps OpenDP's map needs to meet σ).
 
     Returns:
       (weights, ridge, noisy_lambda_min, noisy_xtx, noisy_xty).
     """
+    src = noise_source(noise)
     d = xtx.shape[0]
+    s_xx = noise_multiplier * x_bound ** 2
+    s_xy = noise_multiplier * x_bound * y_bound
+    std_xx = secure_gaussian_sigma(s_xx, x_bound ** 2)
+    std_xy = secure_gaussian_sigma(s_xy, x_bound * y_bound)
     lambda_min = float(np.linalg.eigvalsh(xtx)[0])
     # Release 1: smallest eigenvalue, biased down so that it underestimates w.h.p.
     noisy_lambda_min = max(
-        lambda_min + s_xx * gen.standard_normal() - s_xx * math.sqrt(math.log(6.0 / delta)), 0.0)
-    # Release 2: XᵀX with symmetric noise of std s_xx in Frobenius geometry.
-    g = gen.standard_normal((d, d))
-    noisy_xtx = xtx + s_xx * (g + g.T) / 2.0
+        float(src.gaussian(lambda_min, std_xx)) - s_xx * math.sqrt(math.log(6.0 / delta)), 0.0)
+    # Release 2: XᵀX + s_xx (G + Gᵀ)/2 for G with iid N(0, 1) entries: N(0, s_xx²) on the
+    # diagonal, N(0, s_xx²/2) above it, mirrored below.
+    upper = np.triu_indices(d, 1)
+    noisy_xtx = np.diag(np.asarray(src.gaussian(np.diag(xtx), std_xx), dtype=np.float64))
+    if upper[0].size:
+        off = np.asarray(src.gaussian(xtx[upper], std_xx / math.sqrt(2.0)), dtype=np.float64)
+        noisy_xtx[upper] = off
+        noisy_xtx[(upper[1], upper[0])] = off
     # Release 3: Xᵀy.
-    noisy_xty = xty + s_xy * gen.standard_normal(d)
+    noisy_xty = np.asarray(src.gaussian(xty, std_xy), dtype=np.float64).reshape(d)
 
     ridge = max(0.0, s_xx * math.sqrt(d * math.log(2.0 * d * d / rho)) - noisy_lambda_min)
     system = noisy_xtx + ridge * np.eye(d)
@@ -141,7 +157,7 @@ def release_from_moments(xtx: np.ndarray, xty: np.ndarray, *, s_xx: float, s_xy:
 
 def adassp(features: Any, labels: Any, *, epsilon: float, delta: float, x_bound: float,
            y_bound: float, rho: float = DEFAULT_RHO, accountant: str = dpsgd.PLD,
-           rng: Any = None) -> AdaSSPResult:
+           noise: NoiseSource | None = None) -> AdaSSPResult:
     """(ε, δ)-DP linear regression by AdaSSP (Wang 2018, Alg. 2; Sage Tab. 1 "LR").
 
     Args:
@@ -153,8 +169,8 @@ def adassp(features: Any, labels: Any, *, epsilon: float, delta: float, x_bound:
       y_bound: Public bound on |y|, chosen without looking at the data.
       rho: Failure probability in (0, 1) for the ridge λ (Sage Tab. 1 uses 0.1).
       accountant: ``"pld"`` (default, tight) or ``"rdp"`` to calibrate σ.
-      rng: ``np.random.Generator``, seed, or None. DP needs unpredictable noise: pass a seed only
-        in tests.
+      noise: noise source; None (always, in components and pipelines) is OpenDP. Experiments
+        and tests may pass ``SeededNoise(seed)``.
 
     Returns:
       An :class:`AdaSSPResult` with the weights and the DpEvent / (ε, δ) the run consumes.
@@ -173,15 +189,13 @@ def adassp(features: Any, labels: Any, *, epsilon: float, delta: float, x_bound:
     x, y = check_features(features, labels)
     x = clip_rows(x, x_bound)
     y = np.clip(y, -y_bound, y_bound)
-    gen = make_rng(rng)
 
     sigma, achieved_epsilon = _calibrated(epsilon, delta, accountant)
     event = adassp_event(sigma)
-    s_xx = sigma * x_bound ** 2
-    s_xy = sigma * x_bound * y_bound
 
     weights, ridge, noisy_lambda_min, noisy_xtx, noisy_xty = release_from_moments(
-        x.T @ x, x.T @ y, s_xx=s_xx, s_xy=s_xy, delta=delta, rho=rho, gen=gen)
+        x.T @ x, x.T @ y, noise_multiplier=sigma, x_bound=x_bound, y_bound=y_bound, delta=delta,
+        rho=rho, noise=noise)
 
     for array in (weights, noisy_xtx, noisy_xty):
         array.flags.writeable = False

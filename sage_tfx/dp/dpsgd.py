@@ -9,9 +9,10 @@ Assumptions, stated once for every number this module returns:
 
 * **Sampling.** Each step is accounted as a *Poisson-sampled* Gaussian mechanism with sampling
   probability ``q = batch_size / num_examples`` (every example joins each batch independently with
-  probability q). Keras / tf.data train with *shuffled fixed-size batches* instead; accounting
-  them as Poisson sampling is the common approximation (Abadi et al. 2016, TF Privacy's
-  ``compute_dp_sgd_privacy``), not a proof for the shuffled scheme.
+  probability q), and that is what :func:`sage_tfx.dp.keras_dpsgd.train_dp_keras` and the DP
+  Trainer run (``keras_dpsgd.poisson_batches``; noisy sum divided by the *expected* batch size).
+  Shuffled fixed-size batches, which TF Privacy #483 reports accounted as Poisson, are no longer
+  used for DP training.
 * **Steps.** ``ceil(epochs * num_examples / batch_size)`` steps are accounted. A trainer that drops
   the last partial batch of each epoch runs ``epochs * floor(num_examples / batch_size)`` steps,
   never more, so the accounting is conservative for it.
@@ -41,8 +42,8 @@ PLD = "pld"
 ACCOUNTANTS = (RDP, PLD)
 
 POISSON_SAMPLING = (
-    "Poisson sampling with q = batch_size / num_examples assumed; training used shuffled "
-    "fixed-size batches (the common approximation)"
+    "Poisson sampling with q = batch_size / num_examples, as accounted: every example joins "
+    "every step independently with probability q; noisy sum divided by the expected batch size"
 )
 ADD_OR_REMOVE_ONE = "add_or_remove_one"
 
@@ -131,8 +132,7 @@ def dpsgd_event(noise_multiplier: float, batch_size: int, num_examples: int,
 
     ``SelfComposedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(noise_multiplier)), steps)`` with
     ``q = batch_size / num_examples`` and ``steps = ceil(epochs * num_examples / batch_size)``.
-    Poisson sampling is assumed; TF trains with shuffled fixed-size batches, which this event
-    approximates (the common approximation, see the module docstring).
+    Poisson sampling, as :func:`sage_tfx.dp.keras_dpsgd.train_dp_keras` runs it (module docstring).
 
     Args:
       noise_multiplier: Noise std divided by ``l2_norm_clip`` (TF Privacy's meaning), > 0.
@@ -313,7 +313,7 @@ class DPGuarantee:
       epsilon: ε of the run at ``delta`` by ``accountant`` (≤ the requested target, if any).
       delta: δ.
       accountant: ``"rdp"`` or ``"pld"``.
-      sampling: The sampling assumption behind ε (Poisson assumed; fixed shuffled batches run).
+      sampling: The sampling behind ε (Poisson, accounted and run).
       neighboring_relation: Adjacency of the guarantee (add or remove one example).
       num_examples: Training examples n the sampling probability is computed from.
       batch_size: Batch size (expected batch size under Poisson sampling).

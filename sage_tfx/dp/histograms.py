@@ -14,6 +14,7 @@ import numpy as np
 
 from sage_tfx.dp.mechanisms import (ArrayLike, LaplaceMechanism, Value, check_bounds,
                                     check_positive)
+from sage_tfx.dp.noise import NoiseSource
 from sage_tfx.dp.queries import DPRelease, Query, record_values
 from sage_tfx.errors import InvalidPrivacyParameterError
 from sage_tfx.ledger.accounting import check_epsilon
@@ -63,8 +64,8 @@ class HistogramQuery(Query):
     def aggregate(self, *columns: np.ndarray) -> np.ndarray:
         return _bin_counts(columns[0], self.bin_edges)
 
-    def release(self, total: np.ndarray, rng: np.random.Generator | None = None) -> Value:
-        return LaplaceMechanism(self.epsilon, 1.0).add_noise(total, rng)
+    def release(self, total: np.ndarray, noise: NoiseSource | None = None) -> Value:
+        return LaplaceMechanism(self.epsilon, 1.0).add_noise(total, noise)
 
     def dp_event(self) -> dp_accounting.DpEvent:
         return LaplaceMechanism(self.epsilon, 1.0).dp_event()
@@ -123,8 +124,8 @@ class MinMaxQuery(Query):
     def aggregate(self, *columns: np.ndarray) -> np.ndarray:
         return _bin_counts(columns[0], self.bin_edges)
 
-    def release(self, total: np.ndarray, rng: np.random.Generator | None = None) -> Value:
-        noisy = np.asarray(LaplaceMechanism(self.epsilon, 1.0).add_noise(total, rng))
+    def release(self, total: np.ndarray, noise: NoiseSource | None = None) -> Value:
+        noisy = np.asarray(LaplaceMechanism(self.epsilon, 1.0).add_noise(total, noise))
         occupied = np.flatnonzero(noisy > self.threshold)
         if occupied.size == 0:
             return np.array([self.lower, self.upper])
@@ -171,8 +172,8 @@ class QuantilesQuery(Query):
     def aggregate(self, *columns: np.ndarray) -> np.ndarray:
         return _bin_counts(columns[0], self.bin_edges)
 
-    def release(self, total: np.ndarray, rng: np.random.Generator | None = None) -> Value:
-        noisy = np.asarray(LaplaceMechanism(self.epsilon, 1.0).add_noise(total, rng))
+    def release(self, total: np.ndarray, noise: NoiseSource | None = None) -> Value:
+        noisy = np.asarray(LaplaceMechanism(self.epsilon, 1.0).add_noise(total, noise))
         counts = np.maximum(noisy, 0.0)
         qs = np.asarray(self.quantiles)
         mass = counts.sum()
@@ -196,27 +197,27 @@ class QuantilesQuery(Query):
 
 
 def dp_histogram(x: ArrayLike, bin_edges: ArrayLike, epsilon: float, *,
-                 rng: np.random.Generator | None = None) -> DPRelease:
+                 noise: NoiseSource | None = None) -> DPRelease:
     """DP counts per public bin (values outside the edges clipped into the outer bins)."""
-    return HistogramQuery(check_bin_edges(bin_edges), epsilon).run(x, rng=rng)
+    return HistogramQuery(check_bin_edges(bin_edges), epsilon).run(x, noise=noise)
 
 
 def dp_min_max(x: ArrayLike, lower: float, upper: float, epsilon: float, *, num_bins: int = 100,
                failure_probability: float = 0.05,
-               rng: np.random.Generator | None = None) -> DPRelease:
+               noise: NoiseSource | None = None) -> DPRelease:
     """DP approximate (min, max) of ``x`` clipped to [lower, upper]; see :class:`MinMaxQuery`.
 
     Returns:
       DPRelease whose value is the float64 array [min, max].
     """
-    return MinMaxQuery(lower, upper, epsilon, num_bins, failure_probability).run(x, rng=rng)
+    return MinMaxQuery(lower, upper, epsilon, num_bins, failure_probability).run(x, noise=noise)
 
 
 def dp_quantiles(x: ArrayLike, quantiles: Sequence[float], lower: float, upper: float,
                  epsilon: float, *, num_bins: int = 100,
-                 rng: np.random.Generator | None = None) -> DPRelease:
+                 noise: NoiseSource | None = None) -> DPRelease:
     """DP quantiles of ``x`` clipped to [lower, upper]; see :class:`QuantilesQuery`.
 
     All quantiles come from one DP histogram, so asking for several costs ε once.
     """
-    return QuantilesQuery(tuple(quantiles), lower, upper, epsilon, num_bins).run(x, rng=rng)
+    return QuantilesQuery(tuple(quantiles), lower, upper, epsilon, num_bins).run(x, noise=noise)

@@ -6,7 +6,9 @@ add ``N(0, (noise_multiplier · C)²)`` per coordinate, divide by the batch size
 ``layer_registry=make_default_layer_registry()`` so that per-example gradient norms come from the
 "ghost norm" trick (Goodfellow 2015; Li et al. 2022) instead of materialized per-example gradients:
 1.1–1.25x the non-private seconds per epoch for a 64-32-1 MLP, batch 256, on this 2-core machine
-(``benchmarks/bench_dpsgd.py``; per-example-gradient optimizers were 9–17x, shared/reference).
+(``benchmarks/sage/bench_dpsgd.py``; per-example-gradient optimizers were 9–17x). With Poisson
+sampling (below) the same benchmark measured 1.34–1.36x the non-private CPU seconds per epoch on
+a heavily loaded machine (``benchmarks/results/audit/REPORT.md``).
 
 What TF Privacy 0.9 actually computes (read from ``dp_keras_model.py``, ``clip_grads.py`` and
 ``gradient_clipping_utils.add_aggregate_noise``), fast path, ``num_microbatches=None``:
@@ -33,6 +35,13 @@ privacy guarantee; the fast path needs every trainable layer in the registry (``
 ``Embedding`` by default) and a loss whose unreduced form has shape ``[batch]``. Noise comes from
 ``tf.random.normal`` (floating-point Gaussian; Mironov 2012's attack is out of scope, as in every
 TF Privacy model).
+
+What :func:`train_dp_keras` and the DP Trainer run is :func:`make_poisson_dp_model`: the same
+fast clipping, but every example joins every step independently with probability q
+(:func:`poisson_batches`), the noise (``tf.random.Generator`` from OS entropy) is added to the
+clipped *sum* and the result divided by the *expected* batch size q·n — exactly the
+``PoissonSampledDpEvent`` of :func:`sage_tfx.dp.dpsgd.dpsgd_event`. ``make_dp_keras_model`` (shuffled
+fixed-size batches, realised batch size) remains for experiments that compare the two.
 
 TensorFlow is imported inside functions only: importing this module costs nothing.
 """
@@ -223,11 +232,12 @@ def train_dp_keras(features: Any, labels: Any, *, layers: LayersSpec, loss: Any,
     :func:`sage_tfx.dp.dpsgd.calibrate_noise_multiplier` from the real number of examples) or an
     explicit ``noise_multiplier`` (ε is computed).
 
-    Training reads shuffled fixed-size batches (reshuffled each epoch) and drops each epoch's last
-    partial batch: ``epochs · floor(n / batch_size)`` steps, never more than the
-    ``ceil(epochs · n / batch_size)`` steps accounted. ε assumes Poisson sampling with
-    ``q = batch_size / n`` (the common approximation for shuffled batches; see
-    :mod:`sage_tfx.dp.dpsgd`), add-or-remove-one adjacency, one example per microbatch.
+    Training runs exactly what :func:`sage_tfx.dp.dpsgd.dpsgd_event` charges: ``steps =
+    ceil(epochs · n / batch_size)`` steps, each on a Poisson-sampled batch (every example
+    independently with ``q = batch_size / n``, :func:`poisson_batches`), the clipped-gradient
+    sum plus ``N(0, (σC)²)`` divided by the expected batch size ``batch_size``
+    (:func:`make_poisson_dp_model`); add-or-remove-one adjacency, one example per microbatch.
+    Keras sees the whole run as one epoch (``model.history`` has one entry).
 
     Args:
       features: (n, ...) float array.
@@ -244,12 +254,13 @@ def train_dp_keras(features: Any, labels: Any, *, layers: LayersSpec, loss: Any,
       optimizer: A Keras optimizer; default ``SGD(learning_rate)``.
       learning_rate: For the default optimizer.
       metrics: Keras metrics.
-      seed: Seeds TF / numpy / Python (``tf.keras.utils.set_random_seed``) for reproducible tests;
-        a seeded run has predictable noise: leave None in production.
+      seed: Seeds TF / numpy / Python (``tf.keras.utils.set_random_seed``): the initial weights
+        only. The DP noise and the Poisson sampling always come from OS entropy.
       verbose: Keras ``fit`` verbosity.
 
     Returns:
-      ``(model, guarantee)``: the trained ``DPSequential`` (``model.history`` holds the fit history)
+      ``(model, guarantee)``: the trained ``PoissonDPSequential`` (``model.history`` holds the fit
+      history)
       and its :class:`sage_tfx.dp.dpsgd.DPGuarantee`.
 
     Raises:
@@ -272,18 +283,131 @@ def train_dp_keras(features: Any, labels: Any, *, layers: LayersSpec, loss: Any,
 
     tf, _, _ = import_tf_privacy()
     if seed is not None:
-        tf.keras.utils.set_random_seed(int(seed))
-    model = make_dp_keras_model(layers, input_shape=x.shape[1:], l2_norm_clip=l2_norm_clip,
-                                noise_multiplier=guarantee.noise_multiplier)
+        tf.keras.utils.set_random_seed(int(seed))  # initialisation only: noise and sampling never
+    model = make_poisson_dp_model(layers, input_shape=x.shape[1:], l2_norm_clip=l2_norm_clip,
+                                  noise_multiplier=guarantee.noise_multiplier,
+                                  expected_batch_size=guarantee.batch_size)
     compile_dp(model, loss=loss, optimizer=optimizer, learning_rate=learning_rate,
                metrics=metrics)
     steps_before = int(model.optimizer.iterations.numpy())  # a passed-in optimizer may have run
-    model.fit(shuffled_batches(x, y, guarantee.batch_size, seed), epochs=int(epochs),
-              verbose=verbose)
+    model.fit(poisson_batches(x, y, guarantee.batch_size / num_examples, guarantee.steps),
+              epochs=1, verbose=verbose)
     trained_steps = int(model.optimizer.iterations.numpy()) - steps_before
-    if trained_steps > guarantee.steps:  # the accounting must cover every step that ran
+    if trained_steps != guarantee.steps:  # exactly the accounted steps ran
         raise RuntimeError(f"ran {trained_steps} steps but accounted {guarantee.steps}")
     return model, guarantee
+
+
+# --- Poisson-sampled DP-SGD: what the PoissonSampledDpEvent charges is what runs ---------------
+
+_POISSON_CLASS: list[Any] = []
+
+
+def _poisson_dp_class() -> Any:
+    """``PoissonDPSequential``: TF Privacy's ``DPSequential`` with a Poisson DP-SGD step.
+
+    Built on first use (TensorFlow imported here). The step keeps TF Privacy's fast clipping
+    (``clip_grads.compute_clipped_gradients_and_outputs``: ghost norms, clip weights) and
+    replaces only the aggregation: the *sum* of clipped per-example gradients, plus
+    ``N(0, (σC)²)`` drawn from a ``tf.random.Generator`` seeded from OS entropy (unaffected by
+    ``tf.keras.utils.set_random_seed``), divided by the *expected* batch size ``q·n`` — never by
+    the realised size, which would leak it (Opacus #571).
+    """
+    if _POISSON_CLASS:
+        return _POISSON_CLASS[0]
+    tf, dp_sequential, _ = import_tf_privacy()
+    from tensorflow_privacy.privacy.fast_gradient_clipping import clip_grads
+
+    class PoissonDPSequential(dp_sequential):  # type: ignore[misc, valid-type]
+        """DP-SGD on Poisson-sampled batches, normalised by the expected batch size."""
+
+        def __init__(self, *args: Any, expected_batch_size: float, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.expected_batch_size = float(expected_batch_size)
+            self._noise_rng = tf.random.Generator.from_non_deterministic_state()
+
+        def train_step(self, data: Any) -> Any:
+            if self._clipping_loss is None:
+                self._make_clipping_loss()
+            x, y, weights = tf.keras.utils.unpack_x_y_sample_weight(data)
+            clipped, y_pred, _ = clip_grads.compute_clipped_gradients_and_outputs(
+                input_model=self, x_batch=x, y_batch=y, weight_batch=weights,
+                l2_norm_clip=self._l2_norm_clip, layer_registry=self._layer_registry,
+                num_microbatches=None, clipping_loss=self._clipping_loss)
+            if self.loss.reduction == tf.keras.losses.Reduction.SUM:
+                summed = list(clipped)
+            else:  # the clipping loss is a mean over the realised batch: undo it exactly
+                size = tf.cast(tf.shape(y)[0], clipped[0].dtype)
+                summed = [tf.where(size > 0, g * size, tf.zeros_like(g)) for g in clipped]
+            std = self._l2_norm_clip * self._noise_multiplier
+            grads = [(g + self._noise_rng.normal(tf.shape(g), stddev=std, dtype=g.dtype))
+                     / self.expected_batch_size for g in summed]
+            if self.losses:  # weight regularizers: data-independent, no noise (as TF Privacy)
+                with tf.GradientTape() as tape:
+                    regularization = tf.add_n(self.losses)
+                grads = [a + b for a, b in zip(grads, tape.gradient(
+                    regularization, self.trainable_variables,
+                    unconnected_gradients=tf.UnconnectedGradients.ZERO))]
+            self.compiled_loss(y, y_pred, sample_weight=weights, regularization_losses=self.losses)
+            self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+            self.compiled_metrics.update_state(y, y_pred)
+            return {m.name: m.result() for m in self.metrics}
+
+    _POISSON_CLASS.append(PoissonDPSequential)
+    return PoissonDPSequential
+
+
+def make_poisson_dp_model(layers: LayersSpec, *, input_shape: Sequence[int], l2_norm_clip: float,
+                          noise_multiplier: float, expected_batch_size: float) -> Any:
+    """A ``PoissonDPSequential`` (fast clipping required), not yet compiled.
+
+    One example per microbatch, always: k microbatches would double the add-or-remove
+    sensitivity of each microbatch mean (TF Privacy #620), which the accounting does not charge.
+
+    Raises:
+      InvalidPrivacyParameterError: l2_norm_clip, noise_multiplier or expected_batch_size not
+        finite and > 0.
+      ValueError: layers the fast path cannot clip.
+    """
+    l2_norm_clip = _check_clip(l2_norm_clip)
+    noise_multiplier = dpsgd.check_positive(noise_multiplier, "noise_multiplier")
+    expected = dpsgd.check_positive(expected_batch_size, "expected_batch_size")
+    tf, _, make_default_layer_registry = import_tf_privacy()
+    layer_list = list(layers() if callable(layers) else layers)
+    model = _poisson_dp_class()(
+        l2_norm_clip=l2_norm_clip, noise_multiplier=noise_multiplier, num_microbatches=None,
+        use_xla=False, layer_registry=make_default_layer_registry(),
+        layers=[tf.keras.Input(shape=tuple(input_shape)), *layer_list],
+        expected_batch_size=expected)
+    if not model._enable_fast_peg_computation:  # pylint: disable=protected-access
+        raise ValueError("Poisson DP-SGD needs every trainable layer in TF Privacy's fast-clipping "
+                         "registry (Dense, Embedding)")
+    return model
+
+
+def poisson_batches(features: np.ndarray, labels: np.ndarray, sampling_probability: float,
+                    steps: int) -> Any:
+    """A ``tf.data.Dataset`` of ``steps`` Poisson-sampled batches.
+
+    Every example joins every batch independently with probability q (``uniform < q``, numpy's
+    generator seeded from OS entropy, never from a user seed): batch sizes are Binomial(n, q),
+    possibly 0. This is the sampling ``PoissonSampledDpEvent(q, ...)`` accounts. Batches are
+    index lists gathered in one op, as in :func:`shuffled_batches`.
+    """
+    tf, _, _ = import_tf_privacy()
+    q = float(sampling_probability)
+    if not 0.0 < q <= 1.0:
+        raise InvalidPrivacyParameterError(f"sampling probability must lie in (0, 1], got {q!r}")
+    n = len(features)
+    rng = np.random.default_rng()
+    chosen = [np.flatnonzero(rng.random(n) < q) for _ in range(int(steps))]
+    lengths = np.array([c.size for c in chosen], dtype=np.int64)
+    values = np.concatenate(chosen) if chosen else np.zeros(0, np.int64)
+    ragged = tf.RaggedTensor.from_row_lengths(values.astype(np.int64), lengths)
+    x, y = tf.constant(features), tf.constant(labels)
+    return (tf.data.Dataset.from_tensor_slices(ragged)
+            .map(lambda idx: (tf.gather(x, idx), tf.gather(y, idx)))
+            .prefetch(tf.data.AUTOTUNE))
 
 
 def expected_update_std(noise_multiplier: float, l2_norm_clip: float, batch_size: int,
@@ -293,6 +417,6 @@ def expected_update_std(noise_multiplier: float, l2_norm_clip: float, batch_size
 
 
 __all__ = [
-    "compile_dp", "expected_update_std", "import_tf_privacy", "make_dp_keras_model", "mlp_layers",
-    "shuffled_batches", "train_dp_keras",
+    "compile_dp", "expected_update_std", "import_tf_privacy", "make_dp_keras_model",
+    "make_poisson_dp_model", "mlp_layers", "poisson_batches", "shuffled_batches", "train_dp_keras",
 ]

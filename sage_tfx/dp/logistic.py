@@ -45,7 +45,9 @@ from scipy import special
 
 from sage_tfx.dp import dpsgd
 from sage_tfx.ledger.accounting import check_delta, check_epsilon, check_positive
-from sage_tfx.dp._common import check_features, clip_rows, make_rng
+from sage_tfx.dp._common import check_features, clip_rows
+from sage_tfx.dp.mechanisms import noise_source, secure_gaussian_sigma
+from sage_tfx.dp.noise import NoiseSource
 
 REPLACE_ONE = "replace_one"
 DEFAULT_GRAD_TOL = 1e-10
@@ -176,7 +178,8 @@ def output_sensitivity(num_examples: int, l2_reg: float, x_bound: float = 1.0,
 
 def dp_logistic_regression(features: Any, labels: Any, *, epsilon: float, delta: float,
                            l2_reg: float, x_bound: float = 1.0, accountant: str = dpsgd.PLD,
-                           grad_tol: float = DEFAULT_GRAD_TOL, rng: Any = None) -> DPLogisticResult:
+                           grad_tol: float = DEFAULT_GRAD_TOL,
+                           noise: NoiseSource | None = None) -> DPLogisticResult:
     """(ε, δ)-DP L2-regularized logistic regression by output perturbation (Chaudhuri et al. 2011).
 
     Replace-one adjacency with n public; see the module docstring for the sensitivity proof sketch.
@@ -190,7 +193,8 @@ def dp_logistic_regression(features: Any, labels: Any, *, epsilon: float, delta:
       x_bound: Public bound on ‖x‖₂, chosen without looking at the data (default 1).
       accountant: ``"pld"`` (default) or ``"rdp"`` to calibrate σ.
       grad_tol: Solver stopping tolerance on ‖∇J‖; enters the sensitivity.
-      rng: ``np.random.Generator``, seed or None (seed only in tests).
+      noise: noise source; None (always, in components and pipelines) is OpenDP; experiments and
+        tests may pass ``SeededNoise(seed)``.
 
     Returns:
       A :class:`DPLogisticResult`.
@@ -214,7 +218,8 @@ def dp_logistic_regression(features: Any, labels: Any, *, epsilon: float, delta:
     sigma, achieved_epsilon = _calibrated(epsilon, delta, accountant)
     sensitivity = output_sensitivity(n, l2_reg, x_bound, grad_tol)
     weights = fit_logistic(x, y_signed, l2_reg, grad_tol)
-    weights = weights + sigma * sensitivity * make_rng(rng).standard_normal(d)
+    std = secure_gaussian_sigma(sigma * sensitivity, sensitivity)  # OpenDP's ρ ≤ the charged ρ
+    weights = np.asarray(noise_source(noise).gaussian(weights, std), dtype=np.float64).reshape(d)
     weights.flags.writeable = False
     event = dp_accounting.GaussianDpEvent(sigma)
     return DPLogisticResult(

@@ -8,14 +8,22 @@ Privacy assumptions, stated once for every mechanism here:
 
 * Sensitivities come from public clipping bounds, public key domains and public bin edges chosen
   *without looking at the data*.
-* Noise is sampled with numpy's floating-point samplers, which are not protected against the
-  floating-point attack of Mironov (CCS 2012); this matches TF Privacy and the paper's prototype.
+* Noise comes from :mod:`sage_tfx.dp.noise`: OpenDP's Laplace / Gaussian samplers by default,
+  which are not open to the floating-point attack of Mironov (CCS 2012). Counts get the same
+  continuous Laplace: a discrete Laplace count has the same pure ε but a worse privacy-loss
+  distribution (always ±ε), so ``LaplaceDpEvent`` would undercharge it under PLD accounting
+  (dp_accounting has no discrete-Laplace event); the continuous sampler is exactly the event
+  charged, for every accountant. The sampler's scale is the textbook calibration, raised by at most a few ulps where needed so that OpenDP's own privacy map of the sampler is
+  ≤ the ε (ρ) of the DpEvent charged (:func:`secure_laplace_scale`, :func:`secure_gaussian_sigma`).
+  Seeded numpy noise (``noise=SeededNoise(seed)``) is for experiments and tests only; it is never
+  reachable from a component or pipeline.
 
 This module imports no TensorFlow.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from decimal import Decimal
 from typing import Any, Sequence, Union
@@ -24,6 +32,8 @@ import dp_accounting
 import numpy as np
 from scipy import special
 
+from sage_tfx.dp import noise as noise_lib
+from sage_tfx.dp.noise import SECURE, NoiseSource
 from sage_tfx.ledger.accounting import check_delta, check_epsilon, check_positive, exact
 from sage_tfx.errors import InvalidPrivacyParameterError
 
@@ -51,16 +61,53 @@ def check_bounds(lower: Any, upper: Any) -> tuple[float, float]:
     return float(lower), float(upper)
 
 
-def _plus_noise(value: ArrayLike | float, draw) -> Value:
-    """``value`` plus ``draw(shape)``: a float for a scalar, else a float64 array."""
-    exact_value = np.asarray(value, dtype=np.float64)
-    noisy = exact_value + draw(exact_value.shape)
-    return float(noisy) if noisy.ndim == 0 else noisy
+def noise_source(noise: NoiseSource | None) -> NoiseSource:
+    """``noise`` or, if None, OpenDP's samplers (:data:`sage_tfx.dp.noise.SECURE`).
+
+    Raises:
+      TypeError: anything but a noise source (e.g. a bare ``np.random.Generator``: wrap it in
+        ``SeededNoise(rng=...)``, for experiments only).
+    """
+    if noise is None:
+        return SECURE
+    if not all(callable(getattr(noise, m, None)) for m in
+               ("laplace", "gaussian", "discrete_laplace", "discrete_gaussian")):
+        raise TypeError(f"noise must be a sage_tfx.dp.noise source (SECURE or SeededNoise), got "
+                        f"{type(noise).__name__}")
+    return noise
 
 
-def rng_or_entropy(rng: np.random.Generator | None) -> np.random.Generator:
-    """``rng`` or, if None, a generator seeded from OS entropy."""
-    return np.random.default_rng() if rng is None else rng
+def _raise_until(scale: float, fits) -> float:
+    """The smallest float ≥ ``scale`` (searched upwards ulp by ulp, then doubling) with ``fits``."""
+    step = 1
+    while not fits(scale):
+        for _ in range(step):
+            scale = math.nextafter(scale, math.inf)
+        step *= 2
+    return scale
+
+
+@functools.lru_cache(maxsize=1024)
+def secure_laplace_scale(epsilon: float, l1_sensitivity: float, *, integer: bool = False) -> float:
+    """Scale of OpenDP's Laplace sampler (``integer``: discrete) whose map gives ≤ ``epsilon``.
+
+    The textbook ``l1_sensitivity / epsilon``, raised by the few ulps OpenDP's map needs (it
+    rounds its ε up), so the sampler that runs is ε-DP by OpenDP's own accounting, never more.
+    """
+    return _raise_until(
+        l1_sensitivity / epsilon,
+        lambda b: noise_lib.laplace_epsilon(b, l1_sensitivity, integer=integer) <= epsilon)
+
+
+@functools.lru_cache(maxsize=1024)
+def secure_gaussian_sigma(sigma: float, l2_sensitivity: float) -> float:
+    """σ' ≥ ``sigma`` of OpenDP's Gaussian sampler whose zCDP ρ is ≤ that of N(0, σ²) at Δ.
+
+    ρ = Δ²/(2σ²) is the zCDP of ``GaussianDpEvent(σ/Δ)``, the event charged; OpenDP's map rounds
+    its ρ up, so σ is raised by the few ulps needed for the sampler to meet the charged ρ.
+    """
+    rho = l2_sensitivity ** 2 / (2.0 * sigma ** 2)
+    return _raise_until(sigma, lambda s: noise_lib.gaussian_rho(s, l2_sensitivity) <= rho)
 
 
 # --- mechanisms -------------------------------------------------------------------------------
@@ -98,17 +145,22 @@ class LaplaceMechanism:
         """Standard deviation of the noise: sqrt(2) * scale."""
         return math.sqrt(2.0) * self.scale
 
-    def add_noise(self, value: ArrayLike | float, rng: np.random.Generator | None = None) -> Value:
+    @property
+    def sampler_scale(self) -> float:
+        """Scale OpenDP's continuous Laplace sampler runs with (:func:`secure_laplace_scale`)."""
+        return secure_laplace_scale(self.epsilon, self.l1_sensitivity)
+
+    def add_noise(self, value: ArrayLike | float, noise: NoiseSource | None = None) -> Value:
         """Returns ``value`` plus independent Laplace noise on every coordinate.
 
         Args:
           value: exact query answer (scalar or array).
-          rng: numpy generator; None draws from OS entropy.
+          noise: noise source; None (always, in components and pipelines) is OpenDP.
 
         Returns:
           A float for a scalar ``value``, else a float64 array of the same shape.
         """
-        return _plus_noise(value, lambda shape: rng_or_entropy(rng).laplace(0.0, self.scale, size=shape))
+        return noise_source(noise).laplace(value, self.sampler_scale)
 
     def dp_event(self) -> dp_accounting.LaplaceDpEvent:
         """The dp_accounting event of one application of this mechanism."""
@@ -206,17 +258,22 @@ class GaussianMechanism:
         """sigma / l2_sensitivity, dp_accounting's and TF Privacy's parameter of the mechanism."""
         return self.sigma / self.l2_sensitivity
 
-    def add_noise(self, value: ArrayLike | float, rng: np.random.Generator | None = None) -> Value:
+    @property
+    def sampler_sigma(self) -> float:
+        """σ OpenDP's Gaussian sampler runs with (:func:`secure_gaussian_sigma`, ≥ ``sigma``)."""
+        return secure_gaussian_sigma(self.sigma, self.l2_sensitivity)
+
+    def add_noise(self, value: ArrayLike | float, noise: NoiseSource | None = None) -> Value:
         """Returns ``value`` plus independent N(0, sigma²) noise on every coordinate.
 
         Args:
           value: exact query answer (scalar or array).
-          rng: numpy generator; None draws from OS entropy.
+          noise: noise source; None (always, in components and pipelines) is OpenDP.
 
         Returns:
           A float for a scalar ``value``, else a float64 array of the same shape.
         """
-        return _plus_noise(value, lambda shape: rng_or_entropy(rng).normal(0.0, self.sigma, size=shape))
+        return noise_source(noise).gaussian(value, self.sampler_sigma)
 
     def dp_event(self) -> dp_accounting.GaussianDpEvent:
         """The dp_accounting event of one application of this mechanism."""

@@ -7,7 +7,7 @@ with an exact, additive aggregate (partial aggregates of disjoint batches sum to
 their union) and a ``release`` that adds noise once to the total. The numpy functions
 (``dp_count``, ``dp_mean``, ...) run a query on an in-memory array; the DP Transform analyzers
 (``sage_tfx.components.dp_transform.analyzers``) run the *same* query objects inside Beam, so both
-paths release identical values for the same data and random generator.
+paths release identical values for the same data and noise source.
 
 Privacy assumptions, stated once for every function here:
 
@@ -19,8 +19,10 @@ Privacy assumptions, stated once for every function here:
   contains a NaN).
 * Group-by queries use parallel composition across keys (Sage §3.1: each record has exactly one
   key): the vector of per-key counts has L1 sensitivity 1, not ``len(key_domain)``.
-* Noise is sampled with numpy's floating-point samplers, which are not protected against the
-  floating-point attack of Mironov (CCS 2012); this matches TF Privacy and the paper's prototype.
+* Noise comes from OpenDP's Laplace sampler (:mod:`sage_tfx.dp.noise`), safe from Mironov's
+  floating-point attack, on counts too (see :mod:`sage_tfx.dp.mechanisms` for why not the
+  discrete Laplace). ``noise=SeededNoise(seed)`` (experiments and
+  tests only) makes a release reproducible.
 
 This module imports no TensorFlow.
 """
@@ -32,7 +34,8 @@ from typing import Any, Sequence
 import dp_accounting
 import numpy as np
 
-from sage_tfx.dp.mechanisms import ArrayLike, LaplaceMechanism, Value, check_bounds, rng_or_entropy
+from sage_tfx.dp.mechanisms import ArrayLike, LaplaceMechanism, Value, check_bounds
+from sage_tfx.dp.noise import NoiseSource
 from sage_tfx.errors import InvalidPrivacyParameterError
 from sage_tfx.ledger.accounting import check_epsilon
 
@@ -130,7 +133,7 @@ class Query:
         """Exact float64 aggregate of one batch (one array per input column)."""
         raise NotImplementedError
 
-    def release(self, total: np.ndarray, rng: np.random.Generator | None = None) -> Value:
+    def release(self, total: np.ndarray, noise: NoiseSource | None = None) -> Value:
         """The DP value from the exact aggregate of the whole dataset (noise drawn here)."""
         raise NotImplementedError
 
@@ -138,10 +141,10 @@ class Query:
         """The dp_accounting event of one ``release``."""
         raise NotImplementedError
 
-    def run(self, *columns: ArrayLike, rng: np.random.Generator | None = None) -> DPRelease:
+    def run(self, *columns: ArrayLike, noise: NoiseSource | None = None) -> DPRelease:
         """Aggregates in-memory columns and releases the DP value with its event."""
         total = self.aggregate(*(np.asarray(c) for c in columns))
-        return DPRelease(self.release(total, rng), self.dp_event(), self.epsilon)
+        return DPRelease(self.release(total, noise), self.dp_event(), self.epsilon)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,8 +162,8 @@ class CountQuery(Query):
     def aggregate(self, *columns: np.ndarray) -> np.ndarray:
         return np.array([float(len(np.asarray(columns[0])))])
 
-    def release(self, total: np.ndarray, rng: np.random.Generator | None = None) -> Value:
-        return LaplaceMechanism(self.epsilon, 1.0).add_noise(total[0], rng)
+    def release(self, total: np.ndarray, noise: NoiseSource | None = None) -> Value:
+        return LaplaceMechanism(self.epsilon, 1.0).add_noise(total[0], noise)
 
     def dp_event(self) -> dp_accounting.DpEvent:
         return LaplaceMechanism(self.epsilon, 1.0).dp_event()
@@ -192,15 +195,15 @@ class SumQuery(Query):
         x = x[~np.isnan(x)]
         return np.array([np.clip(x, self.lower, self.upper).sum()])
 
-    def release(self, total: np.ndarray, rng: np.random.Generator | None = None) -> Value:
-        return self.mechanism.add_noise(total[0], rng)
+    def release(self, total: np.ndarray, noise: NoiseSource | None = None) -> Value:
+        return self.mechanism.add_noise(total[0], noise)
 
     def dp_event(self) -> dp_accounting.DpEvent:
         return self.mechanism.dp_event()
 
 
 def _noisy_means(centered_sums: np.ndarray, counts: np.ndarray, lower: float, upper: float,
-                 epsilon: float, rng: np.random.Generator) -> np.ndarray:
+                 epsilon: float, noise: NoiseSource | None) -> np.ndarray:
     """Sage List. 1 mean: noisy centered sum / noisy count, each with half of ε.
 
     Centering on the midpoint halves the sum's sensitivity to (upper − lower)/2 (List. 1 uses the
@@ -208,8 +211,8 @@ def _noisy_means(centered_sums: np.ndarray, counts: np.ndarray, lower: float, up
     [lower, upper]; both are post-processing, free of privacy cost.
     """
     half = epsilon / 2.0
-    noisy_counts = LaplaceMechanism(half, 1.0).add_noise(counts, rng)
-    noisy_sums = LaplaceMechanism(half, (upper - lower) / 2.0).add_noise(centered_sums, rng)
+    noisy_counts = LaplaceMechanism(half, 1.0).add_noise(counts, noise)
+    noisy_sums = LaplaceMechanism(half, (upper - lower) / 2.0).add_noise(centered_sums, noise)
     midpoint = (lower + upper) / 2.0
     means = midpoint + np.asarray(noisy_sums) / np.maximum(np.asarray(noisy_counts), 1.0)
     return np.clip(means, lower, upper)
@@ -246,8 +249,8 @@ class MeanQuery(Query):
         midpoint = (self.lower + self.upper) / 2.0
         return np.array([(x - midpoint).sum(), float(x.size)])
 
-    def release(self, total: np.ndarray, rng: np.random.Generator | None = None) -> Value:
-        means = _noisy_means(total[:1], total[1:], self.lower, self.upper, self.epsilon, rng_or_entropy(rng))
+    def release(self, total: np.ndarray, noise: NoiseSource | None = None) -> Value:
+        means = _noisy_means(total[:1], total[1:], self.lower, self.upper, self.epsilon, noise)
         return float(means[0])
 
     def dp_event(self) -> dp_accounting.DpEvent:
@@ -277,8 +280,8 @@ class GroupByCountQuery(Query):
         idx = _key_indices(columns[0], self.key_domain)
         return np.bincount(idx[idx >= 0], minlength=len(self.key_domain)).astype(np.float64)
 
-    def release(self, total: np.ndarray, rng: np.random.Generator | None = None) -> Value:
-        return LaplaceMechanism(self.epsilon, 1.0).add_noise(total, rng)
+    def release(self, total: np.ndarray, noise: NoiseSource | None = None) -> Value:
+        return LaplaceMechanism(self.epsilon, 1.0).add_noise(total, noise)
 
     def dp_event(self) -> dp_accounting.DpEvent:
         return LaplaceMechanism(self.epsilon, 1.0).dp_event()
@@ -316,8 +319,8 @@ class GroupBySumQuery(Query):
         return np.bincount(idx[keep], weights=np.clip(x[keep], self.lower, self.upper),
                            minlength=len(self.key_domain)).astype(np.float64)
 
-    def release(self, total: np.ndarray, rng: np.random.Generator | None = None) -> Value:
-        return self.mechanism.add_noise(total, rng)
+    def release(self, total: np.ndarray, noise: NoiseSource | None = None) -> Value:
+        return self.mechanism.add_noise(total, noise)
 
     def dp_event(self) -> dp_accounting.DpEvent:
         return self.mechanism.dp_event()
@@ -361,9 +364,9 @@ class GroupByMeanQuery(Query):
         counts = np.bincount(idx[keep], minlength=k)
         return np.concatenate([sums, counts]).astype(np.float64)
 
-    def release(self, total: np.ndarray, rng: np.random.Generator | None = None) -> Value:
+    def release(self, total: np.ndarray, noise: NoiseSource | None = None) -> Value:
         k = len(self.key_domain)
-        return _noisy_means(total[:k], total[k:], self.lower, self.upper, self.epsilon, rng_or_entropy(rng))
+        return _noisy_means(total[:k], total[k:], self.lower, self.upper, self.epsilon, noise)
 
     def dp_event(self) -> dp_accounting.DpEvent:
         return _mean_event(self.epsilon, self.lower, self.upper)
@@ -372,7 +375,7 @@ class GroupByMeanQuery(Query):
 # --- numpy entry points -----------------------------------------------------------------------
 
 
-def dp_count(x: ArrayLike, epsilon: float, *, rng: np.random.Generator | None = None) -> DPRelease:
+def dp_count(x: ArrayLike, epsilon: float, *, noise: NoiseSource | None = None) -> DPRelease:
     """DP number of records in ``x`` (Laplace, sensitivity 1).
 
     Returns:
@@ -381,52 +384,52 @@ def dp_count(x: ArrayLike, epsilon: float, *, rng: np.random.Generator | None = 
     Raises:
       InvalidPrivacyParameterError: bad ε.
     """
-    return CountQuery(epsilon).run(np.asarray(x), rng=rng)
+    return CountQuery(epsilon).run(np.asarray(x), noise=noise)
 
 
 def dp_sum(x: ArrayLike, lower: float, upper: float, epsilon: float, *,
-           rng: np.random.Generator | None = None) -> DPRelease:
+           noise: NoiseSource | None = None) -> DPRelease:
     """DP sum of ``x`` clipped to [lower, upper] (Laplace, sensitivity max(|lower|, |upper|)).
 
     Raises:
       InvalidPrivacyParameterError: bad ε or bounds.
     """
-    return SumQuery(lower, upper, epsilon).run(x, rng=rng)
+    return SumQuery(lower, upper, epsilon).run(x, noise=noise)
 
 
 def dp_mean(x: ArrayLike, lower: float, upper: float, epsilon: float, *,
-            rng: np.random.Generator | None = None) -> DPRelease:
+            noise: NoiseSource | None = None) -> DPRelease:
     """DP mean of ``x`` clipped to [lower, upper]: sum and count noised separately (List. 1).
 
     Raises:
       InvalidPrivacyParameterError: bad ε or bounds.
     """
-    return MeanQuery(lower, upper, epsilon).run(x, rng=rng)
+    return MeanQuery(lower, upper, epsilon).run(x, noise=noise)
 
 
 def dp_group_by_count(keys: ArrayLike, key_domain: Sequence[Any], epsilon: float, *,
-                      rng: np.random.Generator | None = None) -> DPRelease:
+                      noise: NoiseSource | None = None) -> DPRelease:
     """DP count per key of the public ``key_domain`` (keys outside it are dropped).
 
     Returns:
       DPRelease whose value is a float64 array aligned with ``key_domain`` (every key present).
     """
-    return GroupByCountQuery(tuple(key_domain), epsilon).run(keys, rng=rng)
+    return GroupByCountQuery(tuple(key_domain), epsilon).run(keys, noise=noise)
 
 
 def dp_group_by_sum(keys: ArrayLike, values: ArrayLike, key_domain: Sequence[Any], lower: float,
                     upper: float, epsilon: float, *,
-                    rng: np.random.Generator | None = None) -> DPRelease:
+                    noise: NoiseSource | None = None) -> DPRelease:
     """DP clipped sum per key of the public ``key_domain`` (keys outside it are dropped)."""
-    return GroupBySumQuery(tuple(key_domain), lower, upper, epsilon).run(keys, values, rng=rng)
+    return GroupBySumQuery(tuple(key_domain), lower, upper, epsilon).run(keys, values, noise=noise)
 
 
 def dp_group_by_mean(keys: ArrayLike, values: ArrayLike, key_domain: Sequence[Any], lower: float,
                      upper: float, epsilon: float, *,
-                     rng: np.random.Generator | None = None) -> DPRelease:
+                     noise: NoiseSource | None = None) -> DPRelease:
     """DP clipped mean per key of the public ``key_domain`` (Sage List. 1 ``dp_group_by_mean``).
 
     Returns:
       DPRelease whose value is a float64 array aligned with ``key_domain``.
     """
-    return GroupByMeanQuery(tuple(key_domain), lower, upper, epsilon).run(keys, values, rng=rng)
+    return GroupByMeanQuery(tuple(key_domain), lower, upper, epsilon).run(keys, values, noise=noise)

@@ -9,7 +9,7 @@ only, like the paper's Tab. 2.
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import dp_accounting
 import numpy as np
@@ -79,8 +79,8 @@ class NpSlaValidator(MeanMetricValidator):
         return dp_accounting.NonPrivateDpEvent()
 
     def validate(self, values: ArrayLike, *, epsilon: float | None = None,
-                 rng: np.random.Generator | None = None) -> ValidationResult:
-        """Validates on the exact loss; ``epsilon`` and ``rng`` are ignored (no noise)."""
+                 noise: Any = None) -> ValidationResult:
+        """Validates on the exact loss; ``epsilon`` and ``noise`` are ignored (no noise)."""
         losses = self._losses(values)
         return self._decide(float(losses.size), float(losses.sum()), math.inf)
 
@@ -103,7 +103,7 @@ def tab2_validators(*, metric: str, target: float, eta: float,
 
     Returns:
       ``{"No SLA": ..., "NP SLA": ..., "UC DP SLA": ..., "Sage SLA": ...}``; all share
-      ``validate(values, *, epsilon, rng)``.
+      ``validate(values, *, epsilon, noise)``.
     """
     kwargs = dict(target=target, eta=eta, loss_bound=loss_bound, metric=metric)
     sage: MeanMetricValidator

@@ -24,8 +24,10 @@ Assumptions stated once for every validator here:
 * Adjacency is add/remove one test example: the count has sensitivity 1 and the sum of values
   clipped to ``[0, B]`` has sensitivity ``B`` (List. 2 lines 12 and 15-16). ``validate`` is then
   ``(epsilon, 0)``-DP; ``dp_event(epsilon)`` is exactly what it consumes.
-* Noise is drawn from the caller's ``numpy.random.Generator`` (reproducible tests). numpy's
-  floating-point Laplace sampler is not hardened against the attacks of Mironov (CCS'12).
+* Noise is OpenDP's continuous Laplace (:mod:`sage_tfx.dp.noise`), safe from Mironov's
+  floating-point attack (CCS'12), at a scale raised by at most a few ulps so that OpenDP's map
+  meets ε/2 per release (continuous Laplace on the count too, so the DP-noise corrections
+  below, which use its tails, hold as written). ``noise=SeededNoise(seed)`` (experiments and tests only) makes a run reproducible.
 * Per-example values are clipped to their range and non-finite values count as the worst value;
   no exception ever depends on the data, since an exception would itself release information.
 
@@ -42,6 +44,8 @@ import dp_accounting
 import numpy as np
 from numpy.typing import ArrayLike
 
+from sage_tfx.dp.mechanisms import LaplaceMechanism, noise_source
+from sage_tfx.dp.noise import NoiseSource
 from sage_tfx.dp.sla_bounds import sage_loss_lower_bound, sage_loss_upper_bound
 from sage_tfx.ledger.accounting import check_epsilon, check_positive
 
@@ -133,10 +137,11 @@ def _check_eta(eta: Any) -> float:
     return value
 
 
-def _check_rng(rng: Any) -> np.random.Generator:
-    if not isinstance(rng, np.random.Generator):
-        raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
-    return rng
+def _check_noise(noise: Any) -> NoiseSource:
+    if isinstance(noise, np.random.Generator):
+        raise TypeError("noise must be a sage_tfx.dp.noise source, not a numpy Generator: pass "
+                        "SeededNoise(rng=...) in experiments, nothing (OpenDP) elsewhere")
+    return noise_source(noise)
 
 
 def _as_values(values: ArrayLike, bound: float, name: str) -> np.ndarray:
@@ -151,10 +156,11 @@ def _as_values(values: ArrayLike, bound: float, name: str) -> np.ndarray:
 
 
 def _dp_count_and_sum(values: np.ndarray, bound: float, epsilon: float,
-                      rng: np.random.Generator) -> tuple[float, float]:
+                      noise: NoiseSource) -> tuple[float, float]:
     """(ε/2)-DP count + (ε/2)-DP sum of values in [0, bound] (List. 2 lines 12 and 15-16)."""
-    n_dp = float(values.size + rng.laplace(0.0, 2.0 / epsilon))
-    sum_dp = float(values.sum() + rng.laplace(0.0, 2.0 * bound / epsilon))
+    half = epsilon / 2.0
+    n_dp = float(LaplaceMechanism(half, 1.0).add_noise(float(values.size), noise))
+    sum_dp = float(LaplaceMechanism(half, bound).add_noise(float(values.sum()), noise))
     return n_dp, sum_dp
 
 
@@ -226,27 +232,27 @@ class MeanMetricValidator:
         return _count_and_sum_event(epsilon)
 
     def validate(self, values: ArrayLike, *, epsilon: float,
-                 rng: np.random.Generator) -> ValidationResult:
+                 noise: NoiseSource | None = None) -> ValidationResult:
         """Validates per-example values of the test set at privacy ``epsilon``.
 
         Args:
           values: per-example losses (metric "loss") or per-example correctness in {0, 1}
             (metric "accuracy"), one per test example.
           epsilon: the ε granted for validation (it is consumed in full, never clamped).
-          rng: the numpy Generator the Laplace noise is drawn from.
+          noise: the noise source; None (always, in components and pipelines) is OpenDP.
 
         Returns:
           The ValidationResult.
 
         Raises:
           InvalidPrivacyParameterError: ε not finite and > 0.
-          TypeError: rng is not a numpy Generator.
+          TypeError: noise is not a noise source.
           ValueError: values is not 1-D.
         """
         epsilon = check_epsilon(epsilon)
-        rng = _check_rng(rng)
+        noise = _check_noise(noise)
         losses = self._losses(values)
-        n_dp, sum_dp = _dp_count_and_sum(losses, self._loss_bound, epsilon, rng)
+        n_dp, sum_dp = _dp_count_and_sum(losses, self._loss_bound, epsilon, noise)
         return self._decide(n_dp, sum_dp, epsilon)
 
     def _losses(self, values: ArrayLike) -> np.ndarray:
@@ -480,26 +486,26 @@ class SumStatisticValidator:
             return np.where(n_dp > 0, numerator / n_dp, np.inf)
 
     def validate(self, values: ArrayLike, *, epsilon: float,
-                 rng: np.random.Generator) -> ValidationResult:
+                 noise: NoiseSource | None = None) -> ValidationResult:
         """Releases the DP mean of ``values`` at ``epsilon`` and validates its absolute error.
 
         Args:
           values: the per-example values the statistic is computed on.
           epsilon: the ε of the release (consumed in full: ``dp_event(epsilon)``).
-          rng: the numpy Generator the Laplace noise is drawn from.
+          noise: the noise source; None (always, in components and pipelines) is OpenDP.
 
         Returns:
           The ValidationResult; ``dp_estimate`` is the released DP mean.
 
         Raises:
           InvalidPrivacyParameterError: ε not finite and > 0.
-          TypeError: rng is not a numpy Generator.
+          TypeError: noise is not a noise source.
           ValueError: values is not 1-D.
         """
         epsilon = check_epsilon(epsilon)
-        rng = _check_rng(rng)
+        noise = _check_noise(noise)
         clipped = _as_values(values, self._value_bound, "values")
-        n_dp, sum_dp = _dp_count_and_sum(clipped, self._value_bound, epsilon, rng)
+        n_dp, sum_dp = _dp_count_and_sum(clipped, self._value_bound, epsilon, noise)
         return self.validate_release(dp_sum=sum_dp, dp_count=n_dp, epsilon=epsilon)
 
     def validate_release(self, *, dp_sum: float, dp_count: float,

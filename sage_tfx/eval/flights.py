@@ -15,6 +15,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from sage_tfx.dp import adassp as adassp_lib
+from sage_tfx.dp.noise import SeededNoise
 
 MSE = "mse"
 ACCURACY = "accuracy"
@@ -134,13 +135,14 @@ def adassp_from_moments(xtx: np.ndarray, xty: np.ndarray, *, noise_multiplier: f
     """AdaSSP weights from the exact moments XᵀX and Xᵀy of already-clipped data.
 
     Performs exactly the three releases of :func:`sage_tfx.dp.adassp.adassp` with the same
-    draws in the same order (a test checks the weights are identical for the same generator), so
+    draws in the same order (a test checks the weights are identical for ``SeededNoise`` on the
+    same generator), so
     the moments XᵀX shared by the two tasks are computed once. The caller guarantees that rows
     have norm ≤ x_bound and labels |y| ≤ y_bound (adassp would clip them).
     """
     return adassp_lib.release_from_moments(
-        xtx, xty, s_xx=noise_multiplier * x_bound ** 2, s_xy=noise_multiplier * x_bound * y_bound,
-        delta=delta, rho=rho, gen=gen)[0]
+        xtx, xty, noise_multiplier=noise_multiplier, x_bound=x_bound, y_bound=y_bound,
+        delta=delta, rho=rho, noise=SeededNoise(rng=gen))[0]
 
 
 def per_example_loss(task: str, scores: np.ndarray, labels: np.ndarray) -> np.ndarray:

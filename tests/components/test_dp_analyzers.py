@@ -1,7 +1,7 @@
 """Slow tests of the DP tf.Transform analyzers (components/dp_transform/analyzers.py).
 
 They run tensorflow_transform on Beam's in-process runner and check that (a) each analyzer
-releases the exact statistic plus exactly the noise a seeded numpy draw gives (so the noise scale
+releases the exact statistic plus exactly the noise the same seeded source gives (so the noise scale
 is the one tested in test_mechanisms.py), (b) the noise is drawn once, in Beam, and baked into the
 transform graph as a constant (same value for every batch; the exact statistic is not in the
 graph), (c) group-by releases every key of the public domain, and (d) the budget is enforced.
@@ -21,6 +21,7 @@ from sage_tfx.dp import mechanisms as m
 from sage_tfx.dp import histograms
 from sage_tfx.dp import queries
 from sage_tfx.errors import InvalidPrivacyParameterError, MissingGrantError
+from sage_tfx.dp.noise import SeededNoise
 
 pytestmark = pytest.mark.slow
 
@@ -81,21 +82,21 @@ def sage_preprocessing_fn(inputs, epsilon, env):
         return tf.tile(stat, [batch, 1])
 
     out = {
-        "sum": per_instance(A.dp_sum(x, LOWER, UPPER, shares[0], seed=1)),
-        "mean": per_instance(A.dp_mean(x, LOWER, UPPER, shares[1], seed=2)),
-        "group_count": per_instance(A.dp_group_by_count(k, KEY_DOMAIN, shares[2], seed=3)),
+        "sum": per_instance(A.dp_sum(x, LOWER, UPPER, shares[0], noise=SeededNoise(1))),
+        "mean": per_instance(A.dp_mean(x, LOWER, UPPER, shares[1], noise=SeededNoise(2))),
+        "group_count": per_instance(A.dp_group_by_count(k, KEY_DOMAIN, shares[2], noise=SeededNoise(3))),
         "group_sum": per_instance(A.dp_group_by_sum(h, x, INT_DOMAIN, LOWER, UPPER, shares[3],
-                                                    seed=4)),
+                                                    noise=SeededNoise(4))),
         "group_mean_per_key": per_instance(A.dp_group_by_mean_per_key(
-            k, x, KEY_DOMAIN, LOWER, UPPER, shares[4], seed=5)),
-        "hour_mean": A.dp_group_by_mean(h, x, INT_DOMAIN, LOWER, UPPER, shares[5], seed=6),
-        "histogram": per_instance(A.dp_histogram(x, BIN_EDGES, shares[6], seed=7)),
-        "x_01": A.dp_scale_to_0_1(x, LOWER, UPPER, shares[7], num_bins=20, seed=8),
+            k, x, KEY_DOMAIN, LOWER, UPPER, shares[4], noise=SeededNoise(5))),
+        "hour_mean": A.dp_group_by_mean(h, x, INT_DOMAIN, LOWER, UPPER, shares[5], noise=SeededNoise(6)),
+        "histogram": per_instance(A.dp_histogram(x, BIN_EDGES, shares[6], noise=SeededNoise(7))),
+        "x_01": A.dp_scale_to_0_1(x, LOWER, UPPER, shares[7], num_bins=20, noise=SeededNoise(8)),
         "quantiles": per_instance(A.dp_quantiles(x, [0.25, 0.5, 0.75], LOWER, UPPER, shares[8],
-                                                 num_bins=20, seed=9)),
+                                                 num_bins=20, noise=SeededNoise(9))),
     }
     for i, seed in enumerate(COUNT_SEEDS):
-        out[f"count_{seed}"] = per_instance(A.dp_count(x, shares[9 + i], seed=seed))
+        out[f"count_{seed}"] = per_instance(A.dp_count(x, shares[9 + i], noise=SeededNoise(seed)))
     return out
 
 
@@ -124,7 +125,7 @@ def released(run, name):
 
 def reference(query, *cols, seed):
     """What the numpy core releases for the same data and seed."""
-    return np.asarray(query.run(*cols, rng=np.random.default_rng(seed)).value, dtype=np.float32)
+    return np.asarray(query.run(*cols, noise=SeededNoise(seed)).value, dtype=np.float32)
 
 
 # --- (a) exact statistic + the seeded noise ---------------------------------------------------
@@ -337,10 +338,10 @@ def test_group_by_mean_out_of_domain_default_and_sparse_inputs(env):
     def fn(inputs):
         v = inputs["v"]
         return {"m": A.dp_group_by_mean(inputs["k"], inputs["x"], ["a", "b"], 0.0, 4.0, 1.0,
-                                        seed=0),
-                "v_count": tf_fill(env, inputs["x"], A.dp_count(v, 1.0, seed=1)),
-                "v_mean": tf_fill(env, inputs["x"], A.dp_mean(v, 0.0, 10.0, 1.0, seed=2)),
-                "v_01": A.dp_scale_to_0_1(v, 0.0, 10.0, 1.0, num_bins=5, seed=3)}
+                                        noise=SeededNoise(0)),
+                "v_count": tf_fill(env, inputs["x"], A.dp_count(v, 1.0, noise=SeededNoise(1))),
+                "v_mean": tf_fill(env, inputs["x"], A.dp_mean(v, 0.0, 10.0, 1.0, noise=SeededNoise(2))),
+                "v_01": A.dp_scale_to_0_1(v, 0.0, 10.0, 1.0, num_bins=5, noise=SeededNoise(3))}
 
     with env.tft_beam.Context(temp_dir=tempfile.mkdtemp()):
         (out, _), _ = ((rows, metadata)
@@ -410,8 +411,8 @@ def test_underspend_and_bad_arguments_in_graph(env):
                 A.dp_sum(env.tf.compat.v1.placeholder(env.tf.float32, [None, 2]), 0.0, 1.0, 0.1)
             with pytest.raises(TypeError):
                 A.dp_group_by_count(x, ["a"], 0.1)
-            with pytest.raises(ValueError):
-                A.dp_count(x, 0.1, seed=-1)
+            with pytest.raises(TypeError):
+                A.dp_count(x, 0.1, noise=np.random.default_rng(1))  # not a noise source
         assert budget.spent == 0.5
         with pytest.raises(InvalidPrivacyParameterError, match="nest"):
             with A.dp_budget(1.0):

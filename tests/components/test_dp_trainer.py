@@ -280,16 +280,20 @@ def test_dpsgd_basic_run_exports_serving_model_and_records_guarantee(mods, tmp_p
     plan = PrivacyPlan.of(PlanPart("train", 2.0, 1e-5), PlanPart("validate", 0.5))
     grant = _grant(mods, tmp_path, plan)
     model = _train(mods, tmp_path, grant=grant, examples=_examples(uri, grant.grant_id),
-                   config=DPSGD_CONFIG)
+                   config={**DPSGD_CONFIG, "membership_audit": "eval"})
 
     props = _custom(model)
     n = _labeled(rows["train"])
+    with open(os.path.join(model.uri, g.MEMBERSHIP_FILE_NAME)) as f:
+        membership = json.load(f)  # the opt-in audit: train vs eval split, flagged as not DP
+    assert membership["num_train"] == n and membership["num_heldout"] == _labeled(rows["eval"])
+    assert 0.0 <= membership["auc"] <= 1.0 and not membership["differentially_private"]
     assert n < N_TRAIN  # records without a label are not trained on
     assert props["dp_num_examples"] == n and props["dp_batch_size"] == 30
     assert props["dp_epochs"] == 2.0 and props["dp_steps"] == math.ceil(2 * n / 30)
     assert props["dp_algorithm"] == "dpsgd" and props["dp_mode"] == "basic"
     assert props["dp_accounting"] == "rdp" and props["dp_delta"] == 1e-5
-    assert props["dp_sampling"] == "poisson (approximated by shuffled fixed batches)"
+    assert props["dp_sampling"] == "poisson (each example independently with probability q per step)"
     assert props["dp_l2_norm_clip"] == 1.0 and props["grant_id"] == grant.grant_id
     # ε recomputed with dp_accounting from the recorded σ, q and steps: the recorded ε, ≤ part.
     eps = _rdp_eps(30 / n, props["dp_noise_multiplier"], props["dp_steps"], 1e-5)

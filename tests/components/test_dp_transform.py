@@ -14,6 +14,7 @@ import pytest
 
 from blockdata import make_example, read_examples
 from sage_tfx.errors import InvalidPrivacyParameterError
+from sage_tfx.dp.noise import SeededNoise
 
 pytestmark = pytest.mark.slow
 
@@ -31,12 +32,15 @@ import tensorflow as tf
 import tensorflow_transform as tft
 from sage_tfx.dp import mechanisms
 from sage_tfx.components.dp_transform import analyzers as dp
+from sage_tfx.dp.noise import SeededNoise
 
 def preprocessing_fn(inputs, epsilon):
     mean_share, group_share = mechanisms.split_budget(epsilon, 0.0, [1, 1])
-    x_mean = dp.dp_mean(inputs["x"], 0.0, 10.0, mean_share.epsilon, seed=7, name="x_mean")
+    x_mean = dp.dp_mean(inputs["x"], 0.0, 10.0, mean_share.epsilon, noise=SeededNoise(7),
+                         name="x_mean")
     x_by_k = dp.dp_group_by_mean(inputs["k"], inputs["x"], ["a", "b", "c"], 0.0, 10.0,
-                                 group_share.epsilon, seed=8, name="x_by_k")
+                                 group_share.epsilon, noise=SeededNoise(8),
+                                 name="x_by_k")
     return {
         "x_centered": inputs["x"] - x_mean,
         "x_by_k": x_by_k,
@@ -260,7 +264,7 @@ def test_dp_run_writes_stock_outputs_with_noisy_constants(tfx_modules, basic_run
     np.testing.assert_allclose(offsets, offsets[0], atol=1e-5)
     share = mechanisms.split_budget(TRANSFORM_EPSILON, 0.0, [1, 1])
     expected = queries.dp_mean(x_train, LOWER, UPPER, share[0].epsilon,
-                                  rng=np.random.default_rng(7)).value
+                                  noise=SeededNoise(7)).value
     assert offsets[0] == pytest.approx(expected, abs=1e-4)       # the seeded Laplace release
     assert abs(offsets[0] - x_train.mean()) > 1e-3                # ... which is not the exact mean
 

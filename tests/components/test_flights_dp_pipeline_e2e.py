@@ -10,7 +10,7 @@ fixture runs, in order, with one metadata database:
    estimate) → RETRY, nothing pushed, budget charged anyway;
 3. the same window again → DENIED by the gate (its blocks are exhausted), nothing read.
 
-Seeds (trainer and validator) make the runs reproducible; the DP Transform's noise is unseeded.
+The trainer's seed fixes its initialisation; every DP release's noise is OpenDP's (unseeded).
 """
 import os
 import time
@@ -52,7 +52,7 @@ def runs(tmp_path_factory):
     settings = dict(pipeline_name="flights-dp", pipeline_root=str(root / "tfx"),
                     metadata_path=str(root / "mlmd.db"), ledger_url=ledger_url, stream=STREAM,
                     window_last=WINDOW, plan=plan, serving_model_dir=str(root / "serving"),
-                    trainer_config={"seed": 1}, validator_seed=1)
+                    trainer_config={"seed": 1})
 
     def run(target):
         start = time.monotonic()

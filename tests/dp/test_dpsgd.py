@@ -165,3 +165,16 @@ def test_core_modules_import_no_tensorflow():
             "bad = [m for m in ('tensorflow', 'tensorflow_privacy') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("accountant,tol", [("rdp", 0.1), ("rdp", 1e-3)])  # PLD: round trip above
+@pytest.mark.parametrize("epsilon", [0.2, 1.0, 8.0])
+def test_calibration_never_overshoots_the_target(accountant, tol, epsilon):
+    """Opacus #346: a bisection that stops on the wrong side returns σ whose ε exceeds the
+    target. Even with a coarse tolerance the returned σ meets it."""
+    delta, batch, n, epochs = 1e-5, 64, 2000, 2
+    sigma = dpsgd.calibrate_noise_multiplier(epsilon, delta, batch, n, epochs, accountant, tol=tol)
+    achieved = dpsgd.dpsgd_epsilon(dpsgd.dpsgd_event(sigma, batch, n, epochs), delta, accountant)
+    assert achieved <= epsilon
+    assert dpsgd.dpsgd_epsilon(dpsgd.dpsgd_event(sigma - 2 * tol, batch, n, epochs), delta,
+                               accountant) > epsilon  # and is within 2·tol of the smallest σ

@@ -89,8 +89,9 @@ def test_train_learns_and_guarantee_matches_dp_accounting(tf):
     assert (guarantee.num_examples, guarantee.batch_size, guarantee.steps) == (n, batch, steps)
     assert guarantee.l2_norm_clip == 1.0 and guarantee.accountant == "rdp"
     assert "Poisson" in guarantee.sampling
-    # Every step that ran is accounted: drop_remainder gives epochs * floor(n / batch).
-    assert int(model.optimizer.iterations.numpy()) == epochs * (n // batch) <= steps
+    # Exactly the accounted steps ran, each on a Poisson sample normalised by the expected size.
+    assert int(model.optimizer.iterations.numpy()) == steps
+    assert model.expected_batch_size == batch
     assert model._noise_multiplier == guarantee.noise_multiplier  # pylint: disable=protected-access
     assert model._enable_fast_peg_computation  # pylint: disable=protected-access
 
@@ -186,3 +187,80 @@ def test_compile_rejects_string_loss_and_dp_optimizer(tf):
     with pytest.raises(ValueError, match="standard Keras optimizer"):
         keras_dpsgd.compile_dp(model, loss=tf.keras.losses.MeanSquaredError(),
                                optimizer=DPKerasSGDOptimizer(1.0, 1.0, learning_rate=0.1))
+
+
+# --- Poisson DP-SGD: the sampling, normalisation and sensitivity that the event charges ---------
+
+
+@pytest.mark.slow
+def test_poisson_batches_sample_each_example_independently(tf):
+    n, q, steps = 200, 0.1, 400
+    x = np.arange(n, dtype=np.float32)[:, None]
+    sizes, counts = [], np.zeros(n)
+    for bx, _ in keras_dpsgd.poisson_batches(x, np.zeros((n, 1), np.float32), q, steps):
+        ids = bx.numpy()[:, 0].astype(int)
+        assert len(set(ids)) == len(ids)
+        sizes.append(ids.size)
+        counts[ids] += 1
+    sizes = np.array(sizes)
+    assert sizes.size == steps
+    # Batch sizes are Binomial(n, q) (fixed-size batches would have variance 0) ...
+    assert abs(sizes.mean() - n * q) < 5 * math.sqrt(n * q * (1 - q) / steps)
+    assert sizes.var(ddof=1) == pytest.approx(n * q * (1 - q), rel=0.3)
+    # ... and every example joins Binomial(steps, q) batches (no epoch structure).
+    assert abs(counts.mean() - steps * q) < 5 * math.sqrt(steps * q * (1 - q) / n)
+    assert counts.var(ddof=1) == pytest.approx(steps * q * (1 - q), rel=0.3)
+
+
+@pytest.mark.slow
+def test_poisson_step_divides_by_the_expected_batch_size(tf):
+    """Opacus #571: the noisy clipped sum is divided by the expected batch size q·n, whatever
+    the realised size (dividing by the realised size would leak it)."""
+    clip, lr, expected = 1.0, 0.1, 8.0
+    model = keras_dpsgd.make_poisson_dp_model(
+        [tf.keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")], input_shape=(3,),
+        l2_norm_clip=clip, noise_multiplier=1e-9, expected_batch_size=expected)
+    keras_dpsgd.compile_dp(model, loss=tf.keras.losses.MeanSquaredError(), learning_rate=lr)
+    w0 = np.ones(3)
+    x = np.array([[1.0, 2.0, 2.0], [0.1, 0.0, 0.0]], np.float32)
+    y = np.array([[-10.0], [0.0]], np.float32)
+    grads = 2 * (x @ w0 - y[:, 0])[:, None] * x
+    clipped = grads / np.maximum(1.0, np.linalg.norm(grads, axis=1) / clip)[:, None]
+    model.train_on_batch(x, y)
+    np.testing.assert_allclose(model.get_weights()[0][:, 0],
+                               w0 - lr * clipped.sum(axis=0) / expected, rtol=0, atol=1e-6)
+    # Noise: realised batches of 10 and of 0 examples, expected 40: std lr·σ·C/40 in both.
+    sigma, clip, lr = 4.0, 0.5, 0.5
+    noisy = keras_dpsgd.make_poisson_dp_model(
+        [tf.keras.layers.Dense(1, kernel_initializer="zeros")], input_shape=(100,),
+        l2_norm_clip=clip, noise_multiplier=sigma, expected_batch_size=40)
+    keras_dpsgd.compile_dp(noisy, loss=tf.keras.losses.MeanSquaredError(), learning_rate=lr)
+    zeros = [np.zeros_like(w) for w in noisy.get_weights()]
+    for realised in (10, 0):
+        samples = []
+        for _ in range(20):
+            noisy.set_weights(zeros)
+            noisy.train_on_batch(np.zeros((realised, 100), np.float32),
+                                 np.zeros((realised, 1), np.float32))
+            samples.append(np.concatenate([w.ravel() for w in noisy.get_weights()]))
+        assert np.std(samples) == pytest.approx(lr * sigma * clip / 40, rel=0.05), realised
+
+
+@pytest.mark.slow
+def test_microbatching_is_never_used_and_would_double_the_sensitivity(tf):
+    """TF Privacy #620: k microbatches double the add-or-remove sensitivity of each microbatch
+    mean. Our trainer never microbatches, so TF Privacy's own accounting of an unmicrobatched
+    Poisson run equals ours, and its microbatched accounting is far above it."""
+    model = keras_dpsgd.make_poisson_dp_model(
+        keras_dpsgd.mlp_layers((4,)), input_shape=(3,), l2_norm_clip=1.0, noise_multiplier=1.0,
+        expected_batch_size=10)
+    assert model._num_microbatches is None  # pylint: disable=protected-access
+    from tensorflow_privacy.privacy.analysis import compute_dp_sgd_privacy_lib as lib
+    n, batch, epochs, sigma, delta = 1000, 50, 2, 1.1, 1e-5
+    ours = dpsgd.dpsgd_epsilon(dpsgd.dpsgd_event(sigma, batch, n, epochs), delta, "rdp")
+    theirs = lib._compute_dp_sgd_example_privacy(  # pylint: disable=protected-access
+        epochs, sigma, delta, used_microbatching=False, poisson_subsampling_probability=batch / n)
+    assert ours == pytest.approx(theirs, rel=1e-9)
+    microbatched = lib._compute_dp_sgd_example_privacy(  # pylint: disable=protected-access
+        epochs, sigma, delta, used_microbatching=True, poisson_subsampling_probability=batch / n)
+    assert microbatched > 2 * ours

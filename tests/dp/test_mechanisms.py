@@ -19,6 +19,7 @@ from sage_tfx.dp import histograms
 from sage_tfx.dp import queries
 from sage_tfx.ledger.accounting import exact
 from sage_tfx.errors import InvalidPrivacyParameterError
+from sage_tfx.dp.noise import SeededNoise
 
 N_DRAWS = 200_000
 Z = 5.0  # standard errors of tolerance
@@ -37,7 +38,7 @@ def pld_epsilon(event: dp_accounting.DpEvent, delta: float) -> float:
 def test_laplace_std_matches_formula(epsilon, sensitivity):
     mech = m.LaplaceMechanism(epsilon, sensitivity)
     assert mech.scale == pytest.approx(sensitivity / epsilon)
-    noise = mech.add_noise(np.zeros(N_DRAWS), np.random.default_rng(0))
+    noise = mech.add_noise(np.zeros(N_DRAWS), SeededNoise(0))
     # Laplace: kurtosis 6, so Var(s²) = (μ4 − σ⁴)/n = 5σ⁴/n and SE(s)/σ ≈ sqrt(5/n)/2.
     rel_se = math.sqrt(5.0 / N_DRAWS) / 2.0
     assert np.std(noise) == pytest.approx(math.sqrt(2.0) * mech.scale, rel=Z * rel_se)
@@ -50,7 +51,7 @@ def test_laplace_std_matches_formula(epsilon, sensitivity):
 @pytest.mark.parametrize("epsilon,delta,sensitivity", [(1.0, 1e-5, 1.0), (0.5, 1e-6, 3.0)])
 def test_gaussian_std_matches_sigma(epsilon, delta, sensitivity):
     mech = m.GaussianMechanism(epsilon, delta, sensitivity)
-    noise = mech.add_noise(np.zeros(N_DRAWS), np.random.default_rng(1))
+    noise = mech.add_noise(np.zeros(N_DRAWS), SeededNoise(1))
     rel_se = 1.0 / math.sqrt(2.0 * N_DRAWS)  # SE(s)/σ for a normal sample
     assert np.std(noise) == pytest.approx(mech.sigma, rel=Z * rel_se)
     assert abs(np.mean(noise)) < Z * mech.sigma / math.sqrt(N_DRAWS)
@@ -58,11 +59,17 @@ def test_gaussian_std_matches_sigma(epsilon, delta, sensitivity):
 
 def test_add_noise_keeps_shape_and_scalars():
     mech = m.LaplaceMechanism(1.0)
-    assert isinstance(mech.add_noise(3.0, np.random.default_rng(0)), float)
-    assert mech.add_noise(np.zeros((2, 3)), np.random.default_rng(0)).shape == (2, 3)
-    rng_a, rng_b = np.random.default_rng(7), np.random.default_rng(7)
-    assert mech.add_noise(10.0, rng_a) == 10.0 + rng_b.laplace(0.0, 1.0)
-    assert mech.add_noise(0.0) != mech.add_noise(0.0)  # OS randomness by default
+    assert isinstance(mech.add_noise(3.0, SeededNoise(0)), float)
+    assert mech.add_noise(np.zeros((2, 3)), SeededNoise(0)).shape == (2, 3)
+    assert mech.add_noise(10.0, SeededNoise(7)) == 10.0 + np.random.default_rng(7).laplace(0.0, 1.0)
+    assert mech.add_noise(0.0) != mech.add_noise(0.0)  # OpenDP by default
+    with pytest.raises(TypeError, match="noise source"):
+        mech.add_noise(0.0, np.random.default_rng(0))  # a bare generator is not a noise source
+
+
+def _count_noise(seed, shape, epsilon):
+    """The Laplace draws SeededNoise(seed) adds to a sensitivity-1 count at ε."""
+    return SeededNoise(seed).laplace(np.zeros(shape), m.secure_laplace_scale(epsilon, 1.0))
 
 
 def test_dp_events():
@@ -254,7 +261,7 @@ def test_queries_are_additive_over_batches():
 
 def test_release_is_exact_aggregate_plus_seeded_noise():
     x = np.arange(10.0)
-    release = queries.dp_sum(x, 0.0, 4.0, 0.5, rng=np.random.default_rng(11))
+    release = queries.dp_sum(x, 0.0, 4.0, 0.5, noise=SeededNoise(11))
     clipped = np.clip(x, 0.0, 4.0).sum()
     assert release.value == clipped + np.random.default_rng(11).laplace(0.0, 4.0 / 0.5)
     assert release.event == dp_accounting.LaplaceDpEvent(noise_multiplier=2.0)
@@ -262,8 +269,8 @@ def test_release_is_exact_aggregate_plus_seeded_noise():
 
 
 def test_dp_count():
-    release = queries.dp_count(np.zeros((57, 3)), 1.0, rng=np.random.default_rng(0))
-    assert release.value == 57 + np.random.default_rng(0).laplace(0.0, 1.0)
+    release = queries.dp_count(np.zeros((57, 3)), 1.0, noise=SeededNoise(0))
+    assert release.value == 57 + _count_noise(0, (), 1.0)
     assert release.event == dp_accounting.LaplaceDpEvent(noise_multiplier=1.0)
 
 
@@ -279,10 +286,11 @@ def test_dp_sum_clips_and_ignores_nan():
 def test_dp_mean_noises_sum_and_count_separately():
     x = np.array([1.0, 2.0, 3.0, 50.0, float("nan")])
     assert queries.dp_mean(x, 0.0, 10.0, HUGE_EPSILON).value == pytest.approx(16.0 / 4.0)
-    release = queries.dp_mean(x, 0.0, 10.0, 1.0, rng=np.random.default_rng(5))
-    rng = np.random.default_rng(5)
-    noisy_count = 4 + rng.laplace(0.0, 1.0 / 0.5)  # count first, ε/2, sensitivity 1
-    noisy_sum = (16.0 - 4 * 5.0) + rng.laplace(0.0, 5.0 / 0.5)  # centered sum, sensitivity 5
+    release = queries.dp_mean(x, 0.0, 10.0, 1.0, noise=SeededNoise(5))
+    seeded = SeededNoise(5)
+    # count first (ε/2, sensitivity 1), then the centered sum (sensitivity 5)
+    noisy_count = seeded.laplace(4.0, m.secure_laplace_scale(0.5, 1.0))
+    noisy_sum = seeded.laplace(16.0 - 4 * 5.0, m.secure_laplace_scale(0.5, 5.0))
     expected = np.clip(5.0 + noisy_sum / max(noisy_count, 1.0), 0.0, 10.0)
     assert release.value == pytest.approx(expected, rel=1e-12)
     assert release.event == dp_accounting.ComposedDpEvent([
@@ -293,7 +301,7 @@ def test_dp_mean_noises_sum_and_count_separately():
 
 def test_dp_mean_of_empty_data_stays_in_bounds():
     for seed in range(50):
-        value = queries.dp_mean([], -1.0, 3.0, 0.1, rng=np.random.default_rng(seed)).value
+        value = queries.dp_mean([], -1.0, 3.0, 0.1, noise=SeededNoise(seed)).value
         assert -1.0 <= value <= 3.0
 
 
@@ -303,16 +311,15 @@ def test_group_by_count_over_public_domain():
     release = queries.dp_group_by_count(keys, domain, HUGE_EPSILON)
     np.testing.assert_allclose(release.value, [1.0, 3.0, 0.0], atol=1e-6)
     # Noise is a vector Laplace of L1 sensitivity 1 (parallel composition): scale 1/ε per key.
-    seeded = queries.dp_group_by_count(keys, domain, 2.0, rng=np.random.default_rng(9)).value
-    np.testing.assert_array_equal(
-        seeded, np.array([1.0, 3.0, 0.0]) + np.random.default_rng(9).laplace(0.0, 0.5, 3))
+    seeded = queries.dp_group_by_count(keys, domain, 2.0, noise=SeededNoise(9)).value
+    np.testing.assert_array_equal(seeded, np.array([1.0, 3.0, 0.0]) + _count_noise(9, 3, 2.0))
     assert release.event == dp_accounting.LaplaceDpEvent(noise_multiplier=1.0 / HUGE_EPSILON)
 
 
 def test_group_by_count_noise_scale_per_key():
     domain = list(range(N_DRAWS))
     noise = queries.dp_group_by_count(np.array([], dtype=np.int64), domain, 4.0,
-                                rng=np.random.default_rng(2)).value
+                                noise=SeededNoise(2)).value
     assert noise.shape == (N_DRAWS,)
     assert np.std(noise) == pytest.approx(math.sqrt(2.0) / 4.0,
                                           rel=Z * math.sqrt(5.0 / N_DRAWS) / 2.0)
@@ -346,24 +353,23 @@ def test_histogram_clips_into_outer_bins():
     x = [-10.0, 0.0, 0.5, 1.0, 2.0, 3.0, 99.0, float("nan")]
     release = histograms.dp_histogram(x, [0.0, 1.0, 2.0, 3.0], HUGE_EPSILON)
     np.testing.assert_allclose(release.value, [3.0, 1.0, 3.0], atol=1e-6)
-    seeded = histograms.dp_histogram(x, [0.0, 1.0, 2.0, 3.0], 0.5, rng=np.random.default_rng(4)).value
-    np.testing.assert_array_equal(
-        seeded, np.array([3.0, 1.0, 3.0]) + np.random.default_rng(4).laplace(0.0, 2.0, 3))
+    seeded = histograms.dp_histogram(x, [0.0, 1.0, 2.0, 3.0], 0.5, noise=SeededNoise(4)).value
+    np.testing.assert_array_equal(seeded, np.array([3.0, 1.0, 3.0]) + _count_noise(4, 3, 0.5))
 
 
 def test_min_max_from_dp_histogram():
     rng = np.random.default_rng(8)
     x = rng.uniform(2.0, 7.0, 20_000)
-    release = histograms.dp_min_max(x, 0.0, 10.0, 1.0, num_bins=100, rng=np.random.default_rng(1))
+    release = histograms.dp_min_max(x, 0.0, 10.0, 1.0, num_bins=100, noise=SeededNoise(1))
     low, high = release.value
     assert low == pytest.approx(2.0, abs=0.1 + 1e-9)  # one bin width
     assert high == pytest.approx(7.0, abs=0.1 + 1e-9)
     assert release.event == dp_accounting.LaplaceDpEvent(noise_multiplier=1.0)
     # No data: no bin passes the threshold (w.p. ≥ 1 − β), the public range is returned.
-    empty = histograms.dp_min_max([], 0.0, 10.0, 1.0, rng=np.random.default_rng(1)).value
+    empty = histograms.dp_min_max([], 0.0, 10.0, 1.0, noise=SeededNoise(1)).value
     np.testing.assert_array_equal(empty, [0.0, 10.0])
     for seed in range(20):
-        low, high = histograms.dp_min_max(x[:30], 0.0, 10.0, 0.1, rng=np.random.default_rng(seed)).value
+        low, high = histograms.dp_min_max(x[:30], 0.0, 10.0, 0.1, noise=SeededNoise(seed)).value
         assert 0.0 <= low < high <= 10.0
 
 
@@ -380,10 +386,10 @@ def test_quantiles_from_dp_histogram():
     rng = np.random.default_rng(6)
     x = rng.uniform(0.0, 10.0, 50_000)
     release = histograms.dp_quantiles(x, [0.1, 0.5, 0.9], 0.0, 10.0, 1.0, num_bins=100,
-                             rng=np.random.default_rng(0))
+                             noise=SeededNoise(0))
     np.testing.assert_allclose(release.value, np.quantile(x, [0.1, 0.5, 0.9]), atol=0.1)
     assert np.all(np.diff(release.value) >= 0)
-    empty = histograms.dp_quantiles([], [0.0, 0.5, 1.0], 0.0, 10.0, 1e-9, rng=np.random.default_rng(0))
+    empty = histograms.dp_quantiles([], [0.0, 0.5, 1.0], 0.0, 10.0, 1e-9, noise=SeededNoise(0))
     assert np.all((empty.value >= 0.0) & (empty.value <= 10.0))
     with pytest.raises(ValueError):
         histograms.dp_quantiles(x, [1.5], 0.0, 10.0, 1.0)

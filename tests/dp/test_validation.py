@@ -22,6 +22,7 @@ from sage_tfx.dp import sla_baselines
 from sage_tfx.dp import sla_bounds
 from sage_tfx.ledger.accounting import event_from_json, event_to_json
 from sage_tfx.errors import InvalidPrivacyParameterError
+from sage_tfx.dp.noise import SeededNoise
 
 
 def _rng(seed: int = 0) -> np.random.Generator:
@@ -51,7 +52,7 @@ def test_outcome_values():
 
 def test_result_is_frozen_and_json_ready():
     result = v.LossValidator(target=0.2, loss_bound=1.0, eta=0.05).validate(
-        _beta_losses(_rng(), 0.1, 2000), epsilon=1.0, rng=_rng(1))
+        _beta_losses(_rng(), 0.1, 2000), epsilon=1.0, noise=SeededNoise(rng=_rng(1)))
     with pytest.raises(AttributeError):
         result.outcome = v.Outcome.REJECT  # type: ignore[misc]
     data = json.loads(json.dumps(result.to_dict()))
@@ -62,7 +63,7 @@ def test_result_is_frozen_and_json_ready():
 def test_result_reports_only_dp_quantities():
     losses = _beta_losses(_rng(), 0.1, 3000)
     result = v.LossValidator(target=0.2, loss_bound=1.0, eta=0.05).validate(
-        losses, epsilon=0.5, rng=_rng(1))
+        losses, epsilon=0.5, noise=SeededNoise(rng=_rng(1)))
     assert result.n_test_dp != losses.size
     assert result.details["dp_loss_sum"] != losses.sum()
     assert result.dp_estimate == pytest.approx(
@@ -141,7 +142,7 @@ def test_noise_scales_of_dp_count_and_loss_sum():
     losses = big_b * _beta_losses(_rng(), 0.3, 500)
     validator = v.LossValidator(target=1.0, loss_bound=big_b, eta=0.05)
     rng = _rng(11)
-    results = [validator.validate(losses, epsilon=eps, rng=rng) for _ in range(2000)]
+    results = [validator.validate(losses, epsilon=eps, noise=SeededNoise(rng=rng)) for _ in range(2000)]
     count_noise = np.array([r.n_test_dp for r in results]) - losses.size
     sum_noise = np.array([r.details["dp_loss_sum"] for r in results]) - losses.sum()
     for noise, scale in ((count_noise, 2 / eps), (sum_noise, 2 * big_b / eps)):
@@ -157,7 +158,7 @@ def test_validate_reports_the_public_bounds_and_eta_split():
     validator = v.LossValidator(target=0.5, loss_bound=big_b, eta=eta)
     rng = _rng(5)
     for _ in range(50):
-        result = validator.validate(big_b * _beta_losses(rng, 0.25, 300), epsilon=eps, rng=rng)
+        result = validator.validate(big_b * _beta_losses(rng, 0.25, 300), epsilon=eps, noise=SeededNoise(rng=rng))
         s, n = result.details["dp_loss_sum"], result.n_test_dp
         # List. 2 line 3: ACCEPT (and REJECT) get (1 - conf)/2 = η/2.
         up = sla_bounds.sage_loss_upper_bound(s, n, epsilon=eps, eta=eta / 2, loss_bound=big_b)
@@ -241,7 +242,7 @@ def test_reject_violation_rate():
 
 def test_loss_accept_when_well_below_target():
     validator = v.LossValidator(target=0.2, loss_bound=1.0, eta=0.05, metric_name="mse")
-    result = validator.validate(_beta_losses(_rng(), 0.1, 20_000), epsilon=0.5, rng=_rng(1))
+    result = validator.validate(_beta_losses(_rng(), 0.1, 20_000), epsilon=0.5, noise=SeededNoise(rng=_rng(1)))
     assert result.outcome is v.Outcome.ACCEPT
     assert result.lower_bound <= 0.1 <= result.upper_bound <= 0.2
     assert result.metric_name == "mse" and result.epsilon == 0.5 and result.delta == 0.0
@@ -249,20 +250,20 @@ def test_loss_accept_when_well_below_target():
 
 def test_loss_reject_when_well_above_target():
     result = v.LossValidator(target=0.1, loss_bound=1.0, eta=0.05).validate(
-        _beta_losses(_rng(), 0.3, 20_000), epsilon=0.5, rng=_rng(1))
+        _beta_losses(_rng(), 0.3, 20_000), epsilon=0.5, noise=SeededNoise(rng=_rng(1)))
     assert result.outcome is v.Outcome.REJECT
     assert 0.1 < result.lower_bound <= 0.3
 
 
 def test_loss_retry_when_evidence_is_thin():
     result = v.LossValidator(target=0.1, loss_bound=1.0, eta=0.05).validate(
-        _beta_losses(_rng(), 0.1, 200), epsilon=0.5, rng=_rng(1))
+        _beta_losses(_rng(), 0.1, 200), epsilon=0.5, noise=SeededNoise(rng=_rng(1)))
     assert result.outcome is v.Outcome.RETRY
 
 
 def test_loss_retry_when_the_dp_count_is_not_positive():
     result = v.LossValidator(target=0.5, loss_bound=1.0, eta=0.05).validate(
-        np.array([]), epsilon=0.01, rng=_rng(1))
+        np.array([]), epsilon=0.01, noise=SeededNoise(rng=_rng(1)))
     assert result.outcome is v.Outcome.RETRY
 
 
@@ -271,12 +272,12 @@ def test_loss_with_b_not_one_and_clipping():
     losses = big_b * _beta_losses(_rng(), 0.1, 20_000)
     losses[:10] = [np.nan, np.inf, 1e9, -5.0, -np.inf, 50.0, 20.0, np.nan, 11.0, 12.0]
     validator = v.LossValidator(target=2.0, loss_bound=big_b, eta=0.05)
-    result = validator.validate(losses, epsilon=1.0, rng=_rng(1))
+    result = validator.validate(losses, epsilon=1.0, noise=SeededNoise(rng=_rng(1)))
     assert result.outcome is v.Outcome.ACCEPT
     # NaN / too-large losses count as B; a single record moves the DP sum by at most B.
     rng_a, rng_b = _rng(3), _rng(3)
-    a = validator.validate(np.array([np.nan, 1.0]), epsilon=1.0, rng=rng_a)
-    b = validator.validate(np.array([big_b, 1.0]), epsilon=1.0, rng=rng_b)
+    a = validator.validate(np.array([np.nan, 1.0]), epsilon=1.0, noise=SeededNoise(rng=rng_a))
+    b = validator.validate(np.array([big_b, 1.0]), epsilon=1.0, noise=SeededNoise(rng=rng_b))
     assert a.details["dp_loss_sum"] == b.details["dp_loss_sum"]
 
 
@@ -284,7 +285,7 @@ def test_more_data_or_budget_moves_retry_to_accept():
     """Privacy-adaptive training (§3.3): doubling n or ε eventually ACCEPTs a good model."""
     validator = v.LossValidator(target=0.12, loss_bound=1.0, eta=0.05)
     rng = _rng(4)
-    outcomes = [validator.validate(_beta_losses(rng, 0.08, n), epsilon=0.1, rng=rng).outcome
+    outcomes = [validator.validate(_beta_losses(rng, 0.08, n), epsilon=0.1, noise=SeededNoise(rng=rng)).outcome
                 for n in (500, 1000, 2000, 4000, 8000, 16_000, 32_000)]
     assert outcomes[0] is v.Outcome.RETRY and outcomes[-1] is v.Outcome.ACCEPT
 
@@ -292,9 +293,9 @@ def test_more_data_or_budget_moves_retry_to_accept():
 def test_accuracy_accept_reject_retry():
     validator = v.AccuracyValidator(target=0.8, eta=0.05)
     rng = _rng(6)
-    good = validator.validate(rng.random(20_000) < 0.9, epsilon=0.5, rng=rng)
-    bad = validator.validate(rng.random(20_000) < 0.7, epsilon=0.5, rng=rng)
-    thin = validator.validate(rng.random(100) < 0.85, epsilon=0.5, rng=rng)
+    good = validator.validate(rng.random(20_000) < 0.9, epsilon=0.5, noise=SeededNoise(rng=rng))
+    bad = validator.validate(rng.random(20_000) < 0.7, epsilon=0.5, noise=SeededNoise(rng=rng))
+    thin = validator.validate(rng.random(100) < 0.85, epsilon=0.5, noise=SeededNoise(rng=rng))
     assert good.outcome is v.Outcome.ACCEPT and good.lower_bound >= 0.8
     assert bad.outcome is v.Outcome.REJECT and bad.upper_bound < 0.8
     assert thin.outcome is v.Outcome.RETRY
@@ -304,9 +305,9 @@ def test_accuracy_accept_reject_retry():
 
 def test_accuracy_is_the_loss_validator_on_the_error():
     correct = _rng(1).random(5000) < 0.85
-    acc = v.AccuracyValidator(target=0.8, eta=0.05).validate(correct, epsilon=0.3, rng=_rng(2))
+    acc = v.AccuracyValidator(target=0.8, eta=0.05).validate(correct, epsilon=0.3, noise=SeededNoise(rng=_rng(2)))
     loss = v.LossValidator(target=0.2, loss_bound=1.0, eta=0.05).validate(
-        1.0 - correct, epsilon=0.3, rng=_rng(2))
+        1.0 - correct, epsilon=0.3, noise=SeededNoise(rng=_rng(2)))
     assert acc.dp_estimate == pytest.approx(1 - loss.dp_estimate)
     assert acc.lower_bound == pytest.approx(1 - loss.upper_bound)
     assert acc.upper_bound == pytest.approx(1 - loss.lower_bound)
@@ -329,8 +330,8 @@ def test_accuracy_violation_rate():
 def test_sum_statistic_accept_and_retry():
     validator = v.SumStatisticValidator(target=0.02, value_bound=1.0, eta=0.05)
     rng = _rng(12)
-    small = validator.validate(rng.random(500), epsilon=0.5, rng=rng)
-    large = validator.validate(rng.random(100_000), epsilon=0.5, rng=rng)
+    small = validator.validate(rng.random(500), epsilon=0.5, noise=SeededNoise(rng=rng))
+    large = validator.validate(rng.random(100_000), epsilon=0.5, noise=SeededNoise(rng=rng))
     assert small.outcome is v.Outcome.RETRY
     assert large.outcome is v.Outcome.ACCEPT
     assert abs(large.dp_estimate - 0.5) <= large.upper_bound <= 0.02
@@ -353,7 +354,7 @@ def test_sum_statistic_error_bound_covers():
 
 def test_sum_statistic_validate_release_is_post_processing():
     validator = v.SumStatisticValidator(target=0.05, value_bound=2.0, eta=0.05)
-    released = validator.validate(2 * _rng().random(5000), epsilon=1.0, rng=_rng(1))
+    released = validator.validate(2 * _rng().random(5000), epsilon=1.0, noise=SeededNoise(rng=_rng(1)))
     again = validator.validate_release(dp_sum=released.details["dp_sum"],
                                        dp_count=released.n_test_dp, epsilon=1.0)
     assert again == released
@@ -400,7 +401,7 @@ def test_dp_event_roundtrips_and_np_sla_is_non_private():
 def test_epsilon_is_not_clamped():
     tiny = 1e-9
     result = v.LossValidator(target=0.1, loss_bound=1.0, eta=0.05).validate(
-        np.zeros(10), epsilon=tiny, rng=_rng())
+        np.zeros(10), epsilon=tiny, noise=SeededNoise(rng=_rng()))
     assert result.epsilon == tiny and result.details["count_noise_scale"] == 2 / tiny
     assert result.outcome is v.Outcome.RETRY
 
@@ -417,18 +418,18 @@ def test_tab2_validators(metric, target):
     values = (rng.random(50_000) < 0.8).astype(float) if metric == "accuracy" else \
         _beta_losses(rng, 0.2, 50_000)
     for name, validator in validators.items():
-        result = validator.validate(values, epsilon=1.0, rng=_rng(1))
+        result = validator.validate(values, epsilon=1.0, noise=SeededNoise(rng=_rng(1)))
         assert result.details["sla"] == name
         assert result.outcome is v.Outcome.ACCEPT, name
     thin = values[:50]
     for name in (v.NP_SLA, v.UC_DP_SLA, v.SAGE_SLA):
-        assert validators[name].validate(thin, epsilon=1.0, rng=_rng(1)).outcome \
+        assert validators[name].validate(thin, epsilon=1.0, noise=SeededNoise(rng=_rng(1))).outcome \
             is not v.Outcome.ACCEPT
 
 
 def test_no_sla_uses_the_uncorrected_dp_metric():
     validator = sla_baselines.NoSlaValidator(target=0.1, loss_bound=1.0, eta=0.05)
-    result = validator.validate(_beta_losses(_rng(), 0.09, 300), epsilon=1.0, rng=_rng(1))
+    result = validator.validate(_beta_losses(_rng(), 0.09, 300), epsilon=1.0, noise=SeededNoise(rng=_rng(1)))
     assert result.upper_bound == result.dp_estimate
     assert result.outcome is (v.Outcome.ACCEPT if result.dp_estimate <= 0.1 else v.Outcome.RETRY)
 
@@ -449,7 +450,7 @@ _BAD_EPSILONS = [0, 0.0, -1.0, math.nan, math.inf, -math.inf, "1", None, True]
 def test_bad_epsilon(make, epsilon):
     validator = make()
     with pytest.raises(InvalidPrivacyParameterError):
-        validator.validate(np.ones(10), epsilon=epsilon, rng=_rng())
+        validator.validate(np.ones(10), epsilon=epsilon, noise=SeededNoise(rng=_rng()))
     with pytest.raises(InvalidPrivacyParameterError):
         validator.dp_event(epsilon)
 
@@ -497,16 +498,16 @@ def test_privacy_errors_are_value_errors():
 def test_values_must_be_one_dimensional(values):
     with pytest.raises(ValueError):
         v.LossValidator(target=0.1, loss_bound=1.0, eta=0.05).validate(
-            values, epsilon=1.0, rng=_rng())
+            values, epsilon=1.0, noise=SeededNoise(rng=_rng()))
     with pytest.raises(ValueError):
-        v.AccuracyValidator(target=0.9, eta=0.05).validate(values, epsilon=1.0, rng=_rng())
+        v.AccuracyValidator(target=0.9, eta=0.05).validate(values, epsilon=1.0, noise=SeededNoise(rng=_rng()))
 
 
-@pytest.mark.parametrize("rng", [None, 0, np.random.RandomState(0)])
-def test_rng_must_be_a_generator(rng):
+@pytest.mark.parametrize("noise", [0, np.random.default_rng(0), np.random.RandomState(0)])
+def test_noise_must_be_a_noise_source(noise):
     with pytest.raises(TypeError):
         v.LossValidator(target=0.1, loss_bound=1.0, eta=0.05).validate(
-            np.ones(3), epsilon=1.0, rng=rng)
+            np.ones(3), epsilon=1.0, noise=noise)
 
 
 def test_validate_release_rejects_non_finite_release():

@@ -73,7 +73,7 @@ def test_per_block_releases_carry_k_independent_noises(data):
     assert np.var(noise) == pytest.approx(k * 2 * (2 / eps) ** 2, rel=0.2)
     loss_noise = pr.sum_dp[:, 0] - pr.loss_sum[:, 0]
     assert np.var(loss_noise) == pytest.approx(k * 2 * (2 / eps) ** 2, rel=0.2)
-    combined = pp.simulate(data, LR, steps, runs=400, seed=1)
+    combined = pp.simulate(data, LR, steps, runs=1000, seed=1)  # rel. SE of the variance 0.07
     assert np.var(combined.n_dp[:, 0] - combined.n_test[0]) == pytest.approx(
         2 * (2 / eps) ** 2, rel=0.2)
 

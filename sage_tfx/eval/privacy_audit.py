@@ -1,0 +1,116 @@
+"""Empirical privacy audits of trained models: canaries (one run) and membership inference.
+
+The workload is small on purpose (it runs in tests): scikit-learn's bundled ``load_digits``
+(1,797 8×8 images), the binary task "digit ≥ 5", a 32-unit MLP. Two models are trained on the
+same rows: DP-SGD as the DP Trainer runs it (``keras_dpsgd.train_dp_keras``: Poisson sampling,
+fast clipping, charged ε at δ) and its non-DP twin (same layers, Adam, many epochs). Then
+
+* :func:`canary_audit` — m canaries (held-out images with *flipped* labels), each inserted with
+  probability 1/2; one training run; ``sage_tfx.dp.audit.one_run_audit`` turns the canaries'
+  losses into an ε lower bound (Steinke, Nasr & Jagielski 2023). It must stay below the charged
+  ε for DP-SGD and rise well above it for the non-DP twin.
+* :func:`membership_report` — the loss-threshold membership-inference attack (AUC, advantage) on
+  the training rows vs held-out rows.
+
+TensorFlow is imported inside functions only.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+import numpy as np
+
+from sage_tfx.dp import audit
+
+HIDDEN_UNITS = (64,)
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditData:
+    """Train / held-out rows and the canary pool (held-out images with flipped labels)."""
+
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_heldout: np.ndarray
+    y_heldout: np.ndarray
+    x_canary: np.ndarray
+    y_canary: np.ndarray
+
+
+def digits_data(num_train: int = 400, num_heldout: int = 400, num_canaries: int = 200,
+                seed: int = 0, label_noise: float = 0.0) -> AuditData:
+    """``load_digits`` scaled to [0, 1], label ``digit >= 5``, split without overlap.
+
+    ``label_noise`` flips that fraction of the train and held-out labels alike (a non-private
+    model memorises its flipped rows: what membership inference detects).
+    """
+    from sklearn.datasets import load_digits  # pylint: disable=import-outside-toplevel
+    digits = load_digits()
+    x = (digits.data / 16.0).astype(np.float32)
+    y = (digits.target >= 5).astype(np.float32)
+    idx = np.random.default_rng(seed).permutation(len(x))
+    a, b, c = num_train, num_train + num_heldout, num_train + num_heldout + num_canaries
+    if c > len(x):
+        raise ValueError(f"load_digits has {len(x)} rows, {c} requested")
+    tr, ho, ca = idx[:a], idx[a:b], idx[b:c]
+    flip = np.random.default_rng(seed + 1).random(len(x)) < label_noise
+    noisy = np.where(flip, 1.0 - y, y).astype(np.float32)
+    return AuditData(x[tr], noisy[tr], x[ho], noisy[ho], x[ca], 1.0 - y[ca])
+
+
+def per_example_loss(model: Any, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Binary cross-entropy of each example (predicted probabilities clipped to [1e-7, 1 − 1e-7])."""
+    p = np.clip(model.predict(x, verbose=0, batch_size=1024)[:, 0].astype(np.float64),
+                1e-7, 1 - 1e-7)
+    return -(y * np.log(p) + (1 - y) * np.log(1 - p))
+
+
+def train(x: np.ndarray, y: np.ndarray, *, dp: bool, epsilon: float = 1.0, delta: float = 1e-5,
+          epochs: int = 20, batch_size: int = 50, l2_norm_clip: float = 1.0,
+          learning_rate: Optional[float] = None, seed: Optional[int] = None
+          ) -> tuple[Any, Optional[Any]]:
+    """The DP-SGD model (and its guarantee) or the non-DP twin (and None)."""
+    from sage_tfx.dp import keras_dpsgd  # pylint: disable=import-outside-toplevel
+    tf, _, _ = keras_dpsgd.import_tf_privacy()
+    layers = lambda: keras_dpsgd.mlp_layers(HIDDEN_UNITS, 1, "sigmoid")  # noqa: E731
+    if dp:
+        return keras_dpsgd.train_dp_keras(
+            x, y, layers=layers, loss=tf.keras.losses.BinaryCrossentropy(),
+            batch_size=batch_size, epochs=epochs, delta=delta, l2_norm_clip=l2_norm_clip,
+            epsilon=epsilon, learning_rate=learning_rate or 0.5, seed=seed)
+    if seed is not None:
+        tf.keras.utils.set_random_seed(int(seed))
+    model = tf.keras.Sequential([tf.keras.Input(shape=x.shape[1:]), *layers()])
+    model.compile(optimizer=tf.keras.optimizers.Adam(learning_rate or 0.01),
+                  loss=tf.keras.losses.BinaryCrossentropy())
+    model.fit(x, y[:, None], batch_size=batch_size, epochs=epochs, verbose=0, shuffle=True)
+    return model, None
+
+
+def canary_audit(data: AuditData, *, dp: bool, guesses_per_side: int, beta: float = 0.05,
+                 **train_kwargs: Any) -> tuple[audit.OneRunAudit, Optional[Any]]:
+    """One-run canary audit of one training run on ``data`` plus the included canaries.
+
+    Returns:
+      ``(result, guarantee)``: the :class:`sage_tfx.dp.audit.OneRunAudit` and the DP-SGD
+      guarantee of the run (None for the non-DP twin).
+    """
+    guarantee: list[Any] = []
+
+    def train_and_score(include: np.ndarray) -> np.ndarray:
+        x = np.concatenate([data.x_train, data.x_canary[include]])
+        y = np.concatenate([data.y_train, data.y_canary[include]])
+        model, g = train(x, y, dp=dp, **train_kwargs)
+        guarantee.append(g)
+        return per_example_loss(model, data.x_canary, data.y_canary)
+
+    result = audit.one_run_audit(train_and_score, len(data.x_canary), guesses_per_side,
+                                 beta=beta)
+    return result, guarantee[0]
+
+
+def membership_report(model: Any, data: AuditData) -> audit.MembershipInference:
+    """Loss-threshold membership inference of ``model`` on its training rows vs held-out rows."""
+    return audit.membership_inference(per_example_loss(model, data.x_train, data.y_train),
+                                      per_example_loss(model, data.x_heldout, data.y_heldout))
