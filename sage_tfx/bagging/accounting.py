@@ -165,12 +165,19 @@ class PersonalisedMomentsAccountant:
     def _m_squared(self, pred: np.ndarray, n_classes: int):
         """m(x; u)² for a batch of queries: [B, U], plus the two ∗ variants [B]."""
         B = len(pred)
-        counts = np.zeros((n_classes, B, len(self.S)), dtype=np.int32)
-        for i in range(self.k):
-            g = pred[:, i, :][:, self.unit_chunks[:, i]]        # [B, U] class ids
-            for c in range(n_classes):
-                counts[c] += (g == c)
-        m = 1.0 - counts.min(axis=0) / self.k
+        if n_classes == 2:     # one count suffices: n_0 = k - n_1
+            ones = np.zeros((B, len(self.S)), dtype=np.int32)
+            for i in range(self.k):
+                ones += pred[:, i, :][:, self.unit_chunks[:, i]]
+            least = np.minimum(ones, self.k - ones)
+        else:
+            counts = np.zeros((n_classes, B, len(self.S)), dtype=np.int32)
+            for i in range(self.k):
+                g = pred[:, i, :][:, self.unit_chunks[:, i]]        # [B, U] class ids
+                for c in range(n_classes):
+                    counts[c] += (g == c)
+            least = counts.min(axis=0)
+        m = 1.0 - least / self.k
         star = pred[:, :, self.n - 1]
         m_star = 1.0 - np.stack([(star == c).sum(1) for c in range(n_classes)]).min(0) / self.k
         unanimous = np.stack([(pred == c).all(axis=2).sum(1) for c in range(n_classes)])
@@ -184,25 +191,46 @@ class PersonalisedMomentsAccountant:
     def epsilon_hat_worst_star(self) -> float:
         return self.epsilon_hat(max(self.S.max(initial=0.0), self.S_star_worst))
 
+    def _advance(self, pred: np.ndarray, n_classes: int):
+        """Running S after each query of ``pred`` without committing: (per-unit S [B, U],
+        fixed-∗ S [B], worst-∗ increments [B])."""
+        m2, m2_star, m2_worst = self._m_squared(pred, n_classes)
+        return self.S[None, :] + np.cumsum(m2, axis=0), self.S_star + np.cumsum(m2_star), m2_worst
+
+    def _commit(self, cum, cum_star, m2_worst, a):
+        if a:
+            self.S = cum[a - 1].copy()
+            self.S_star = float(cum_star[a - 1])
+            self.S_star_worst += float(m2_worst[:a].sum())
+
+    def _step(self) -> int:
+        return max(1, 4_000_000 // max(1, len(self.S)))
+
     def answer(self, pred: np.ndarray, epsilon: float, n_classes: int) -> int:
         """Answers the batch's queries in order while ε̂ < ε; returns how many were answered."""
-        B = len(pred)
-        step = max(1, 4_000_000 // max(1, len(self.S)))
         answered = 0
-        for s in range(0, B, step):
-            m2, m2_star, m2_worst = self._m_squared(pred[s:s + step], n_classes)
-            cum = self.S[None, :] + np.cumsum(m2, axis=0)
-            cum_star = self.S_star + np.cumsum(m2_star)
+        for s in range(0, len(pred), self._step()):
+            cum, cum_star, m2_worst = self._advance(pred[s:s + self._step()], n_classes)
             before = np.concatenate([[max(self.S.max(initial=0.0), self.S_star)],
                                      np.maximum(cum.max(axis=1), cum_star)[:-1]])
             ok = moments_epsilon(before, lam=self.lam, delta=self.delta,
                                  max_order=self.max_order) < epsilon
             a = int(np.argmin(ok)) if not ok.all() else len(ok)
-            if a:
-                self.S = cum[a - 1].copy()
-                self.S_star = float(cum_star[a - 1])
-                self.S_star_worst += float(m2_worst[:a].sum())
+            self._commit(cum, cum_star, m2_worst, a)
             answered += a
             if a < len(ok):
                 break
         return answered
+
+    def trajectory(self, pred: np.ndarray, n_classes: int) -> np.ndarray:
+        """Consumes every query of ``pred``; returns max(max_u S(u), S(∗)) after each one.
+
+        ε̂ is increasing in that maximum, so one pass gives Alg. 1's answer count for any
+        (ε, δ): the number of queries q whose running maximum *before* q has ε̂ < ε.
+        """
+        out = []
+        for s in range(0, len(pred), self._step()):
+            cum, cum_star, m2_worst = self._advance(pred[s:s + self._step()], n_classes)
+            out.append(np.maximum(cum.max(axis=1), cum_star))
+            self._commit(cum, cum_star, m2_worst, len(cum))
+        return np.concatenate(out) if out else np.zeros(0)

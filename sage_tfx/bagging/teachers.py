@@ -84,18 +84,28 @@ def _check_training(X, y, chunks, n, n_classes):
     return X, y.astype(np.int64), chunks
 
 
-def _fit_logistic_partition(X1, XX, y, chunk, n, l2, max_iter=50, tol=1e-10):
-    import scipy.sparse
+def _fit_logistic_partition(X1, y, chunk, n, l2, max_iter=50, tol=1e-10):
+    """Newton's method for the n chunks of one partition at once, on a padded [n, m, d] layout
+    (m = largest chunk; padded rows have weight 0), so each step is a few batched matmuls."""
     from scipy.special import expit
 
     N, d = X1.shape
-    M = scipy.sparse.csr_matrix((np.ones(N), (chunk, np.arange(N))), shape=(n, N))
+    order = np.argsort(chunk, kind="stable")
+    sizes = np.bincount(chunk, minlength=n)
+    m = max(1, int(sizes.max()))
+    slot = np.arange(N) - np.repeat(np.cumsum(sizes) - sizes, sizes)   # position inside its chunk
+    Xp = np.zeros((n, m, d))
+    Xp[chunk[order], slot] = X1[order]
+    yp = np.zeros((n, m))
+    yp[chunk[order], slot] = y[order]
+    mask = np.zeros((n, m))
+    mask[chunk[order], slot] = 1.0
     W = np.zeros((n, d))
     reg = l2 * np.eye(d)
     for _ in range(max_iter):
-        p = expit(np.einsum("nd,nd->n", X1, W[chunk]))
-        g = M @ (X1 * (p - y)[:, None]) + l2 * W
-        H = (M @ (XX * (p * (1 - p))[:, None])).reshape(n, d, d) + reg
+        p = expit(np.einsum("cmd,cd->cm", Xp, W))
+        g = np.einsum("cmd,cm->cd", Xp, (p - yp) * mask) + l2 * W
+        H = np.matmul(Xp.transpose(0, 2, 1) * (p * (1 - p) * mask)[:, None, :], Xp) + reg
         step = np.linalg.solve(H, g[..., None])[..., 0]
         W -= step
         if np.max(np.abs(step)) < tol:
@@ -124,8 +134,7 @@ def train_teachers(X: np.ndarray, y: np.ndarray, chunks: np.ndarray, *, n: int,
         if n_classes != 2:
             raise InvalidRequestError("logistic teachers are binary; use kind='tree' for more classes")
         X1 = np.hstack([X, np.ones((len(X), 1))])
-        XX = (X1[:, :, None] * X1[:, None, :]).reshape(len(X), -1)
-        coef = np.stack([_fit_logistic_partition(X1, XX, y, chunks[:, i], n, l2) for i in range(k)])
+        coef = np.stack([_fit_logistic_partition(X1, y, chunks[:, i], n, l2) for i in range(k)])
         return TeacherEnsemble("logistic", k, n, 2, X.shape[1], coef=coef)
     from sklearn.tree import DecisionTreeClassifier
 
