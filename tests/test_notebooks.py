@@ -15,6 +15,9 @@ PROMISES = {
     "01_sage_quickstart.ipynb": (
         ("daily blocks", "retired blocks", "DP mean departure delay", "granted: False",
          "have budget left", "refused: epsilon", "chain intact", "budget problems: none"), 1),
+    "04_dp_bagging.ipynb": (
+        ("labels paid for", "granted: True", "formally DP: True", "student AUROC",
+         "teachers reused: True", "not formally DP", "granted: False", "audit chain intact: True"), 1),
 }
 
 pytestmark = pytest.mark.slow

@@ -11,11 +11,12 @@ from sage_tfx.bagging.accounting import (PersonalisedMomentsAccountant, epsilon_
 from sage_tfx.bagging.cache import TeacherCache
 from sage_tfx.bagging.labelling import LabellingResult, label_public, noisy_argmax, train_student
 from sage_tfx.bagging.partition import chunk_assignment
-from sage_tfx.bagging.run import BaggingConfig, BaggingResult, LabelPlan, fit_dp_bagging, plan_labels
+from sage_tfx.bagging.run import (BaggingConfig, BaggingResult, LabelPlan, fit_dp_bagging,
+                                  labels_from_grant, plan_labels)
 from sage_tfx.bagging.teachers import TeacherEnsemble, train_teachers, vote_counts
 
 __all__ = ["chunk_assignment", "TeacherEnsemble", "train_teachers", "vote_counts", "noisy_argmax",
            "label_public", "train_student", "LabellingResult", "per_query_epsilon", "query_event",
            "queries_event", "epsilon_of", "max_queries", "PersonalisedMomentsAccountant",
            "TeacherCache", "BaggingConfig", "BaggingResult", "LabelPlan", "fit_dp_bagging",
-           "plan_labels"]
+           "plan_labels", "labels_from_grant"]

@@ -17,7 +17,8 @@ from sage_tfx.bagging.partition import check_shape, chunk_assignment
 from sage_tfx.bagging.teachers import TEACHER_KINDS, train_teachers
 from sage_tfx.errors import InvalidPrivacyParameterError, InvalidRequestError
 
-__all__ = ["BaggingConfig", "BaggingResult", "plan_labels", "fit_dp_bagging", "LabelPlan"]
+__all__ = ["BaggingConfig", "BaggingResult", "plan_labels", "labels_from_grant", "fit_dp_bagging",
+           "LabelPlan"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,3 +136,44 @@ def fit_dp_bagging(X: np.ndarray, y: np.ndarray, units: Sequence, X_public: np.n
         cache.advance(key, result.queries)
     student = train_student(pool[:result.queries], result.labels, l2=config.l2, n_classes=n_classes)
     return BaggingResult(student, result, cached)
+
+
+def labels_from_grant(config: BaggingConfig, *, epsilon: Optional[float], delta: Optional[float],
+                      event, public_size: int, report_delta: Optional[float] = None) -> LabelPlan:
+    """What a granted run may spend, re-derived from the charge itself (never more).
+
+    * rdp grant (a DpEvent): fixed_queries only; the event must be exactly
+      ``SelfComposed(Laplace(1/(2λ)), p)`` for this config's λ, and p ≤ public_size. ε is
+      reported at ``report_delta`` (the stream's δ_g).
+    * basic grant (ε, δ): fixed_queries answers p = min(largest p with ε(p) ≤ ε, public_size)
+      (so a grant made from :func:`plan_labels` gives back the same p); paper mode spends the
+      whole grant.
+
+    Raises:
+      InvalidRequestError: the charge does not describe this run (wrong λ, paper mode on an
+        rdp grant, p beyond the public set, no public data).
+    """
+    import dp_accounting
+
+    if public_size < 1:
+        raise InvalidRequestError("no public data to label")
+    if event is not None:
+        if config.mode != "fixed_queries":
+            raise InvalidRequestError("paper mode has a data-dependent cost that no DpEvent "
+                                      "describes: run it on a basic-mode stream")
+        ok = (isinstance(event, dp_accounting.SelfComposedDpEvent)
+              and isinstance(event.event, dp_accounting.LaplaceDpEvent)
+              and event == acc.queries_event(config.lam, int(event.count)))
+        if not ok:
+            raise InvalidRequestError(f"the grant charged {event}, which is not "
+                                      f"SelfComposed(LaplaceDpEvent({1 / (2 * config.lam)}), p) "
+                                      f"for lambda = {config.lam}")
+        p = int(event.count)
+        if p > public_size:
+            raise InvalidRequestError(f"the grant pays for {p} labels but only {public_size} "
+                                      "public points exist")
+        if report_delta is None:
+            raise InvalidRequestError("an rdp grant needs the delta to report epsilon at")
+        eps = acc.epsilon_of(p, lam=config.lam, delta=report_delta, accountant=config.accountant)
+        return LabelPlan(p, eps, float(report_delta), event, True)
+    return plan_labels(config, epsilon=epsilon, delta=delta, public_size=public_size)

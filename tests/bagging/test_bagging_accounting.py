@@ -126,3 +126,38 @@ def test_k1_reduces_to_subsample_and_aggregate():
 
 def test_epsilon_of_zero_queries_is_zero():
     assert epsilon_of(0, lam=0.1, delta=1e-5) == 0.0
+
+
+def test_labels_from_grant_spends_exactly_the_charge():
+    from sage_tfx.bagging import labels_from_grant
+    from sage_tfx.errors import InvalidRequestError
+    cfg = BaggingConfig(k=10, n=50, lam=0.04)
+    plan = plan_labels(cfg, epsilon=2.0, delta=1e-5, public_size=5000)
+    # basic grant of ε(p): the trainer derives the same p
+    again = labels_from_grant(cfg, epsilon=plan.epsilon, delta=plan.delta, event=None, public_size=5000)
+    assert again.queries == plan.queries
+    # rdp grant: the event itself says p; ε reported at the stream's δ
+    rdp = labels_from_grant(cfg, epsilon=None, delta=None, event=plan.event, public_size=5000,
+                            report_delta=1e-5)
+    assert rdp.queries == plan.queries and rdp.epsilon == pytest.approx(plan.epsilon)
+    with pytest.raises(InvalidRequestError):     # an event for another λ
+        labels_from_grant(BaggingConfig(k=10, n=50, lam=0.05), epsilon=None, delta=None,
+                          event=plan.event, public_size=5000, report_delta=1e-5)
+    with pytest.raises(InvalidRequestError):     # paper mode has no DpEvent
+        labels_from_grant(BaggingConfig(k=10, n=50, lam=0.04, mode="paper"), epsilon=None,
+                          delta=None, event=plan.event, public_size=5000, report_delta=1e-5)
+    with pytest.raises(InvalidRequestError):     # paid for more labels than public points
+        labels_from_grant(cfg, epsilon=None, delta=None, event=plan.event, public_size=10,
+                          report_delta=1e-5)
+    with pytest.raises(InvalidRequestError):
+        plan_labels(cfg, epsilon=2.0, delta=1e-5, public_size=0)
+
+
+def test_personal_m_multiclass():
+    # 3 classes, k = 3: unit 0's teachers vote (0, 1, 2) -> least-voted share 1/3 -> m = 2/3
+    unit_chunks = np.array([[0, 0, 0]])
+    pred = np.array([[[0, 2], [1, 2], [2, 2]]], dtype=np.uint8)
+    pma = PersonalisedMomentsAccountant(unit_chunks, n=2, lam=0.1, delta=1e-5)
+    m2, m2_star, _ = pma._m_squared(pred, 3)
+    assert m2[0, 0] == pytest.approx((2 / 3) ** 2)
+    assert m2_star[0] == pytest.approx(1.0)       # ∗ (last chunk) unanimous for class 2
