@@ -64,6 +64,12 @@ PUBLIC_API: dict[str, tuple[str, ...]] = {
         "SageError", "InvalidPrivacyParameterError", "AccountingModeError", "UnknownStreamError",
         "UnknownBlockError", "RetiredBlockError", "InvalidRequestError", "GrantStateError",
         "MissingGrantError"),
+    "sage_tfx.bagging": (
+        "BaggingConfig", "plan_labels", "labels_from_grant", "fit_dp_bagging", "chunk_assignment",
+        "train_teachers", "vote_counts", "noisy_argmax", "label_public", "train_student",
+        "max_queries", "epsilon_of", "queries_event", "PersonalisedMomentsAccountant",
+        "TeacherCache"),
+    "sage_tfx.components.dp_bagging_trainer": ("DPBaggingTrainer", "bagging_cost"),
     "sage_tfx.cli": ("main",),
     "sage_tfx.components": (
         "SageGate", "BlockExampleGen", "DPTransform", "DPTrainer", "DPModelValidator",
