@@ -16,7 +16,7 @@ import time
 
 from sage_tfx.bagging.eval.grid import GridConfig, run_grid
 from sage_tfx.bagging.eval.report import aggregate, plot, table1_markdown, table2_markdown
-from sage_tfx.reporting import BEGIN, END, write_auto_markdown, write_csv
+from sage_tfx.reporting import BEGIN, END, read_csv, write_auto_markdown, write_csv
 
 
 def main(argv=None):
@@ -24,13 +24,21 @@ def main(argv=None):
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--quick", action="store_true", help="one seed, n=100, k in {1, 5}, ε in {1, 3}")
     ap.add_argument("--out", default="benchmarks/results/bagging")
+    ap.add_argument("--merge", default=None,
+                    help="comma-separated grid.csv files (e.g. one per seed, run in parallel): "
+                         "regenerate grid.csv, tables.md and tables.png from them without running")
     args = ap.parse_args(argv)
     cfg = GridConfig(seeds=tuple(int(s) for s in args.seeds.split(",")))
     if args.quick:
         cfg = GridConfig(seeds=(0,), ns=(100,), ks=(1, 5), epsilons=(1.0, 3.0))
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
-    rows = run_grid(cfg, log=lambda s: print(s, flush=True))
+    if args.merge:
+        rows = [r for path in args.merge.split(",") for r in read_csv(path)]
+        cfg = GridConfig(seeds=tuple(sorted({int(r["seed"]) for r in rows})),
+                         epsilons=tuple(sorted({float(r["epsilon"]) for r in rows})))
+    else:
+        rows = run_grid(cfg, log=lambda s: print(s, flush=True))
     write_csv(os.path.join(args.out, "grid.csv"), rows)
     agg = aggregate(rows)
     eps = list(cfg.epsilons)
