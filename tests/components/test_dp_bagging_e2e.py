@@ -105,3 +105,45 @@ def test_pipeline_charges_every_block_and_exports_a_serving_student(tmp_path):
     assert p.shape == (2,) and np.all((0 <= p) & (p <= 1))
     # the window's teachers are cached for the next purchase; the cursor moved past the labels
     assert len(os.listdir(tmp_path / "cache")) == 1
+
+
+def _executor_inputs(tmp_path, block_ledger, granted=True, public_grant_id=None):
+    from tfx.types import standard_artifacts
+    from sage_tfx.components import artifacts
+    from sage_tfx.ledger import Window, open_ledger
+    from blockdata import STREAM as EVENTS
+    url, _ = block_ledger
+    with open_ledger(url) as ledger:
+        d = ledger.request(EVENTS, run_id="bag-1", window=Window(last=2), epsilon=0.5 if granted else 5.0,
+                           delta=1e-6)
+    grant = artifacts.SageGrant()
+    grant.uri = str(tmp_path / "grant")
+    artifacts.write_grant(grant, d.grant, stream=EVENTS, run_id="bag-1", context="default",
+                          ledger_url=url, reason="" if d.granted else d.reason)
+    private = standard_artifacts.Examples()
+    private.uri = str(tmp_path / "private")
+    if d.granted:
+        private.set_string_custom_property("grant_id", d.grant.grant_id)
+    public = standard_artifacts.Examples()
+    public.uri = str(tmp_path / "public")
+    if public_grant_id:
+        public.set_string_custom_property("grant_id", public_grant_id)
+    model = standard_artifacts.Model()
+    model.uri = str(tmp_path / "model")
+    return ({"examples": [private], "public_examples": [public], "grant": [grant]}, {"model": [model]})
+
+
+@pytest.mark.parametrize("case", ["denied", "gated_public", "not_declared"])
+def test_executor_refuses_before_reading_any_data(tmp_path, block_ledger, case):
+    from sage_tfx.components.dp_bagging_trainer.executor import Executor
+    from sage_tfx.errors import InvalidRequestError, MissingGrantError
+    inputs, outputs = _executor_inputs(tmp_path, block_ledger, granted=case != "denied",
+                                       public_grant_id="other-grant" if case == "gated_public" else None)
+    props = {"k": 2, "n": 3, "lam": 0.5, "mode": "fixed_queries", "accountant": "rdp",
+             "teacher": "logistic", "label_key": "label", "unit_key": "user",
+             "feature_keys": '["x"]', "public_declared": 0 if case == "not_declared" else 1,
+             "split": "train", "public_split": "train"}
+    err = MissingGrantError if case == "denied" else InvalidRequestError
+    with pytest.raises(err):
+        Executor().Do(inputs, outputs, props)
+    assert not os.path.exists(tmp_path / "model")
