@@ -74,6 +74,12 @@ PUBLIC_API: dict[str, tuple[str, ...]] = {
         "CountSpec", "Featurization", "PyramidStore", "SealResult", "WindowSealedError",
         "RetentionError", "BudgetDeniedError", "UnknownFeatureError", "NonCategoricalError",
         "select_groups", "select_noise_weights", "exact_noise_weights", "pyramid_run_id"),
+    "sage_tfx.bagging": (
+        "BaggingConfig", "plan_labels", "labels_from_grant", "fit_dp_bagging", "chunk_assignment",
+        "train_teachers", "vote_counts", "noisy_argmax", "label_public", "train_student",
+        "max_queries", "epsilon_of", "queries_event", "PersonalisedMomentsAccountant",
+        "TeacherCache"),
+    "sage_tfx.components.dp_bagging_trainer": ("DPBaggingTrainer", "bagging_cost"),
     "sage_tfx.cli": ("main",),
     "sage_tfx.components": (
         "SageGate", "BlockExampleGen", "DPTransform", "DPTrainer", "DPModelValidator",

@@ -22,6 +22,9 @@ PROMISES = {
         ("sealed window 3", "dropped window(s): (1,)", "retrain", "hot data deleted",
          "RetentionError", "WindowSealedError", "noise weights from window 1", "count GBT",
          "audit chain intact: True"), 1),
+    "04_dp_bagging.ipynb": (
+        ("labels paid for", "granted: True", "formally DP: True", "student AUROC",
+         "teachers reused: True", "not formally DP", "granted: False", "audit chain intact: True"), 1),
 }
 
 pytestmark = pytest.mark.slow

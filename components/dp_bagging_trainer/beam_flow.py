@@ -1,0 +1,138 @@
+"""The Beam flow of DPBaggingTrainer: teachers and their votes.
+
+    private tf.Examples ──parse──> (unit, x, y) ──emit k times──> ((partition i, chunk H(salt,i,unit) mod n), (x, y))
+        ──GroupByKey──> one teacher per (i, chunk) ──votes on the first p public points──> one int count matrix
+
+Teachers are written to a private scratch directory (never into an output artifact) so the
+driver can cache them per window; the count matrix is the only thing the noisy argmax sees.
+Chunks without rows get the library's default teacher (all-zero weights / constant class 0),
+exactly as ``sage_tfx.bagging.teachers.train_teachers`` does.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+from typing import Optional, Sequence
+
+import apache_beam as beam
+import numpy as np
+
+from sage_tfx.bagging.partition import chunk_assignment
+from sage_tfx.bagging.teachers import TeacherEnsemble, _fit_logistic_partition
+
+__all__ = ["parse_examples", "run_teacher_flow"]
+
+
+def _value(feature):
+    kind = feature.WhichOneof("kind")
+    vals = getattr(feature, kind).value if kind else []
+    return vals[0] if len(vals) else None
+
+
+def parse_examples(serialized: Sequence[bytes], keys: Sequence[str]) -> list[list]:
+    """Values of ``keys`` (first value, None if absent) of each serialized tf.Example."""
+    import tensorflow as tf
+    out = []
+    for record in serialized:
+        ex = tf.train.Example.FromString(record)
+        out.append([_value(ex.features.feature[k]) if k in ex.features.feature else None for k in keys])
+    return out
+
+
+class _Parse(beam.DoFn):
+    def __init__(self, feature_keys, label_key, unit_key, mean, std):
+        self.keys = list(feature_keys) + [label_key, unit_key]
+        self.mean, self.std = np.asarray(mean), np.asarray(std)
+
+    def process(self, record):
+        [row] = parse_examples([record], self.keys)
+        *x, label, unit = row
+        if label is None or unit is None:
+            raise ValueError("every private example needs its label and privacy unit")
+        x = np.array([self.mean[i] if v is None else float(v) for i, v in enumerate(x)])
+        unit = unit.decode("utf-8") if isinstance(unit, bytes) else int(unit)
+        yield unit, (x - self.mean) / self.std, int(label)
+
+
+def _train_one(item, *, kind, l2, n_classes, max_depth):
+    key, rows = item
+    X = np.stack([r[0] for r in rows])
+    y = np.array([r[1] for r in rows])
+    if kind == "logistic":
+        X1 = np.hstack([X, np.ones((len(X), 1))])
+        return key, _fit_logistic_partition(X1, y.astype(float), np.zeros(len(X), np.int64), 1, l2)[0]
+    labels = np.unique(y)
+    if len(labels) <= 1:
+        return key, int(labels[0])
+    from sklearn.tree import DecisionTreeClassifier
+    return key, DecisionTreeClassifier(max_depth=max_depth, random_state=0).fit(X, y)
+
+
+def _votes(item, X_vote, n_classes):
+    _, teacher = item
+    if isinstance(teacher, np.ndarray):
+        pred = (X_vote @ teacher[:-1] + teacher[-1] > 0).astype(np.int64)
+    elif isinstance(teacher, int):
+        pred = np.full(len(X_vote), teacher)
+    else:
+        pred = teacher.predict(X_vote).astype(np.int64)
+    counts = np.zeros((len(X_vote), n_classes), dtype=np.int64)
+    counts[np.arange(len(X_vote)), pred] = 1
+    return counts
+
+
+def _save(obj, path):
+    with open(path, "wb") as f:
+        pickle.dump(obj, f)
+
+
+def run_teacher_flow(files: Sequence[str], *, read_records, feature_keys, label_key, unit_key,
+                     mean, std, k: int, n: int, salt: bytes, kind: str, l2: float,
+                     X_vote: Optional[np.ndarray], scratch: str, n_classes: int = 2,
+                     max_depth: int = 3, beam_options=None):
+    """Runs the flow; returns (TeacherEnsemble, counts [len(X_vote), C] or None, unit ids)."""
+    d = len(feature_keys)
+    X_vote = None if X_vote is None else np.asarray(X_vote, dtype=np.float64)
+
+    def keyed(row):
+        unit, x, y = row
+        for i, j in enumerate(chunk_assignment([unit], k=k, n=n, salt=salt)[0]):
+            yield (i, int(j)), (x, y)
+
+    os.makedirs(scratch, mode=0o700, exist_ok=True)
+    with beam.Pipeline(options=beam_options) as p:
+        rows = (p | "Files" >> beam.Create(list(files)) | "Reshuffle" >> beam.Reshuffle()
+                | "Read" >> beam.FlatMap(read_records)
+                | "Parse" >> beam.ParDo(_Parse(feature_keys, label_key, unit_key, mean, std)))
+        teachers = (rows | "EmitKTimes" >> beam.FlatMap(keyed) | "ByChunk" >> beam.GroupByKey()
+                    | "Train" >> beam.Map(_train_one, kind=kind, l2=l2, n_classes=n_classes,
+                                          max_depth=max_depth))
+        _ = (teachers | "AllTeachers" >> beam.combiners.ToList()
+             | "SaveTeachers" >> beam.Map(_save, os.path.join(scratch, "teachers.pkl")))
+        _ = (rows | "Units" >> beam.Map(lambda r: r[0]) | "Distinct" >> beam.Distinct()
+             | "UnitList" >> beam.combiners.ToList()
+             | "SaveUnits" >> beam.Map(_save, os.path.join(scratch, "units.pkl")))
+        if X_vote is not None and len(X_vote):
+            _ = (teachers | "Votes" >> beam.Map(_votes, X_vote, n_classes)
+                 | "CountMatrix" >> beam.CombineGlobally(lambda cs: sum(cs, np.zeros((len(X_vote), n_classes), np.int64)))
+                 | "SaveCounts" >> beam.Map(_save, os.path.join(scratch, "counts.pkl")))
+
+    def load(name, default=None):
+        path = os.path.join(scratch, name)
+        if not os.path.exists(path):
+            return default
+        with open(path, "rb") as f:
+            return pickle.load(f)
+
+    trained = dict(load("teachers.pkl", []))
+    units = load("units.pkl", [])
+    if kind == "logistic":
+        coef = np.zeros((k, n, d + 1))
+        for (i, j), w in trained.items():
+            coef[i, j] = w
+        ensemble = TeacherEnsemble("logistic", k, n, n_classes, d, coef=coef)
+    else:
+        trees = tuple(trained.get((i, j), 0) for i in range(k) for j in range(n))
+        ensemble = TeacherEnsemble("tree", k, n, n_classes, d, trees=trees)
+    counts = load("counts.pkl")
+    return ensemble, (None if counts is None else np.asarray(counts, dtype=np.int32)), units

@@ -1,0 +1,254 @@
+"""DPBaggingTrainer executor: teachers on the granted private window, noisy labels on declared
+public points, the student as a serving SavedModel, and a privacy report (DP bagging §4).
+
+Privacy. The run spends exactly what the gate charged, re-derived from the grant
+(``sage_tfx.bagging.labels_from_grant``): an rdp grant must be the event
+``SelfComposed(LaplaceDpEvent(1/(2λ)), p)`` and p labels are answered; a basic grant (ε, δ)
+answers the largest p whose dp_accounting ε fits it (fixed_queries), or runs the paper's
+data-dependent loop under the whole grant (paper mode, flagged not formally DP). The charge sits
+on every block of the window: every unit, whatever its block, trains exactly k teachers.
+Only the student and the report leave: no vote counts, noisy counts, teachers or per-unit ε̂ are
+written or logged. Feature scaling uses the public examples' statistics only.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from typing import Any, Dict, List
+
+import numpy as np
+from absl import logging
+from tfx import types
+from tfx.dsl.components.base import base_beam_executor
+from tfx.dsl.io import fileio
+from tfx.types import artifact_utils
+from tfx.utils import path_utils
+
+from sage_tfx.bagging import (BaggingConfig, TeacherCache, chunk_assignment, label_public,
+                              labels_from_grant, noisy_argmax, plan_labels, train_student)
+from sage_tfx.bagging.cache import cache_key
+from sage_tfx.components import artifacts
+from sage_tfx.components.block_example_gen.spec import GRANT_ID_PROPERTY as EXAMPLES_GRANT_ID
+from sage_tfx.components.dp_bagging_trainer import spec
+from sage_tfx.errors import InvalidRequestError, MissingGrantError
+
+__all__ = ["Executor", "config_from_exec_properties", "bagging_cost"]
+
+
+def config_from_exec_properties(props: Dict[str, Any]) -> BaggingConfig:
+    return BaggingConfig(k=props.get(spec.K_KEY), n=props.get(spec.N_KEY), lam=props.get(spec.LAMBDA_KEY),
+                         mode=props.get(spec.MODE_KEY), accountant=props.get(spec.ACCOUNTANT_KEY),
+                         teacher=props.get(spec.TEACHER_KEY))
+
+
+def feature_keys_of(props: Dict[str, Any]) -> list:
+    keys = json.loads(props.get(spec.FEATURE_KEYS_KEY) or "[]")
+    if not keys or not all(isinstance(k, str) and k for k in keys):
+        raise InvalidRequestError("feature_keys must be a non-empty JSON list of feature names")
+    return keys
+
+
+def bagging_cost(config: BaggingConfig, *, epsilon: float, delta: float, public_size: int,
+                 rdp: bool) -> dict:
+    """The gate's charge for a run, fixed before any private data is read.
+
+    Returns ``{"epsilon", "delta"}`` (basic streams: ε(p) of the accountant, or the whole grant in
+    paper mode) or ``{"event_json"}`` (rdp streams: the composed Laplace event of p queries).
+    """
+    from sage_tfx.ledger.accounting import event_to_json
+
+    plan = plan_labels(config, epsilon=epsilon, delta=delta, public_size=public_size)
+    if rdp:
+        if plan.event is None:
+            raise InvalidRequestError("paper mode cannot be charged as a DpEvent: use a basic stream")
+        return {"event_json": event_to_json(plan.event)}
+    return {"epsilon": plan.epsilon, "delta": plan.delta}
+
+
+def _files(examples: types.Artifact, split: str) -> List[str]:
+    names = artifact_utils.decode_split_names(examples.split_names) if examples.split_names else []
+    if split not in names:
+        raise InvalidRequestError(f"the Examples artifact {examples.uri} has no split {split!r} "
+                                  f"(splits: {names})")
+    uri = artifact_utils.get_split_uri([examples], split)
+    return sorted(fileio.glob(os.path.join(uri, "*")))
+
+
+def _read_records(path: str):
+    from sage_tfx.components.block_example_gen.executor import read_gzip_tfrecords
+    return read_gzip_tfrecords(path)
+
+
+def _public_features(files, keys):
+    from sage_tfx.components.dp_bagging_trainer.beam_flow import parse_examples
+    rows = []
+    for path in files:
+        rows.extend(parse_examples(list(_read_records(path)), keys))
+    X = np.array([[np.nan if v is None else float(v) for v in r] for r in rows], dtype=np.float64)
+    return X.reshape(len(rows), len(keys))
+
+
+def _train_cost(grant_artifact, grant):
+    """(ε, δ, event) this trainer may spend: the plan's ``train`` part if the gate stored a plan
+    (the rest pays for e.g. DPModelValidator), else the whole grant."""
+    from sage_tfx.adaptive import plan as plan_lib
+    from sage_tfx.components import plan_io
+
+    if fileio.exists(os.path.join(grant_artifact.uri, plan_io.PLAN_FILE_NAME)):
+        part = plan_io.read_plan(grant_artifact).part(plan_lib.TRAIN)
+        return part.epsilon, part.delta, part.event
+    return grant.epsilon, grant.delta, grant.event
+
+
+def _single(input_dict, key, what) -> types.Artifact:
+    items = input_dict.get(key) or []
+    if len(items) != 1:
+        raise MissingGrantError(f"DPBaggingTrainer needs exactly one {what} in '{key}', got {len(items)}")
+    return items[0]
+
+
+def export_student(student, mean, std, feature_keys, path: str) -> None:
+    """The student as a SavedModel: serialized tf.Examples in, P(class 1) out ('probabilities')."""
+    import tensorflow as tf
+
+    coef = getattr(student, "coef_", None)
+    if coef is None:     # constant student
+        w, b = np.zeros(len(feature_keys)), (30.0 if student.label == 1 else -30.0)
+    else:
+        w, b = np.asarray(coef, dtype=np.float64)[0], float(student.intercept_[0])
+
+    class Student(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = tf.constant(w / std, tf.float32)
+            self.b = tf.constant(b - float(np.sum(w * mean / std)), tf.float32)
+            self.mean = tf.constant(mean, tf.float32)
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
+        def serve(self, examples):
+            spec_ = {k: tf.io.FixedLenFeature([], tf.float32, default_value=float(mean[i]))
+                     for i, k in enumerate(feature_keys)}
+            parsed = tf.io.parse_example(examples, spec_)
+            X = tf.stack([parsed[k] for k in feature_keys], axis=1)
+            return {spec.PREDICTION_OUTPUT: tf.sigmoid(tf.linalg.matvec(X, self.w) + self.b)}
+
+    module = Student()
+    tf.saved_model.save(module, path, signatures={"serving_default": module.serve})
+
+
+class Executor(base_beam_executor.BaseBeamExecutor):
+    """Runs the Beam teacher flow, labels public points, exports the student."""
+
+    def Do(self, input_dict: Dict[str, List[types.Artifact]], output_dict: Dict[str, List[types.Artifact]],
+           exec_properties: Dict[str, Any]) -> None:
+        grant_artifact = _single(input_dict, spec.GRANT_INPUT_KEY, "SageGrant (from SageGate)")
+        if not artifacts.is_granted(grant_artifact):
+            artifacts.read_grant(grant_artifact)     # raises with the ledger's reason
+        grant = artifacts.read_grant(grant_artifact)
+        config = config_from_exec_properties(exec_properties)
+        keys = feature_keys_of(exec_properties)
+        if exec_properties.get(spec.PUBLIC_DECLARED_KEY) != 1:
+            raise InvalidRequestError("public_examples are not declared public (public_declared=1)")
+        private = _single(input_dict, spec.EXAMPLES_KEY, "private Examples")
+        public = _single(input_dict, spec.PUBLIC_EXAMPLES_KEY, "public Examples")
+        if public.has_custom_property(EXAMPLES_GRANT_ID):
+            raise InvalidRequestError("public_examples were read from a gated private stream "
+                                      f"(grant {public.get_string_custom_property(EXAMPLES_GRANT_ID)}): "
+                                      "a private stream cannot be passed as public")
+        recorded = (private.get_string_custom_property(EXAMPLES_GRANT_ID)
+                    if private.has_custom_property(EXAMPLES_GRANT_ID) else "")
+        if recorded != grant.grant_id:
+            raise MissingGrantError(f"the private examples were read under grant {recorded or 'none'}, "
+                                    f"not {grant.grant_id}: read them with BlockExampleGen from this grant")
+        X_pub = _public_features(_files(public, exec_properties.get(spec.PUBLIC_SPLIT_KEY)), keys)
+        if len(X_pub) == 0:
+            raise InvalidRequestError("no public data to label")
+        mean = np.nanmean(X_pub, axis=0)
+        std = np.nanstd(X_pub, axis=0)
+        std[~(std > 0)] = 1.0
+        X_pub = (np.where(np.isnan(X_pub), mean, X_pub) - mean) / std
+        report_delta = None
+        if grant.mode == "rdp":
+            from sage_tfx.ledger import open_ledger
+            with open_ledger(grant_artifact.ledger_url) as ledger:
+                report_delta = float(ledger.stream(grant.stream).delta_g)
+        eps, dlt, event = _train_cost(grant_artifact, grant)
+        plan = labels_from_grant(config, epsilon=eps, delta=dlt, event=event,
+                                 public_size=len(X_pub), report_delta=report_delta)
+        files = _files(private, exec_properties.get(spec.SPLIT_KEY))
+        salt = (exec_properties.get(spec.SALT_KEY) or f"sage-tfx-bagging:{grant.stream}").encode()
+        cache = TeacherCache(exec_properties.get(spec.CACHE_DIR_KEY)) if exec_properties.get(spec.CACHE_DIR_KEY) else None
+        key = cache_key(stream=grant.stream, blocks=[b.block_id for b in grant.blocks], k=config.k,
+                        n=config.n, salt=salt, kind=config.teacher, settings={"l2": config.l2, "keys": keys})
+        start = cache.public_cursor(key) if cache else 0
+        pool = X_pub[start:]
+        if plan.queries is not None and plan.queries > len(pool):
+            raise InvalidRequestError(f"the grant pays for {plan.queries} labels but only {len(pool)} "
+                                      "unlabelled public points are left for this window")
+        result = self._label(config, plan, files, keys, exec_properties, mean, std, salt, pool, cache, key)
+        if cache:
+            cache.advance(key, result.queries)
+        student = train_student(pool[:result.queries], result.labels, l2=config.l2)
+        model = _single(output_dict, spec.MODEL_KEY, "Model output")
+        export_student(student, mean, std, keys, path_utils.serving_model_path(model.uri))
+        report = {**result.report(), "grant_id": grant.grant_id, "stream": grant.stream,
+                  "k": config.k, "n": config.n, "teacher": config.teacher, "public_start": start,
+                  # the whole run's charge (all plan parts) sits on every block of the window
+                  "per_block_charge": {b.block_id: ({"event": json.loads(grant_artifact.event_json)}
+                                                    if grant.event is not None else
+                                                    {"epsilon": grant.epsilon, "delta": grant.delta})
+                                       for b in grant.blocks}}
+        with fileio.open(os.path.join(model.uri, spec.PRIVACY_REPORT_FILE), "w") as f:
+            f.write(json.dumps(report, indent=2, sort_keys=True))
+        model.set_int_custom_property(spec.QUERIES_PROPERTY, int(result.queries))
+        model.set_string_custom_property(spec.MODE_PROPERTY, config.mode)
+        model.set_float_custom_property(spec.EPSILON_PROPERTY, float(result.epsilon))
+        model.set_float_custom_property(spec.DELTA_PROPERTY, float(result.delta))
+        model.set_string_custom_property(spec.GRANT_ID_PROPERTY, grant.grant_id)
+        logging.info("DPBaggingTrainer: %d public points labelled (%s), epsilon=%.4g delta=%.3g",
+                     result.queries, config.mode, result.epsilon, result.delta)
+
+    def _beam_options(self):
+        from apache_beam.options.pipeline_options import PipelineOptions
+        return PipelineOptions(list(getattr(self, "_beam_pipeline_args", []) or []))
+
+    def _label(self, config, plan, files, keys, props, mean, std, salt, pool, cache, key):
+        from sage_tfx.components.dp_bagging_trainer.beam_flow import run_teacher_flow
+
+        scratch = tempfile.mkdtemp(prefix="dp-bagging-")
+        try:
+            counts, units = None, None
+
+            def train():
+                nonlocal counts, units
+                ens, counts, units = run_teacher_flow(
+                    files, read_records=_read_records, feature_keys=keys,
+                    label_key=props.get(spec.LABEL_KEY), unit_key=props.get(spec.UNIT_KEY),
+                    mean=mean, std=std, k=config.k, n=config.n, salt=salt, kind=config.teacher,
+                    l2=config.l2, X_vote=pool[:plan.queries] if plan.queries else None,
+                    scratch=scratch, beam_options=self._beam_options())
+                if not units:
+                    raise InvalidRequestError("the private window is empty")
+                if config.n > len(units):
+                    raise InvalidRequestError(f"n = {config.n} teachers per partition but only "
+                                              f"{len(units)} privacy units in the window")
+                return {"ensemble": ens, "units": sorted(units, key=str)}
+
+            entry = cache.get_or_train(key, train) if cache else train()
+            ensemble, units_all = entry["ensemble"], entry["units"]
+            if plan.formally_dp:
+                if counts is None:      # cached teachers: votes in the driver
+                    from sage_tfx.bagging import vote_counts
+                    counts = vote_counts(ensemble, pool[:plan.queries])
+                from sage_tfx.bagging.labelling import LabellingResult
+                labels = noisy_argmax(counts, k=config.k, lam=config.lam)
+                return LabellingResult(labels, np.arange(plan.queries), plan.queries, config.mode,
+                                       config.accountant, plan.epsilon, plan.delta, config.lam,
+                                       config.k / config.lam, 2 * config.lam, True, event=plan.event)
+            unit_chunks = chunk_assignment(units_all, k=config.k, n=config.n, salt=salt)
+            return label_public(ensemble, pool, epsilon=plan.epsilon, delta=plan.delta, lam=config.lam,
+                                mode="paper", unit_chunks=unit_chunks)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)

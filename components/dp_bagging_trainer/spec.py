@@ -1,0 +1,68 @@
+"""DPBaggingTrainer component spec and its exec-property / channel keys."""
+from tfx.types import standard_artifacts, standard_component_specs
+from tfx.types.component_spec import ChannelParameter, ComponentSpec, ExecutionParameter
+
+from sage_tfx.components.artifacts import SageGrant
+from sage_tfx.components.gate.spec import GRANT_KEY
+
+# Channel keys.
+EXAMPLES_KEY = standard_component_specs.EXAMPLES_KEY          # private: BlockExampleGen's output
+PUBLIC_EXAMPLES_KEY = "public_examples"                       # declared public, unlabelled use
+GRANT_INPUT_KEY = GRANT_KEY                                   # "grant"
+MODEL_KEY = standard_component_specs.MODEL_KEY                # "model": the student
+
+# Exec-property keys.
+K_KEY = "k"
+N_KEY = "n"
+LAMBDA_KEY = "lam"
+MODE_KEY = "mode"
+ACCOUNTANT_KEY = "accountant"
+TEACHER_KEY = "teacher"
+LABEL_KEY = "label_key"
+UNIT_KEY = "unit_key"
+FEATURE_KEYS_KEY = "feature_keys"          # JSON list of float/int feature names
+PUBLIC_DECLARED_KEY = "public_declared"    # int 1: the user declares public_examples public
+SPLIT_KEY = "split"
+PUBLIC_SPLIT_KEY = "public_split"
+SALT_KEY = "salt"
+CACHE_DIR_KEY = "cache_dir"
+
+DEFAULT_SPLIT = "train"
+
+# Files and properties written into the Model artifact.
+PRIVACY_REPORT_FILE = "privacy_report.json"
+PREDICTION_OUTPUT = "probabilities"        # serving output: P(class 1), one per example
+QUERIES_PROPERTY = "bagging_queries"
+MODE_PROPERTY = "bagging_mode"
+EPSILON_PROPERTY = "epsilon"
+DELTA_PROPERTY = "delta"
+GRANT_ID_PROPERTY = "grant_id"
+
+
+class DPBaggingTrainerSpec(ComponentSpec):
+    """Private Examples + public Examples + SageGrant in; the student Model out."""
+
+    PARAMETERS = {
+        K_KEY: ExecutionParameter(type=int),
+        N_KEY: ExecutionParameter(type=int),
+        LAMBDA_KEY: ExecutionParameter(type=float),
+        MODE_KEY: ExecutionParameter(type=str),
+        ACCOUNTANT_KEY: ExecutionParameter(type=str),
+        TEACHER_KEY: ExecutionParameter(type=str),
+        LABEL_KEY: ExecutionParameter(type=str),
+        UNIT_KEY: ExecutionParameter(type=str),
+        FEATURE_KEYS_KEY: ExecutionParameter(type=str),
+        PUBLIC_DECLARED_KEY: ExecutionParameter(type=int),
+        SPLIT_KEY: ExecutionParameter(type=str),
+        PUBLIC_SPLIT_KEY: ExecutionParameter(type=str),
+        SALT_KEY: ExecutionParameter(type=str, optional=True),
+        CACHE_DIR_KEY: ExecutionParameter(type=str, optional=True),
+    }
+    INPUTS = {
+        EXAMPLES_KEY: ChannelParameter(type=standard_artifacts.Examples),
+        PUBLIC_EXAMPLES_KEY: ChannelParameter(type=standard_artifacts.Examples),
+        GRANT_INPUT_KEY: ChannelParameter(type=SageGrant),
+    }
+    OUTPUTS = {
+        MODEL_KEY: ChannelParameter(type=standard_artifacts.Model),
+    }

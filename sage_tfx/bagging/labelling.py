@@ -1,0 +1,173 @@
+"""Noisy plurality labelling of public points and the student (DP bagging §4, §4.4, Alg. 1).
+
+Only the labels (and the student trained on them) leave this module's callers; vote counts, noisy
+counts, teachers and per-unit ε̂ are never logged or returned in a report.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional
+
+import numpy as np
+
+from sage_tfx.bagging import accounting as acc
+from sage_tfx.bagging.teachers import TeacherEnsemble
+from sage_tfx.errors import InvalidRequestError
+
+__all__ = ["MODES", "noisy_counts", "noisy_argmax", "LabellingResult", "label_public", "train_student"]
+
+MODES = ("fixed_queries", "paper")
+
+
+def noisy_counts(counts: np.ndarray, *, k: int, lam: float, noise=None) -> np.ndarray:
+    """n_c(x) + Y_c with Y_c i.i.d. Lap(k/λ), per row of ``counts`` [P, C] (never returned to users).
+
+    ``noise`` defaults to OpenDP's continuous Laplace (``sage_tfx.dp.noise.laplace``), which is
+    what ``LaplaceDpEvent`` accounts for; a ``SeededNoise`` is for experiments only.
+    """
+    from sage_tfx.dp import noise as noise_lib
+
+    lam = acc.check_lambda(lam)
+    counts = np.asarray(counts)
+    if counts.ndim != 2 or counts.shape[1] < 2:
+        raise InvalidRequestError("counts must be [P, C] with C >= 2 classes")
+    if len(counts) == 0:
+        return np.zeros(counts.shape)
+    src = noise if noise is not None else noise_lib.SECURE
+    return np.asarray(src.laplace(counts.astype(np.float64), k / lam), dtype=np.float64)
+
+
+def noisy_argmax(counts: np.ndarray, *, k: int, lam: float, noise=None) -> np.ndarray:
+    """argmax_c (n_c(x) + Y_c), Y_c i.i.d. Lap(k/λ): 2λ-DP per query (Theorem 1, ℓ1 change 2k)."""
+    noisy = noisy_counts(counts, k=k, lam=lam, noise=noise)
+    return np.asarray(np.argmax(noisy, axis=1), dtype=np.int64)
+
+
+@dataclasses.dataclass(frozen=True)
+class LabellingResult:
+    """Labels of the first ``queries`` public points, and what they cost.
+
+    ``epsilon``/``delta`` is the guarantee (fixed_queries: the accountant's ε of the composed
+    event; paper: the grant, since ε̂ is data-dependent). ``epsilon_hat`` and
+    ``epsilon_hat_worst_star`` are paper-mode audit figures (None otherwise), never guarantees.
+    """
+    labels: np.ndarray
+    public_index: np.ndarray
+    queries: int
+    mode: str
+    accountant: Optional[str]
+    epsilon: float
+    delta: float
+    lam: float
+    noise_scale: float
+    per_query_epsilon: float
+    formally_dp: bool
+    event: object = None
+    epsilon_hat: Optional[float] = None
+    epsilon_hat_worst_star: Optional[float] = None
+
+    def report(self) -> dict:
+        """JSON-able privacy report (no votes, no per-unit figures)."""
+        from sage_tfx.ledger.accounting import event_to_json
+        import json
+        return {
+            "queries": self.queries, "mode": self.mode, "accountant": self.accountant,
+            "epsilon": self.epsilon, "delta": self.delta, "lambda": self.lam,
+            "noise_scale": self.noise_scale, "per_query_epsilon": self.per_query_epsilon,
+            "formally_dp": self.formally_dp,
+            "event": json.loads(event_to_json(self.event)) if self.event is not None else None,
+            "epsilon_hat_audit": self.epsilon_hat,
+            "epsilon_hat_worst_star_audit": self.epsilon_hat_worst_star,
+        }
+
+
+def label_public(ensemble: TeacherEnsemble, X_public: np.ndarray, *, epsilon: float,
+                 delta: float, lam: float, mode: str = "fixed_queries", accountant: str = "rdp",
+                 unit_chunks: Optional[np.ndarray] = None, noise=None,
+                 max_order: int = acc.DEFAULT_MAX_ORDER, max_labels: Optional[int] = None
+                 ) -> LabellingResult:
+    """Labels public points in order with the noisy plurality of all k·n teachers.
+
+    Args:
+      ensemble: the teachers.
+      X_public: public features [P, d] (declared public by the caller; in a known, public order).
+      epsilon, delta: the grant.
+      lam: λ; noise Lap(k/λ) per count, 2λ-DP per query.
+      mode: ``"fixed_queries"`` (p fixed from the grant, formally DP) or ``"paper"`` (Alg. 1's
+        data-dependent stopping; reproduction only, not formally DP).
+      accountant: ``"rdp"`` or ``"pld"`` (fixed_queries).
+      unit_chunks: chunk of each privacy unit [U, k] (paper mode's per-unit accountant).
+      max_labels: answer at most this many (a public number); defaults to all public points.
+    """
+    if mode not in MODES:
+        raise InvalidRequestError(f"mode must be one of {MODES}, got {mode!r}")
+    lam = acc.check_lambda(lam)
+    epsilon, delta = acc._check_eps_delta(epsilon, delta)
+    X_public = np.asarray(X_public, dtype=np.float64)
+    if X_public.ndim != 2 or len(X_public) == 0:
+        raise InvalidRequestError("no public data to label")
+    cap = len(X_public) if max_labels is None else min(int(max_labels), len(X_public))
+    common = dict(lam=lam, noise_scale=ensemble.k / lam, per_query_epsilon=2 * lam, delta=delta)
+    if mode == "fixed_queries":
+        p = min(acc.max_queries(epsilon, delta, lam=lam, accountant=accountant, limit=max(cap, 1)), cap)
+        counts = _counts(ensemble, X_public[:p])
+        labels = noisy_argmax(counts, k=ensemble.k, lam=lam, noise=noise)
+        eps_p = acc.epsilon_of(p, lam=lam, delta=delta, accountant=accountant)
+        return LabellingResult(labels, np.arange(p), p, mode, accountant, eps_p,
+                               formally_dp=True, event=acc.queries_event(lam, p), **common)
+    if unit_chunks is None:
+        raise InvalidRequestError("paper mode needs the chunk assignment of every privacy unit")
+    pma = acc.PersonalisedMomentsAccountant(unit_chunks, n=ensemble.n, lam=lam, delta=delta,
+                                            max_order=max_order)
+    labels, answered = [], 0
+    for start, pred in ensemble.predict_batches(X_public[:cap]):
+        a = pma.answer(pred, epsilon, ensemble.n_classes)
+        if a:
+            counts = np.stack([(pred[:a] == c).sum(axis=(1, 2)) for c in range(ensemble.n_classes)], 1)
+            labels.append(noisy_argmax(counts, k=ensemble.k, lam=lam, noise=noise))
+            answered += a
+        if a < len(pred):
+            break
+    labels = np.concatenate(labels) if labels else np.zeros(0, dtype=np.int64)
+    return LabellingResult(labels, np.arange(answered), answered, mode, None, epsilon,
+                           formally_dp=False, epsilon_hat=pma.epsilon_hat(),
+                           epsilon_hat_worst_star=pma.epsilon_hat_worst_star(), **common)
+
+
+def _counts(ensemble, X):
+    from sage_tfx.bagging.teachers import vote_counts
+    return vote_counts(ensemble, X) if len(X) else np.zeros((0, ensemble.n_classes), np.int32)
+
+
+def train_student(X_labelled: np.ndarray, labels: np.ndarray, *, l2: float = 1.0,
+                  n_classes: int = 2):
+    """The student: scikit-learn logistic regression on the privately labelled public points.
+
+    With fewer than two distinct labels it is a constant classifier (still a function of the
+    private labels only). Returns the fitted estimator or a ``ConstantStudent``.
+    """
+    labels = np.asarray(labels)
+    if len(labels) == 0 or len(np.unique(labels)) < 2:
+        c = int(labels[0]) if len(labels) else 0
+        return ConstantStudent(c, n_classes)
+    from sklearn.linear_model import LogisticRegression
+    return LogisticRegression(C=1.0 / l2, max_iter=1000).fit(X_labelled, labels)
+
+
+@dataclasses.dataclass(frozen=True)
+class ConstantStudent:
+    label: int
+    n_classes: int
+
+    def predict(self, X):
+        return np.full(len(X), self.label, dtype=np.int64)
+
+    def predict_proba(self, X):
+        out = np.zeros((len(X), self.n_classes))
+        out[:, self.label] = 1.0
+        return out
+
+    @property
+    def coef_(self):
+        return None
