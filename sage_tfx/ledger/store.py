@@ -1,21 +1,54 @@
 """The ledger's storage: SQLite and PostgreSQL dialects, the schema and write transactions.
 
 SQLite (``sqlite:///path``) is the embedded default: WAL journal with ``synchronous=FULL``, so an
-acknowledged grant is on disk, and an OS file lock that queues writers. PostgreSQL
-(``postgresql://user@host:port/db``) is for a ledger shared by many machines. All writers
-serialize on one lock (SQLite's write lock, a row lock on ``ledger_head`` in PostgreSQL), which
-also orders the audit chain. :class:`Store` is the only code that talks to the database driver.
+acknowledged grant has been fsynced to the WAL and survives a crash of the writer *and* a power
+loss. Writers queue on an OS file lock and then take SQLite's write lock; one chain orders the
+audit.
+
+PostgreSQL (``postgresql://user@host:port/db``) is for a ledger shared by many machines. There is
+no global lock: a write transaction locks the budget rows it charges (``FOR UPDATE``, in one
+global order: ascending block ``seq`` within a (stream, context)), then the head of any free audit
+chain (:mod:`~sage_tfx.ledger.audit` explains why that is still a verifiable total order). A
+request runs in two round trips (psycopg pipeline mode): [BEGIN, the run-id check, the locked
+budget rows, an audit chain head] and [the writes, COMMIT]. Deadlocks, serialisation failures
+and unique-key races are retried with jittered exponential backoff; an idempotent write (a
+request: its run id makes it so) is also retried on a fresh connection when the server ends the
+session. Bulk block registration uses COPY.
+
+:class:`Store` is the only code that talks to the database driver.
 """
 from __future__ import annotations
 
 import fcntl
 import os
+import random
+import time
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 from sage_tfx.errors import InvalidRequestError
+from sage_tfx.ledger import audit
 from sage_tfx.ledger.audit import GENESIS_HASH
+from sage_tfx.ledger.values import now
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+PG_CHAINS = 64  # audit chains on PostgreSQL: more than the writers that run at once
+MAX_RETRIES = 12
+
+# The budget rows of the request path:
+# (block_id, seq, status, eps, delta, rdp, location, budget row id).
+BUDGET_ROWS = ("SELECT u.block_id, u.seq, u.status, u.eps_spent, u.delta_spent, u.rdp, "
+               "b.location, u.id FROM budgets u JOIN blocks b ON b.stream = u.stream AND "
+               "b.block_id = u.block_id WHERE u.stream = ? AND u.context = ? ")
+
+
+class _Rows:
+    """Rows of several cursors, fetched when asked (after a pipeline sync on PostgreSQL)."""
+
+    def __init__(self, cursors: list):
+        self._cursors = cursors
+
+    def fetchall(self) -> list:
+        return [r for c in self._cursors for r in c.fetchall()]
 
 
 class _Backend:
@@ -25,6 +58,7 @@ class _Backend:
     real = "REAL"
     bigint = "INTEGER"
     serial_pk = "INTEGER PRIMARY KEY"
+    lock = ""  # suffix that locks the budget rows a query returns
 
     def __init__(self, url: str):
         self.url = url
@@ -40,6 +74,10 @@ class _Backend:
 
     def end_write(self, conn) -> None:
         """Called after COMMIT or ROLLBACK of a write transaction."""
+
+    def retry_kind(self, exc: BaseException) -> Optional[str]:
+        """``"conflict"`` or ``"disconnect"`` for a failure worth retrying, else None."""
+        return None
 
 
 class _SqliteBackend(_Backend):
@@ -58,10 +96,10 @@ class _SqliteBackend(_Backend):
         parent = os.path.dirname(os.path.abspath(self.path))
         os.makedirs(parent, exist_ok=True)
         conn = sqlite3.connect(self.path, timeout=120.0, isolation_level=None,
-                               check_same_thread=False)
+                               check_same_thread=False, cached_statements=256)
         conn.execute("PRAGMA journal_mode=WAL")
-        # FULL: a commit returns only after the WAL is synced, so an acknowledged grant survives
-        # a crash or power loss.
+        # FULL: a commit returns only after the WAL is fsynced, so an acknowledged grant survives
+        # a crash of the process or of the machine (power loss).
         conn.execute("PRAGMA synchronous=FULL")
         conn.execute("PRAGMA foreign_keys=ON")
         conn.execute("PRAGMA busy_timeout=120000")
@@ -89,6 +127,7 @@ class _PostgresBackend(_Backend):
     real = "DOUBLE PRECISION"
     bigint = "BIGINT"
     serial_pk = "BIGSERIAL PRIMARY KEY"
+    lock = " FOR UPDATE OF u"
 
     def connect(self):
         import psycopg
@@ -101,7 +140,17 @@ class _PostgresBackend(_Backend):
 
     def begin_write(self, conn) -> None:
         conn.execute("BEGIN")
-        conn.execute("SELECT audit_seq FROM ledger_head WHERE id = 1 FOR UPDATE")
+
+    def retry_kind(self, exc: BaseException) -> Optional[str]:
+        import psycopg
+        from psycopg import errors
+        if isinstance(exc, (errors.SerializationFailure, errors.DeadlockDetected,
+                            errors.UniqueViolation, errors.LockNotAvailable)):
+            return "conflict"
+        if isinstance(exc, (errors.AdminShutdown, errors.QueryCanceled, psycopg.OperationalError,
+                            psycopg.InterfaceError)):
+            return "disconnect"
+        return None
 
 
 def _backend_for(url: str) -> _Backend:
@@ -144,14 +193,34 @@ def _schema(b: _Backend) -> list[str]:
             created_at TEXT NOT NULL, released_at TEXT, UNIQUE (stream, run_id))""",
         f"""CREATE TABLE IF NOT EXISTS audit (
             seq {i} PRIMARY KEY, ts TEXT NOT NULL, stream TEXT, kind TEXT NOT NULL,
-            payload TEXT NOT NULL, prev_hash TEXT NOT NULL, hash TEXT NOT NULL)""",
+            payload TEXT NOT NULL, prev_hash TEXT NOT NULL, hash TEXT NOT NULL,
+            chain {i} NOT NULL DEFAULT 1)""",
     ]
 
+
+# PostgreSQL: the audit sequence, and a function that locks the head of a free chain (waiting
+# for a random one only when all are busy) and draws the next seq after that lock.
+_PG_FUNCTIONS = [
+    "CREATE SEQUENCE IF NOT EXISTS audit_seq_gen",
+    f"""CREATE OR REPLACE FUNCTION sage_audit_chain()
+        RETURNS TABLE (chain BIGINT, last_seq BIGINT, last_hash TEXT, next_seq BIGINT) AS $$
+        DECLARE h RECORD;
+        BEGIN
+          SELECT id, audit_seq, audit_hash INTO h FROM ledger_head
+            ORDER BY id FOR UPDATE SKIP LOCKED LIMIT 1;
+          IF NOT FOUND THEN
+            SELECT id, audit_seq, audit_hash INTO h FROM ledger_head
+              WHERE id = 1 + floor(random() * {PG_CHAINS})::int FOR UPDATE;
+          END IF;
+          RETURN QUERY SELECT h.id, h.audit_seq, h.audit_hash, nextval('audit_seq_gen');
+        END $$ LANGUAGE plpgsql""",
+]
 
 
 class Store:
     """One connection to the ledger database, with the dialect's write transactions.
 
+    Audit entries of a write transaction are buffered (:meth:`audit`) and chained at commit.
     ``before_commit`` is a fault-injection point for crash tests: when set, it is called inside
     every write transaction right before COMMIT.
     """
@@ -161,6 +230,8 @@ class Store:
         self.backend = _backend_for(url)
         self.conn = self.backend.connect()
         self.before_commit: Optional[Callable[[], None]] = None
+        self._pending: list[tuple[Optional[str], str, str]] = []
+        self._chain_cur: Any = None
         self._init_schema()
 
     @property
@@ -184,35 +255,166 @@ class Store:
             with self.conn.cursor() as cur:
                 cur.executemany(sql, list(rows))
 
+    def bulk_insert(self, table: str, columns: Sequence[str], rows: Sequence[Sequence]) -> None:
+        """Inserts many rows: executemany on SQLite, COPY on PostgreSQL."""
+        cols = ", ".join(columns)
+        if self.kind == "sqlite":
+            marks = ",".join("?" * len(columns))
+            self.conn.executemany(f"INSERT INTO {table} ({cols}) VALUES ({marks})", rows)
+            return
+        with self.conn.cursor() as cur, cur.copy(f"COPY {table} ({cols}) FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row(row)
+
+    def existing(self, stream: str, block_ids: Sequence[str]) -> Optional[str]:
+        """One of ``block_ids`` already registered in ``stream``, or None."""
+        if self.kind == "postgresql":
+            row = self.q("SELECT block_id FROM blocks WHERE stream = ? AND block_id = ANY(?) "
+                         "LIMIT 1", (stream, list(block_ids))).fetchone()
+            return row[0] if row else None
+        for k in range(0, len(block_ids), 500):
+            chunk = list(block_ids[k:k + 500])
+            row = self.q(f"SELECT block_id FROM blocks WHERE stream = ? AND block_id IN "
+                         f"({','.join('?' * len(chunk))}) LIMIT 1", [stream] + chunk).fetchone()
+            if row:
+                return row[0]
+        return None
+
+    # -- the request path (queued statements: results are read after the pipeline syncs) --
+
+    def budget_rows(self, stream: str, context: str, block_ids: Sequence[str]) -> _Rows:
+        """The request-path rows of these blocks, locked on PostgreSQL, in ascending seq."""
+        if self.kind == "postgresql":
+            return _Rows([self.q(BUDGET_ROWS + "AND u.block_id = ANY(?) ORDER BY u.seq" +
+                                 self.backend.lock, (stream, context, list(block_ids)))])
+        curs = []
+        for k in range(0, len(block_ids), 500):
+            chunk = list(block_ids[k:k + 500])
+            curs.append(self.q(BUDGET_ROWS + f"AND u.block_id IN ({','.join('?' * len(chunk))})",
+                               [stream, context] + chunk))
+        return _Rows(curs)
+
+    def window_rows(self, stream: str, context: str, status: str, page: int) -> _Rows:
+        """The rows of the ``page`` most recent blocks that had ``status`` (locked, ascending).
+
+        A row's status may have changed between choosing and locking (PostgreSQL): the caller
+        re-checks it. Reads only the newest ``page`` entries of the (stream, context, status,
+        seq) index, never the whole stream.
+        """
+        return _Rows([self.q(
+            BUDGET_ROWS + "AND u.id IN (SELECT id FROM budgets WHERE stream = ? AND context = ? "
+            "AND status = ? ORDER BY seq DESC LIMIT ?) ORDER BY u.seq" + self.backend.lock,
+            (stream, context, stream, context, status, page))])
+
+    def reserve_audit(self) -> None:
+        """Queues the lock of an audit chain head (PostgreSQL), after the row locks taken so far."""
+        if self.kind == "postgresql" and self._chain_cur is None:
+            self._chain_cur = self.conn.execute("SELECT * FROM sage_audit_chain()")
+
+    def audit(self, stream: Optional[str], kind: str, payload: dict) -> None:
+        """Buffers one audit entry of the current write transaction (chained at commit)."""
+        self._pending.append((stream, kind, audit.payload_text(payload)))
+
     def update_budgets(self, updates: list) -> None:
-        """Writes (eps_spent, delta_spent, rdp or None, budget id) rows and counts one charge."""
+        """Writes (eps_spent, delta_spent, rdp or None, status, budget id) rows; counts a charge."""
         if self.kind == "sqlite":
             self.conn.executemany(
                 "UPDATE budgets SET eps_spent = ?, delta_spent = ?, rdp = COALESCE(?, rdp), "
-                "charges = charges + 1 WHERE id = ?", updates)
+                "status = ?, charges = charges + 1 WHERE id = ?", updates)
             return
         # PostgreSQL: one statement for all blocks (executemany would be a round trip per row).
-        values = ",".join(["(%s, %s, %s::text, %s::bigint)"] * len(updates))
+        values = ",".join(["(%s, %s, %s::text, %s, %s::bigint)"] * len(updates))
         self.conn.execute(
             "UPDATE budgets AS u SET eps_spent = v.e, delta_spent = v.d, "
-            "rdp = COALESCE(v.r, u.rdp), charges = u.charges + 1 "
-            f"FROM (VALUES {values}) AS v(e, d, r, id) WHERE u.id = v.id",
+            "rdp = COALESCE(v.r, u.rdp), status = v.s, charges = u.charges + 1 "
+            f"FROM (VALUES {values}) AS v(e, d, r, s, id) WHERE u.id = v.id",
             [x for row in updates for x in row])
 
-    def write(self, fn: Callable[[], Any]) -> Any:
-        """Runs ``fn`` inside one serialized write transaction; commits or rolls back."""
-        self.backend.begin_write(self.conn)
+    def _flush_audit(self) -> None:
+        if not self._pending:
+            return
+        n = len(self._pending)
+        if self.kind == "sqlite":
+            chain = 1
+            head = self.q("SELECT audit_seq, audit_hash FROM ledger_head WHERE id = 1").fetchone()
+            seqs = list(range(head[0] + 1, head[0] + 1 + n))
+        else:
+            self.reserve_audit()
+            chain, last_seq, last_hash, first = self._chain_cur.fetchone()
+            head = (last_seq, last_hash)
+            seqs = [first]
+            if n > 1:
+                seqs += sorted(r[0] for r in self.q(
+                    "SELECT nextval('audit_seq_gen') FROM generate_series(1, ?)", (n - 1,)))
+        rows = audit.link(head, seqs, now(), self._pending)
+        self.many("INSERT INTO audit (seq, ts, stream, kind, payload, prev_hash, hash, chain) "
+                  "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", [r + (chain,) for r in rows])
+        self.q("UPDATE ledger_head SET audit_seq = ?, audit_hash = ? WHERE id = ?",
+               (rows[-1][0], rows[-1][6], chain))
+
+    def write(self, fn: Callable[[], Any], *, pipeline: bool = False,
+              idempotent: bool = False) -> Any:
+        """Runs ``fn`` inside one write transaction; commits, or rolls back and re-raises.
+
+        Conflicts (deadlock, serialisation failure, unique-key race) are retried with backoff;
+        with ``idempotent`` a lost session is retried on a new connection. ``pipeline`` batches
+        the statements into round trips on PostgreSQL (``fn`` must not use COPY).
+        """
+        attempt = 0
+        while True:
+            try:
+                return self._write_once(fn, pipeline and self.kind == "postgresql")
+            except Exception as exc:
+                kind = self.backend.retry_kind(exc)
+                if kind is None or attempt >= MAX_RETRIES or (kind == "disconnect"
+                                                             and not idempotent):
+                    raise
+                if kind == "disconnect":
+                    self._reconnect()
+                time.sleep(min(0.5, 0.002 * 2 ** attempt) * random.uniform(0.5, 1.5))
+                attempt += 1
+
+    def _write_once(self, fn: Callable[[], Any], pipeline: bool) -> Any:
+        self._pending, self._chain_cur = [], None
         try:
-            result = fn()
-            if self.before_commit is not None:
-                self.before_commit()
-            self.conn.execute("COMMIT")
-            return result
+            if pipeline:
+                with self.conn.pipeline():
+                    return self._txn(fn)
+            return self._txn(fn)
         except BaseException:
-            self.conn.execute("ROLLBACK")
+            try:
+                self.conn.execute("ROLLBACK")
+            except Exception:  # the session is gone: the server rolled back
+                pass
             raise
         finally:
+            self._pending, self._chain_cur = [], None
             self.backend.end_write(self.conn)
+
+    def _txn(self, fn: Callable[[], Any]) -> Any:
+        self.backend.begin_write(self.conn)
+        result = fn()
+        self._flush_audit()
+        if self.before_commit is not None:
+            self.before_commit()
+        self.conn.execute("COMMIT")
+        return result
+
+    def _reconnect(self) -> None:
+        try:
+            self.conn.close()
+        except Exception:
+            pass
+        self.conn = self.backend.connect()
+
+    def read_snapshot(self, fn: Callable[[], Any]) -> Any:
+        """Runs the reads of ``fn`` on one consistent snapshot of the database."""
+        self.conn.execute("BEGIN" if self.kind == "sqlite"
+                          else "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        try:
+            return fn()
+        finally:
+            self.conn.execute("COMMIT")
 
     def _init_schema(self) -> None:
         if self.kind == "sqlite":
@@ -223,11 +425,33 @@ class Store:
         try:
             for stmt in _schema(self.backend):
                 self.conn.execute(stmt)
-            row = self.q("SELECT audit_seq FROM ledger_head WHERE id = 1").fetchone()
-            if row is None:
-                self.q("INSERT INTO ledger_head (id, audit_seq, audit_hash, schema_version) "
-                       "VALUES (1, 0, ?, ?)", (GENESIS_HASH, SCHEMA_VERSION))
+            row = self.q("SELECT max(schema_version) FROM ledger_head").fetchone()
+            if row[0] is not None and row[0] < 2:
+                self._migrate_v1()
+            chains = 1 if self.kind == "sqlite" else PG_CHAINS
+            have = {r[0] for r in self.q("SELECT id FROM ledger_head").fetchall()}
+            for c in range(1, chains + 1):
+                if c not in have:
+                    self.q("INSERT INTO ledger_head (id, audit_seq, audit_hash, schema_version) "
+                           "VALUES (?, 0, ?, ?)", (c, GENESIS_HASH, SCHEMA_VERSION))
+            if self.kind == "postgresql":
+                for stmt in _PG_FUNCTIONS:
+                    self.conn.execute(stmt)
+                if row[0] is not None and row[0] < 2:
+                    self.conn.execute("SELECT setval('audit_seq_gen', "
+                                      "(SELECT GREATEST(COALESCE(max(seq), 0), 1) FROM audit))")
             self.conn.execute("COMMIT")
         except BaseException:
             self.conn.execute("ROLLBACK")
             raise
+
+    def _migrate_v1(self) -> None:
+        """Schema 1 had one chain and no ``audit.chain`` column."""
+        cols = ([r[1] for r in self.q("PRAGMA table_info(audit)").fetchall()]
+                if self.kind == "sqlite" else
+                [r[0] for r in self.q("SELECT column_name FROM information_schema.columns "
+                                      "WHERE table_name = 'audit'").fetchall()])
+        if "chain" not in cols:
+            self.conn.execute(f"ALTER TABLE audit ADD COLUMN chain {self.backend.bigint} "
+                              "NOT NULL DEFAULT 1")
+        self.q("UPDATE ledger_head SET schema_version = ?", (SCHEMA_VERSION,))
