@@ -419,7 +419,7 @@ class Ledger:
         for r in rows:
             new_e, new_d, new_rdp, still = budget.after_charge(s, r[3], r[4], r[5], dec_cost,
                                                                charge, probe)
-            updates.append((new_e, new_d, new_rdp, ACTIVE if still else RETIRED, r[7]))
+            updates.append((new_e, new_d, new_rdp, r[7]))
             if not still:
                 retired.append(r)
         self._store.update_budgets(updates)
@@ -434,6 +434,7 @@ class Ledger:
             "epsilon": eps, "delta": dlt,
             "event": json.loads(event_json) if event_json else None, "status": status})
         for r in retired:
+            self._q("UPDATE budgets SET status = ? WHERE id = ?", (RETIRED, r[7]))
             self._audit(s.name, "retire", {"block": r[0], "context": context,
                                            "reason": "budget exhausted", "grant_id": grant_id})
         return Grant(grant_id, run_id, s.name, context, s.mode, eps, dlt,
