@@ -228,12 +228,12 @@ def run_steady(backends: Sequence[str], num_blocks: int, writers: Sequence[int],
             rate = bulk_add(url, "s", num_blocks)
             say(f"[{backend}] {num_blocks} blocks registered: {rate:,.0f} blocks/s ({load()})")
             say(f"[{backend}] window read plan: {window_plan(url)}")
-            for workload in workloads:
-                for n in writers:
-                    if workload == "disjoint" and n == 1:
-                        continue  # the same as random with one writer
+            for case, (workload, n) in enumerate((w, n) for w in workloads for n in writers):
+                if workload == "disjoint" and n == 1:
+                    continue  # the same as random with one writer
+                if True:  # each case its own run ids (seed)
                     r = {"backend": backend, "blocks": num_blocks, **steady_case(
-                        url, "s", num_blocks, n, workload, duration), "load": load()}
+                        url, "s", num_blocks, n, workload, duration, seed=case), "load": load()}
                     rows.append(r)
                     say(f"[{backend}] {workload:<8} writers={n:>2} grants/s={r['grants_per_s']:7.0f}"
                         f" p50={r['p50_ms']:6.2f}ms p99={r['p99_ms']:7.2f}ms denied={r['denied']}"
@@ -254,8 +254,8 @@ def run_million(backends: Sequence[str], num_blocks: int, duration: float, say=p
             say(f"[{backend}] {num_blocks:,} blocks registered: {rate:,.0f} blocks/s; "
                 f"registering process peak RSS {rss:.0f} MB ({load()})")
             say(f"[{backend}] window read plan: {window_plan(url)}")
-            for workload in ("window", "random"):
-                r = steady_case(url, "s", num_blocks, 1, workload, duration)
+            for case, workload in enumerate(("window", "random")):
+                r = steady_case(url, "s", num_blocks, 1, workload, duration, seed=case)
                 say(f"[{backend}] {num_blocks:,} blocks, {workload:<6} 1 writer: "
                     f"{r['grants_per_s']:.0f} grants/s, p50={r['p50_ms']:.2f}ms "
                     f"p99={r['p99_ms']:.2f}ms, writer peak RSS {r['writer_maxrss_mb']:.0f} MB "

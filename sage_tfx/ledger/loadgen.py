@@ -45,6 +45,7 @@ class WriterPlan:
     writers: int = 1  # how many writers share the stream (slices of the disjoint workload)
     start_at: Optional[float] = None  # time.time() to start at (all writers together)
     duration: Optional[float] = None  # stop issuing requests this many seconds after start_at
+    ack_path: Optional[str] = None  # append "run_id grant_id" here once a grant is acknowledged
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +88,9 @@ def run_writer(plan: WriterPlan) -> WriterResult:
     if plan.start_at is not None:
         time.sleep(max(0.0, plan.start_at - time.time()))
     stop = None if plan.duration is None else (plan.start_at or time.time()) + plan.duration
+    # Unbuffered appends: an acknowledgement written here survives this process's SIGKILL.
+    ack_fd = (os.open(plan.ack_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+              if plan.ack_path else None)
     try:
         for i in range(plan.requests):
             if stop is not None and time.time() >= stop:
@@ -111,10 +115,14 @@ def run_writer(plan: WriterPlan) -> WriterResult:
             latencies.append(time.perf_counter() - t0)
             if d.granted:
                 granted.append((run_id, d.grant.grant_id, d.grant.block_ids, plan.epsilon))
+                if ack_fd is not None:
+                    os.write(ack_fd, f"{run_id} {d.grant.grant_id}\n".encode())
             else:
                 denied += 1
     finally:
         led.close()
+        if ack_fd is not None:
+            os.close(ack_fd)
     return WriterResult(plan.writer, granted, denied, latencies,
                         resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 

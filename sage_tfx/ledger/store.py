@@ -33,6 +33,7 @@ from sage_tfx.ledger.values import now
 SCHEMA_VERSION = 2
 PG_CHAINS = 64  # audit chains on PostgreSQL: more than the writers that run at once
 MAX_RETRIES = 12
+APPLICATION_NAME = "sage-tfx-ledger"  # PostgreSQL sessions of the ledger (pg_stat_activity)
 
 # The budget rows of the request path:
 # (block_id, seq, status, eps, delta, rdp, location, budget row id).
@@ -157,9 +158,8 @@ class _PostgresBackend(_Backend):
 
     def connect(self):
         import psycopg
-        conn = psycopg.connect(self.url, autocommit=True)
-        conn.execute("SET synchronous_commit = on")
-        return conn
+        return psycopg.connect(self.url, autocommit=True, application_name=APPLICATION_NAME,
+                               options="-c synchronous_commit=on")
 
     def sql(self, text: str) -> str:
         return text.replace("?", "%s")
@@ -254,11 +254,18 @@ class Store:
     def __init__(self, url: str):
         self.url = url
         self.backend = _backend_for(url)
-        self.conn = self.backend.connect()
         self.before_commit: Optional[Callable[[], None]] = None
         self._pending: list[tuple[Optional[str], str, str]] = []
         self._chain_cur: Any = None
-        self._init_schema()
+        for attempt in range(MAX_RETRIES + 1):
+            try:
+                self.conn = self.backend.connect()
+                self._init_schema()
+                break
+            except Exception as exc:  # a session ended by the server while opening: reopen
+                if self.backend.retry_kind(exc) is None or attempt == MAX_RETRIES:
+                    raise
+                time.sleep(0.01 * (attempt + 1))
 
     @property
     def kind(self) -> str:
@@ -405,9 +412,9 @@ class Store:
                 if kind is None or attempt >= MAX_RETRIES or (kind == "disconnect"
                                                              and not idempotent):
                     raise
+                time.sleep(min(0.5, 0.002 * 2 ** attempt) * random.uniform(0.5, 1.5))
                 if kind == "disconnect":
                     self._reconnect()
-                time.sleep(min(0.5, 0.002 * 2 ** attempt) * random.uniform(0.5, 1.5))
                 attempt += 1
 
     def _write_once(self, fn: Callable[[], Any], pipeline: bool) -> Any:
@@ -441,7 +448,11 @@ class Store:
             self.conn.close()
         except Exception:
             pass
-        self.conn = self.backend.connect()
+        try:
+            self.conn = self.backend.connect()
+        except Exception as exc:  # still down: the next attempt fails on the closed connection
+            if self.backend.retry_kind(exc) != "disconnect":
+                raise
 
     def read_snapshot(self, fn: Callable[[], Any]) -> Any:
         """Runs the reads of ``fn`` on one consistent snapshot of the database."""
