@@ -211,7 +211,10 @@ class Ledger:
                 "first_seq": next_seq, "blocks_sha256": digest})
             return len(specs)
 
-        return self._store.write(txn)
+        added = self._store.write(txn)
+        if len(specs) >= 1000:
+            self._store.analyze()
+        return added
 
     _BLOCK_COLS = ("SELECT b.stream, u.context, b.block_id, b.seq, b.location, b.start_ts, "
                    "b.end_ts, b.records, u.status, u.eps_spent, u.delta_spent, u.rdp, u.charges "

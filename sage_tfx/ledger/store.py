@@ -257,6 +257,7 @@ class Store:
         self.before_commit: Optional[Callable[[], None]] = None
         self._pending: list[tuple[Optional[str], str, str]] = []
         self._chain_cur: Any = None
+        self._analyze: set = set()
         for attempt in range(MAX_RETRIES + 1):
             try:
                 self.conn = self.backend.connect()
@@ -303,6 +304,13 @@ class Store:
         with self.conn.cursor() as cur, cur.copy(f"COPY {table} ({cols}) FROM STDIN") as copy:
             for row in rows:
                 copy.write_row(row)
+        self._analyze.add(table)
+
+    def analyze(self) -> None:
+        """Refreshes the planner statistics of tables that grew in bulk (PostgreSQL)."""
+        for table in sorted(self._analyze):
+            self.conn.execute(f"ANALYZE {table}")
+        self._analyze.clear()
 
     def existing(self, stream: str, block_ids: Sequence[str]) -> Optional[str]:
         """One of ``block_ids`` already registered in ``stream``, or None."""
@@ -323,8 +331,13 @@ class Store:
     def budget_rows(self, stream: str, context: str, block_ids: Sequence[str]) -> _Rows:
         """The request-path rows of these blocks, locked on PostgreSQL, in ascending seq."""
         if self.kind == "postgresql":
-            return _Rows([self.q(BUDGET_ROWS + "AND u.block_id = ANY(?) ORDER BY u.seq" +
-                                 self.backend.lock, (stream, context, list(block_ids)))])
+            # The id list drives the join: one key lookup per block, whatever the statistics.
+            return _Rows([self.q(
+                "SELECT u.block_id, u.seq, u.status, u.eps_spent, u.delta_spent, u.rdp, "
+                "b.location, u.id FROM unnest(?::text[]) AS k(block_id) JOIN budgets u ON "
+                "u.stream = ? AND u.context = ? AND u.block_id = k.block_id JOIN blocks b ON "
+                "b.stream = u.stream AND b.block_id = u.block_id ORDER BY u.seq" +
+                self.backend.lock, (list(block_ids), stream, context))])
         curs = []
         for k in range(0, len(block_ids), 500):
             chunk = list(block_ids[k:k + 500])
@@ -339,10 +352,13 @@ class Store:
         re-checks it. Reads only the newest ``page`` entries of the (stream, context, status,
         seq) index, never the whole stream.
         """
+        # The newest ids drive the join (by row id: one lookup each, whatever the statistics).
         return _Rows([self.q(
-            BUDGET_ROWS + "AND u.id IN (SELECT id FROM budgets WHERE stream = ? AND context = ? "
-            "AND status = ? ORDER BY seq DESC LIMIT ?) ORDER BY u.seq" + self.backend.lock,
-            (stream, context, stream, context, status, page))])
+            "SELECT u.block_id, u.seq, u.status, u.eps_spent, u.delta_spent, u.rdp, b.location, "
+            "u.id FROM (SELECT id FROM budgets WHERE stream = ? AND context = ? AND status = ? "
+            "ORDER BY seq DESC LIMIT ?) AS c JOIN budgets u ON u.id = c.id JOIN blocks b ON "
+            "b.stream = u.stream AND b.block_id = u.block_id ORDER BY u.seq" + self.backend.lock,
+            (stream, context, status, page))])
 
     def reserve_audit(self) -> None:
         """Queues the lock of an audit chain head (PostgreSQL), after the row locks taken so far."""
