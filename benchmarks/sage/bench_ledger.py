@@ -11,6 +11,7 @@ shows the load average: the machine may be shared.
     .venv/bin/python benchmarks/sage/bench_ledger.py [--backends sqlite,postgres]
         [--blocks 100000] [--writers 1,16] [--workloads random,disjoint,window] [--duration 8]
     .venv/bin/python benchmarks/sage/bench_ledger.py --million    # 1M blocks: latency, memory
+    .venv/bin/python benchmarks/sage/bench_ledger.py --cpu 2000   # one in-process writer
     .venv/bin/python benchmarks/sage/bench_ledger.py --requests-mode [--quick]  # perf_report's
 
 The measurement functions (:func:`run_case`, :func:`run_ledger_benchmark`) are reused by
@@ -35,6 +36,7 @@ from sage_tfx.ledger.loadgen import WriterPlan, run_writer, run_writers, setup_s
 
 BACKENDS = ("sqlite", "postgres")
 BLOCKS_PER_REQUEST = 30
+SQLITE_OPTIONS = ""  # e.g. "?durability=process" (set by --sqlite-durability)
 
 
 def run_case(url: str, stream: str, num_blocks: int, writers: int, total_requests: int) -> dict:
@@ -223,7 +225,7 @@ def run_steady(backends: Sequence[str], num_blocks: int, writers: Sequence[int],
         pg_url = (stack.enter_context(pgserver.local_postgres()) if "postgres" in backends
                   else None)
         for backend in backends:
-            url = (f"sqlite:///{tmp}/steady-{num_blocks}.db" if backend == "sqlite"
+            url = (f"sqlite:///{tmp}/steady-{num_blocks}.db{SQLITE_OPTIONS}" if backend == "sqlite"
                    else pgserver.create_database(pg_url, f"steady{num_blocks}"))
             rate = bulk_add(url, "s", num_blocks)
             say(f"[{backend}] {num_blocks} blocks registered: {rate:,.0f} blocks/s ({load()})")
@@ -247,7 +249,7 @@ def run_million(backends: Sequence[str], num_blocks: int, duration: float, say=p
         pg_url = (stack.enter_context(pgserver.local_postgres()) if "postgres" in backends
                   else None)
         for backend in backends:
-            url = (f"sqlite:///{tmp}/million.db" if backend == "sqlite"
+            url = (f"sqlite:///{tmp}/million.db{SQLITE_OPTIONS}" if backend == "sqlite"
                    else pgserver.create_database(pg_url, "million"))
             rate = bulk_add(url, "s", num_blocks)
             rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -262,6 +264,46 @@ def run_million(backends: Sequence[str], num_blocks: int, duration: float, say=p
                     f"({load()})")
 
 
+def run_cpu(backends: Sequence[str], num_blocks: int, requests: int, say=print) -> None:
+    """One writer in this process, public API only (so it also runs against older versions):
+    CPU and wall milliseconds per grant, explicit 30-block ranges and ``Window(last=30)``."""
+    import random
+
+    from sage_tfx.ledger import Window
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        pg_url = (stack.enter_context(pgserver.local_postgres()) if "postgres" in backends
+                  else None)
+        for backend in backends:
+            url = (f"sqlite:///{tmp}/cpu.db{SQLITE_OPTIONS}" if backend == "sqlite"
+                   else pgserver.create_database(pg_url, "cpu"))
+            t0 = time.perf_counter()
+            setup_stream(url, "s", num_blocks)
+            say(f"[{backend}] {num_blocks:,} blocks registered in {time.perf_counter() - t0:.1f}s "
+                f"(10k-block add_blocks calls; {load()})")
+            led = open_ledger(url)
+            rng = random.Random(1)
+            for kind in ("blocks", "window"):
+                lat = []
+                cpu0, wall0 = time.process_time(), time.perf_counter()
+                for i in range(requests):
+                    if kind == "window":
+                        where: dict = {"window": Window(last=BLOCKS_PER_REQUEST)}
+                    else:
+                        first = rng.randrange(0, num_blocks - BLOCKS_PER_REQUEST)
+                        where = {"blocks": [f"b{k:07d}" for k in
+                                            range(first, first + BLOCKS_PER_REQUEST)]}
+                    t = time.perf_counter()
+                    assert led.request("s", run_id=f"cpu-{kind}-{i}", epsilon=1e-6, **where).granted
+                    lat.append(time.perf_counter() - t)
+                cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+                ms = np.array(lat) * 1000
+                say(f"[{backend}] {kind:<6} 1 writer in-process: {1000 * cpu / requests:.3f} ms CPU"
+                    f"/grant, {1000 * wall / requests:.3f} ms wall/grant ({requests / wall:.0f}/s),"
+                    f" p50={np.percentile(ms, 50):.2f}ms p99={np.percentile(ms, 99):.2f}ms "
+                    f"({load()})")
+            led.close()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backends", default="sqlite,postgres")
@@ -271,12 +313,22 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=8.0, help="seconds of steady load per case")
     ap.add_argument("--million", action="store_true",
                     help="instead: a 1,000,000-block stream (latency, memory, index use)")
+    ap.add_argument("--cpu", type=int, metavar="N",
+                    help="instead: N requests of one in-process writer, CPU and wall per grant")
     ap.add_argument("--requests-mode", action="store_true",
                     help="instead: the fixed-request cases of perf_report (--quick: fewer)")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--sqlite-durability", choices=("power", "process"),
+                    help="SQLite ledgers' durability option (default: power)")
     ap.add_argument("--csv", help="write the table as CSV here")
     args = ap.parse_args()
+    if args.sqlite_durability:
+        global SQLITE_OPTIONS
+        SQLITE_OPTIONS = f"?durability={args.sqlite_durability}"
     backends = args.backends.split(",")
+    if args.cpu:
+        run_cpu(backends, args.blocks, args.cpu)
+        return 0
     if args.million:
         run_million(backends, 1_000_000 if not args.quick else 100_000, args.duration)
         return 0
