@@ -310,9 +310,13 @@ class Store:
             marks = ",".join("?" * len(columns))
             self.conn.executemany(f"INSERT INTO {table} ({cols}) VALUES ({marks})", rows)
             return
-        with self.conn.cursor() as cur, cur.copy(f"COPY {table} ({cols}) FROM STDIN") as copy:
-            for row in rows:
-                copy.write_row(row)
+        from psycopg import errors
+        try:
+            with self.conn.cursor() as cur, cur.copy(f"COPY {table} ({cols}) FROM STDIN") as copy:
+                for row in rows:
+                    copy.write_row(row)
+        except errors.UniqueViolation as exc:  # the key is the check (see :meth:`existing`)
+            raise InvalidRequestError(f"already registered: {exc.diag.message_detail}") from exc
         self._analyze.add(table)
 
     def analyze(self) -> None:
@@ -322,11 +326,12 @@ class Store:
         self._analyze.clear()
 
     def existing(self, stream: str, block_ids: Sequence[str]) -> Optional[str]:
-        """One of ``block_ids`` already registered in ``stream``, or None."""
+        """One of ``block_ids`` already registered in ``stream``, or None.
+
+        PostgreSQL: always None; :meth:`bulk_insert`'s COPY reports the violated key instead.
+        """
         if self.kind == "postgresql":
-            row = self.q("SELECT block_id FROM blocks WHERE stream = ? AND block_id = ANY(?) "
-                         "LIMIT 1", (stream, list(block_ids))).fetchone()
-            return row[0] if row else None
+            return None
         for k in range(0, len(block_ids), 500):
             chunk = list(block_ids[k:k + 500])
             row = self.q(f"SELECT block_id FROM blocks WHERE stream = ? AND block_id IN "
