@@ -264,6 +264,15 @@ def run_million(backends: Sequence[str], num_blocks: int, duration: float, say=p
                     f"({load()})")
 
 
+def _proc_cpu(pid) -> float:
+    """CPU seconds (user + system) a process used so far; 0 without a pid."""
+    if not pid:
+        return 0.0
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_cpu(backends: Sequence[str], num_blocks: int, requests: int, say=print) -> None:
     """One writer in this process, public API only (so it also runs against older versions):
     CPU and wall milliseconds per grant, explicit 30-block ranges and ``Window(last=30)``."""
@@ -282,8 +291,11 @@ def run_cpu(backends: Sequence[str], num_blocks: int, requests: int, say=print) 
                 f"(10k-block add_blocks calls; {load()})")
             led = open_ledger(url)
             rng = random.Random(1)
+            server = (led._q("SELECT pg_backend_pid()").fetchone()[0] if led.backend != "sqlite"
+                      else None)
             for kind in ("blocks", "window"):
                 lat = []
+                srv0 = _proc_cpu(server)
                 cpu0, wall0 = time.process_time(), time.perf_counter()
                 for i in range(requests):
                     if kind == "window":
@@ -296,9 +308,11 @@ def run_cpu(backends: Sequence[str], num_blocks: int, requests: int, say=print) 
                     assert led.request("s", run_id=f"cpu-{kind}-{i}", epsilon=1e-6, **where).granted
                     lat.append(time.perf_counter() - t)
                 cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+                srv = f", server session {1000 * (_proc_cpu(server) - srv0) / requests:.3f} ms " \
+                      "CPU/grant" if server else ""
                 ms = np.array(lat) * 1000
                 say(f"[{backend}] {kind:<6} 1 writer in-process: {1000 * cpu / requests:.3f} ms CPU"
-                    f"/grant, {1000 * wall / requests:.3f} ms wall/grant ({requests / wall:.0f}/s),"
+                    f"/grant{srv}, {1000 * wall / requests:.3f} ms wall/grant ({requests / wall:.0f}/s),"
                     f" p50={np.percentile(ms, 50):.2f}ms p99={np.percentile(ms, 99):.2f}ms "
                     f"({load()})")
             led.close()
