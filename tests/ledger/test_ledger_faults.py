@@ -103,3 +103,43 @@ def test_sessions_terminated_mid_request_lose_nothing(postgres_url, tmp_path):
     # Every request was answered: granted or denied, none lost to a terminated session.
     assert sum(len(r.granted) + r.denied for r in results) == 6 * 150
     led.close()
+
+
+@pytest.fixture
+def many_chains(postgres_url):
+    """A ledger written by 8 concurrent writers: its audit spread over several chains."""
+    setup_stream(postgres_url, "s", 24)
+    plans = [WriterPlan(postgres_url, "s", w, requests=25, num_blocks=24, blocks_per_request=4,
+                        epsilon=0.001, seed=21) for w in range(8)]
+    assert all(r is not None for r in run_writers(plans))
+    led = open_ledger(postgres_url)
+    yield led
+    led.close()
+
+
+def test_concurrent_writers_use_several_chains_in_one_verifiable_order(many_chains, tmp_path):
+    from sage_tfx.ledger.anchor import verify_anchors, write_anchor
+    led = many_chains
+    chains = dict(led._q("SELECT chain, count(*) FROM audit GROUP BY chain").fetchall())
+    assert len(chains) > 1, chains  # grants did not queue on one head
+    assert led.verify_audit().ok and led.check_consistency("s") == []
+    path = str(tmp_path / "anchors.jsonl")
+    write_anchor(led, path)
+    assert verify_anchors(led, path).ok
+    # Remove one entry from the middle of the second-largest chain: its successor's link breaks.
+    chain = sorted(chains, key=chains.get)[-2]
+    seqs = [r[0] for r in led._q("SELECT seq FROM audit WHERE chain = ? ORDER BY seq",
+                                 (chain,)).fetchall()]
+    victim = seqs[len(seqs) // 2]
+    led._q("DELETE FROM audit WHERE seq = ?", (victim,))
+    report = led.verify_audit()
+    assert not report.ok and report.first_bad_seq == seqs[len(seqs) // 2 + 1], report
+    assert not verify_anchors(led, path).ok
+
+
+def test_moving_an_entry_to_another_chain_is_detected(many_chains):
+    led = many_chains
+    seq, chain = led._q("SELECT seq, chain FROM audit WHERE kind = 'grant' ORDER BY seq DESC "
+                        "LIMIT 1").fetchone()
+    led._q("UPDATE audit SET chain = ? WHERE seq = ?", (chain % 64 + 1, seq))
+    assert not led.verify_audit().ok
