@@ -393,13 +393,14 @@ class Store:
                 "UPDATE budgets SET eps_spent = ?, delta_spent = ?, rdp = COALESCE(?, rdp), "
                 "charges = charges + 1 WHERE id = ?", updates)
             return
-        # PostgreSQL: one statement for all blocks (executemany would be a round trip per row).
-        values = ",".join(["(%s, %s, %s::text, %s::bigint)"] * len(updates))
+        # PostgreSQL: one statement for all blocks, its text the same for any number of blocks
+        # (so the server prepares and plans it once per connection).
+        cols = list(zip(*updates))
         self.conn.execute(
             "UPDATE budgets AS u SET eps_spent = v.e, delta_spent = v.d, "
             "rdp = COALESCE(v.r, u.rdp), charges = u.charges + 1 "
-            f"FROM (VALUES {values}) AS v(e, d, r, id) WHERE u.id = v.id",
-            [x for row in updates for x in row])
+            "FROM unnest(%s::text[], %s::text[], %s::text[], %s::bigint[]) AS v(e, d, r, id) "
+            "WHERE u.id = v.id", [list(c) for c in cols])
 
     def _flush_audit(self) -> None:
         if not self._pending:
