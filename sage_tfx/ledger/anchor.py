@@ -169,4 +169,6 @@ def verify_anchors(ledger, path: str, key: Optional[bytes] = None) -> AnchorRepo
     ok = not problems
     message = (f"{len(anchors)} anchor(s) checked: the ledger holds every anchored head"
                if ok else f"{len(problems)} problem(s) against {len(anchors)} anchor(s)")
+    if key is None and any("mac" in rec for _, rec in anchors):
+        message += " (the lines carry HMACs, not checked: no key given)"
     return AnchorReport(ok, len(anchors), tuple(problems), message)
