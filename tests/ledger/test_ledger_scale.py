@@ -80,3 +80,36 @@ def test_window_looks_further_back_when_the_newest_blocks_are_spent(ledger_url):
     assert not d.granted and "only 40 block(s)" in d.reason
     assert led.check_consistency("s") == [] and led.verify_audit().ok
     led.close()
+
+
+def test_sqlite_durability_options(tmp_path):
+    import multiprocessing
+    import os
+    import signal
+
+    from sage_tfx.errors import InvalidRequestError
+    from sage_tfx.ledger.loadgen import WriterPlan, run_writer, setup_stream
+    with pytest.raises(InvalidRequestError):
+        open_ledger(f"sqlite:///{tmp_path}/x.db?durability=sometimes")
+    with pytest.raises(InvalidRequestError):
+        open_ledger(f"sqlite:///{tmp_path}/x.db?fsync=off")
+    for durability in ("process", "power"):
+        url = f"sqlite:///{tmp_path}/{durability}.db?durability={durability}"
+        setup_stream(url, "s", 10)
+        ack = str(tmp_path / f"ack-{durability}")
+        # The writer dies by SIGKILL inside its 31st request; its 30 acknowledged grants stay.
+        proc = multiprocessing.get_context("fork").Process(target=run_writer, args=(WriterPlan(
+            url, "s", 0, requests=40, num_blocks=10, blocks_per_request=2, epsilon=0.01,
+            kill_before_commit_at=30, ack_path=ack),))
+        proc.start()
+        proc.join()
+        assert proc.exitcode == -signal.SIGKILL
+        with open(ack) as f:
+            acknowledged = [line.split() for line in f.read().splitlines()]
+        led = open_ledger(url)
+        grants = {g.run_id: g.grant_id for g in led.grants("s")}
+        assert len(acknowledged) == 30 and len(grants) == 30
+        assert all(grants[run_id] == grant_id for run_id, grant_id in acknowledged)
+        assert led.check_consistency("s") == [] and led.verify_audit().ok
+        led.close()
+        assert os.path.exists(url[len("sqlite:///"):].split("?")[0])
