@@ -133,9 +133,9 @@ class Ledger:
         """The stream's configuration. Raises UnknownStreamError."""
         if name in self._streams:
             return self._streams[name]
-        row = self._q("SELECT stream, epsilon_g, delta_g, mode, granularity, contexts, "
-                      "retire_epsilon, orders, created_at FROM streams WHERE stream = ?",
-                      (name,)).fetchone()
+        row = self._store.read(lambda: self._q(
+            "SELECT stream, epsilon_g, delta_g, mode, granularity, contexts, retire_epsilon, "
+            "orders, created_at FROM streams WHERE stream = ?", (name,)).fetchone())
         if row is None:
             raise UnknownStreamError(f"unknown stream {name!r}")
         stream = Stream(row[0], row[1], row[2], row[3], row[4], tuple(json.loads(row[5])),

@@ -432,12 +432,22 @@ class Store:
         with ``idempotent`` a lost session is retried on a new connection. ``pipeline`` batches
         the statements into round trips on PostgreSQL (``fn`` must not use COPY).
         """
+        def once():
+            result = self._write_once(fn, pipeline and self.kind == "postgresql")
+            self.backend.synced(self.conn)
+            return result
+
+        return self._retrying(once, idempotent)
+
+    def read(self, fn: Callable[[], Any]) -> Any:
+        """Runs the reads of ``fn``; on a lost session, again on a new connection."""
+        return self._retrying(fn, idempotent=True)
+
+    def _retrying(self, fn: Callable[[], Any], idempotent: bool) -> Any:
         attempt = 0
         while True:
             try:
-                result = self._write_once(fn, pipeline and self.kind == "postgresql")
-                self.backend.synced(self.conn)
-                return result
+                return fn()
             except Exception as exc:
                 kind = self.backend.retry_kind(exc)
                 if kind is None or attempt >= MAX_RETRIES or (kind == "disconnect"
