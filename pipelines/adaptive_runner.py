@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 from sage_tfx.adaptive import AdaptiveSearch, Allocator, IterationRecord, SearchConfig
 from sage_tfx.ledger import BlockSpec, Ledger
@@ -68,7 +68,8 @@ IterationFn = Callable[..., tuple]
 
 def run_adaptive(ledger: Ledger, stream: str, arrivals: Sequence[BlockSpec],
                  pipelines: Sequence[PipelineSpec], run_iteration: IterationFn, *,
-                 progress: Callable[[str], None] = print) -> list[IterationLog]:
+                 progress: Callable[[str], None] = print,
+                 on_step: Optional[Callable[[int], None]] = None) -> list[IterationLog]:
     """Streams ``arrivals`` into ``stream`` and trains every pipeline adaptively until done.
 
     Args:
@@ -78,6 +79,7 @@ def run_adaptive(ledger: Ledger, stream: str, arrivals: Sequence[BlockSpec],
       pipelines: the pipelines and their arrival steps.
       run_iteration: runs one charged iteration; returns (Outcome, detail).
       progress: where to print one line per iteration.
+      on_step: called with the step number at the end of every step (e.g. to anchor the audit).
     Returns:
       Every iteration, in the order run.
     """
@@ -115,6 +117,8 @@ def run_adaptive(ledger: Ledger, stream: str, arrivals: Sequence[BlockSpec],
                          f"{record.window} blocks ({record.blocks[0]}..{record.blocks[-1]}), "
                          f"ε={record.epsilon:g} δ={record.delta:g} -> {record.outcome.value}"
                          f"{note}  [{time.time() - t0:.0f}s]")
+        if on_step is not None:
+            on_step(step)
         if searches and all(s.done for s in searches.values()) and \
                 all(p.arrive_at <= step for p in pipelines):
             progress(f"step {step:>3}: every pipeline finished")

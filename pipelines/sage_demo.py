@@ -30,6 +30,7 @@ warnings.filterwarnings("ignore", category=FutureWarning)
 from sage_tfx.adaptive import SearchConfig  # noqa: E402
 from sage_tfx.cli import format_blocks  # noqa: E402
 from sage_tfx.ledger import BlockSpec, open_ledger  # noqa: E402
+from sage_tfx.ledger.anchor import verify_anchors, write_anchor  # noqa: E402
 from sage_tfx.pipelines.adaptive_runner import PipelineSpec, run_adaptive  # noqa: E402
 from sage_tfx.dp.validation import Outcome  # noqa: E402
 
@@ -202,7 +203,10 @@ def main(argv=None) -> int:
 
     _log(f"[2/4] streaming {len(arrivals)} days; privacy-adaptive training (Block/Conserve), "
          f"ε_g={args.epsilon_g}, δ_g={args.delta_g}")
-    logs = run_adaptive(ledger, STREAM, arrivals, pipelines_for(args), iteration, progress=_log)
+    # The audit chain's head leaves the database after every step (sage_tfx.ledger.anchor).
+    anchors = os.path.join(out, "audit-anchors.jsonl")
+    logs = run_adaptive(ledger, STREAM, arrivals, pipelines_for(args), iteration, progress=_log,
+                        on_step=lambda step: write_anchor(ledger, anchors))
 
     _log("[3/4] summary")
     for name in sorted({log.pipeline for log in logs}):
@@ -216,12 +220,14 @@ def main(argv=None) -> int:
     print(format_blocks(ledger, STREAM, limit=12))
     report = ledger.verify_audit()
     problems = ledger.check_consistency(STREAM)
-    print(f"audit chain: {report.message}; budgets: {'consistent' if not problems else problems[:3]}")
+    anchored = verify_anchors(ledger, anchors)
+    print(f"audit chain: {report.message}; anchors: {anchored.message}; "
+          f"budgets: {'consistent' if not problems else problems[:3]}")
     for p in draw_pictures(ledger, logs, out):
         print(f"picture: {p}")
     print(f"pushed models: {os.path.join(out, 'serving')}")
     print(f"done in {time.time() - t0:.0f}s")
-    return 0 if report.ok and not problems else 1
+    return 0 if report.ok and anchored.ok and not problems else 1
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ PUBLIC_API: dict[str, tuple[str, ...]] = {
     "sage_tfx.ledger": (
         "open_ledger", "Ledger", "Window", "BlockSpec", "BlockState", "Grant", "GrantedBlock",
         "Decision", "Stream", "AuditEntry", "AuditReport", "DEFAULT_CONTEXT", "BASIC", "RDP"),
+    "sage_tfx.ledger.anchor": ("write_anchor", "verify_anchors", "read_key", "AnchorReport"),
     "sage_tfx.ledger.accounting": (
         "check_epsilon", "check_delta", "check_positive", "check_event", "event_to_json",
         "event_from_json", "rdp_epsilon", "DEFAULT_RDP_ORDERS"),

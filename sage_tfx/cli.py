@@ -8,7 +8,8 @@ Examples::
     sage-tfx blocks flights
     sage-tfx request flights --run-id train-1 --last 30 --epsilon 0.1 --delta 1e-8
     sage-tfx audit --limit 20
-    sage-tfx verify
+    sage-tfx audit anchor --file /mnt/worm/ledger-anchors.jsonl --key-file anchor.key
+    sage-tfx verify --anchors /mnt/worm/ledger-anchors.jsonl --key-file anchor.key
 
 The ledger URL comes from ``--ledger``, else ``$SAGE_LEDGER_URL``, else
 ``sqlite:///sage-ledger.db`` in the working directory.
@@ -22,7 +23,7 @@ import sys
 from typing import Optional, Sequence
 
 from sage_tfx.ledger import accounting
-from sage_tfx.errors import SageError
+from sage_tfx.errors import InvalidRequestError, SageError
 from sage_tfx.ledger import DEFAULT_CONTEXT, BlockSpec, Grant, Window, open_ledger
 
 DEFAULT_URL = "sqlite:///sage-ledger.db"
@@ -157,6 +158,14 @@ def _cmd_retire(led, a) -> int:
 
 
 def _cmd_audit(led, a) -> int:
+    if a.action == "anchor":
+        from sage_tfx.ledger.anchor import read_key, write_anchor
+        if not a.file:
+            raise InvalidRequestError("audit anchor needs --file (the append-only anchor file)")
+        rec = write_anchor(led, a.file, read_key(a.key_file) if a.key_file else None)
+        print(f"anchored {len(rec['heads'])} chain head(s), up to entry {rec['entries']}, "
+              f"{'with' if 'mac' in rec else 'without'} HMAC -> {a.file}")
+        return 0
     for e in led.audit_log(a.stream, a.limit):
         print(f"{e.seq:>6} {e.ts} {e.stream or '-':<12} {e.kind:<13} "
               f"{json.dumps(e.payload, sort_keys=True)[:160]}")
@@ -173,7 +182,15 @@ def _cmd_verify(led, a) -> int:
         problems += p
     for p in problems[:50]:
         print("  " + p)
-    return 0 if report.ok and not problems else 4
+    anchored = True
+    if a.anchors:
+        from sage_tfx.ledger.anchor import read_key, verify_anchors
+        ar = verify_anchors(led, a.anchors, read_key(a.key_file) if a.key_file else None)
+        anchored = ar.ok
+        print(f"anchors: {'OK' if ar.ok else 'FAILED'} ({ar.message})")
+        for p in ar.problems[:50]:
+            print("  " + p)
+    return 0 if report.ok and not problems and anchored else 4
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -260,12 +277,18 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--context")
     c.set_defaults(fn=_cmd_retire)
 
-    c = sub.add_parser("audit", help="show the audit log")
+    c = sub.add_parser("audit", help="show the audit log, or anchor its heads outside the ledger")
+    c.add_argument("action", nargs="?", choices=("show", "anchor"), default="show",
+                   help="anchor: append the chain heads to --file (optionally HMAC-signed)")
+    c.add_argument("--file", help="anchor file (appended to, never rewritten)")
+    c.add_argument("--key-file", help="HMAC-SHA256 key file for the anchor lines")
     c.add_argument("--stream")
     c.add_argument("--limit", type=int, default=50)
     c.set_defaults(fn=_cmd_audit)
 
     c = sub.add_parser("verify", help="verify the audit hash chain and every stream's budgets")
+    c.add_argument("--anchors", help="also check the ledger against this anchor file")
+    c.add_argument("--key-file", help="HMAC key the anchor lines were signed with")
     c.set_defaults(fn=_cmd_verify)
     return p
 

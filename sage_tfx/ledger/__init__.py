@@ -9,7 +9,8 @@ Public facade::
 Modules: :mod:`~sage_tfx.ledger.core` (the :class:`Ledger`: streams, blocks, requests, grants),
 :mod:`~sage_tfx.ledger.values` (its value objects), :mod:`~sage_tfx.ledger.accounting` (privacy
 parameters, DpEvents, the basic and rdp accounting modes), :mod:`~sage_tfx.ledger.budget`
-(per-block arithmetic of the modes), :mod:`~sage_tfx.ledger.audit` (the hash chain),
+(per-block arithmetic of the modes), :mod:`~sage_tfx.ledger.audit` (the hash chains),
+:mod:`~sage_tfx.ledger.anchor` (chain heads anchored outside the database),
 :mod:`~sage_tfx.ledger.store` (SQLite / PostgreSQL), :mod:`~sage_tfx.ledger.pgserver` (a
 throw-away local PostgreSQL server for tests and benchmarks) and :mod:`~sage_tfx.ledger.loadgen`
 (multi-process load against a ledger).

@@ -33,6 +33,14 @@ from sage_tfx.ledger.values import (ACTIVE, CANCELLED, DEFAULT_CONTEXT, RELEASED
                                     Window, check_name, now)
 
 
+class _MorePages(Exception):
+    """A window needs to look further back than the rows it locked: rerun with ``page`` rows."""
+
+    def __init__(self, page: int):
+        super().__init__(page)
+        self.page = page
+
+
 class Ledger:
     """A connection to a block ledger. Not thread-safe: open one per thread or process."""
 
@@ -51,6 +59,11 @@ class Ledger:
         self.close()
 
     @property
+    def _for_update(self) -> str:
+        """Row-lock suffix of a SELECT (PostgreSQL; SQLite transactions are serial)."""
+        return " FOR UPDATE" if self._store.kind == "postgresql" else ""
+
+    @property
     def backend(self) -> str:
         """``"sqlite"`` or ``"postgresql"``."""
         return self._store.kind
@@ -59,7 +72,7 @@ class Ledger:
         return self._store.q(sql, params)
 
     def _audit(self, stream: Optional[str], kind: str, payload: dict) -> None:
-        audit.append(self._store, stream, kind, payload)
+        self._store.audit(stream, kind, payload)
 
     # -- streams --
 
@@ -120,9 +133,9 @@ class Ledger:
         """The stream's configuration. Raises UnknownStreamError."""
         if name in self._streams:
             return self._streams[name]
-        row = self._q("SELECT stream, epsilon_g, delta_g, mode, granularity, contexts, "
-                      "retire_epsilon, orders, created_at FROM streams WHERE stream = ?",
-                      (name,)).fetchone()
+        row = self._store.read(lambda: self._q(
+            "SELECT stream, epsilon_g, delta_g, mode, granularity, contexts, retire_epsilon, "
+            "orders, created_at FROM streams WHERE stream = ?", (name,)).fetchone())
         if row is None:
             raise UnknownStreamError(f"unknown stream {name!r}")
         stream = Stream(row[0], row[1], row[2], row[3], row[4], tuple(json.loads(row[5])),
@@ -172,25 +185,23 @@ class Ledger:
                 raise InvalidRequestError(f"block {spec.block_id!r}: bad record count {spec.records!r}")
 
         def txn():
-            next_seq = self._q("SELECT next_seq FROM streams WHERE stream = ?", (stream,)).fetchone()[0]
-            ids = [spec.block_id for spec in specs]
-            for chunk_start in range(0, len(ids), 500):
-                chunk = ids[chunk_start:chunk_start + 500]
-                marks = ",".join("?" * len(chunk))
-                dup = self._q(f"SELECT block_id FROM blocks WHERE stream = ? AND block_id IN ({marks})",
-                              [stream] + chunk).fetchone()
-                if dup:
-                    raise InvalidRequestError(f"block {dup[0]!r} already exists in stream {stream!r}")
+            next_seq = self._q("SELECT next_seq FROM streams WHERE stream = ?" + self._for_update,
+                               (stream,)).fetchone()[0]
+            dup = self._store.existing(stream, [spec.block_id for spec in specs])
+            if dup:
+                raise InvalidRequestError(f"block {dup!r} already exists in stream {stream!r}")
             ts = now()
-            self._store.many("INSERT INTO blocks (stream, block_id, seq, location, start_ts, "
-                             "end_ts, records, created_at) VALUES (?,?,?,?,?,?,?,?)",
-                             [(stream, sp.block_id, next_seq + k, sp.location, sp.start, sp.end,
-                               sp.records, ts) for k, sp in enumerate(specs)])
+            self._store.bulk_insert(
+                "blocks", ("stream", "block_id", "seq", "location", "start_ts", "end_ts",
+                           "records", "created_at"),
+                [(stream, sp.block_id, next_seq + k, sp.location, sp.start, sp.end, sp.records,
+                  ts) for k, sp in enumerate(specs)])
             zero_rdp = budget.zero_curve(s)
-            self._store.many("INSERT INTO budgets (stream, context, block_id, seq, status, "
-                             "eps_spent, delta_spent, rdp, charges) VALUES (?,?,?,?,?,?,?,?,0)",
-                             [(stream, c, sp.block_id, next_seq + k, ACTIVE, "0", "0", zero_rdp)
-                              for c in s.contexts for k, sp in enumerate(specs)])
+            self._store.bulk_insert(
+                "budgets", ("stream", "context", "block_id", "seq", "status", "eps_spent",
+                            "delta_spent", "rdp", "charges"),
+                [(stream, c, sp.block_id, next_seq + k, ACTIVE, "0", "0", zero_rdp, 0)
+                 for c in s.contexts for k, sp in enumerate(specs)])
             self._q("UPDATE streams SET next_seq = ? WHERE stream = ?", (next_seq + len(specs), stream))
             digest = hashlib.sha256(json.dumps(
                 [[sp.block_id, sp.location, sp.start, sp.end, sp.records] for sp in specs]
@@ -200,7 +211,10 @@ class Ledger:
                 "first_seq": next_seq, "blocks_sha256": digest})
             return len(specs)
 
-        return self._store.write(txn)
+        added = self._store.write(txn)
+        if len(specs) >= 1000:
+            self._store.analyze()
+        return added
 
     _BLOCK_COLS = ("SELECT b.stream, u.context, b.block_id, b.seq, b.location, b.start_ts, "
                    "b.end_ts, b.records, u.status, u.eps_spent, u.delta_spent, u.rdp, u.charges "
@@ -249,8 +263,8 @@ class Ledger:
         contexts = s.contexts if context is None else (self._context(s, context),)
 
         def txn():
-            if not self._q("SELECT 1 FROM blocks WHERE stream = ? AND block_id = ?",
-                           (stream, block_id)).fetchone():
+            if not self._q("SELECT context FROM budgets WHERE stream = ? AND block_id = ? "
+                           "ORDER BY context" + self._for_update, (stream, block_id)).fetchall():
                 raise UnknownBlockError(f"unknown block {block_id!r} in stream {stream!r}")
             for c in contexts:
                 self._q("UPDATE budgets SET status = ? WHERE stream = ? AND context = ? AND "
@@ -329,16 +343,22 @@ class Ledger:
         # Basic-mode sums run on exact decimals of the values the caller gave.
         dec_e, dec_d = (accounting.exact(eps), accounting.exact(dlt)) if eps is not None else (None, None)
 
-        def txn() -> Decision:
-            prior = self._q("SELECT grant_id, request FROM grants WHERE stream = ? AND run_id = ?",
-                            (stream, run_id)).fetchone()
+        def txn(page: int) -> Decision:
+            # Queued together (one round trip on PostgreSQL): the run-id check, the budget rows
+            # (locked in ascending seq on PostgreSQL), the head of an audit chain.
+            prior_cur = self._q("SELECT grant_id, request FROM grants WHERE stream = ? AND "
+                                "run_id = ?", (stream, run_id))
+            rows_cur = (self._store.budget_rows(stream, context, blocks) if blocks is not None
+                        else self._store.window_rows(stream, context, ACTIVE, page))
+            self._store.reserve_audit()
+            prior = prior_cur.fetchone()
+            rows = rows_cur.fetchall()
             if prior is not None:
                 if prior[1] != request_text:
                     raise InvalidRequestError(
                         f"run id {run_id!r} already has grant {prior[0]} for a different request")
                 return Decision(True, self._load_grant(prior[0]), replayed=True)
             if blocks is not None:
-                rows = self._budget_rows(stream, context, blocks)
                 states = {r[0]: r for r in rows}
                 missing = [b for b in blocks if b not in states]
                 if missing:
@@ -355,7 +375,16 @@ class Ledger:
                     reason = budget.shortfall(s, [(r[0], r[3], r[4]) for r in short], dec_e, dec_d)
                     return self._deny(s, run_id, context, request_text, reason)
             else:
-                chosen = self._window_rows(s, context, window, dec_e, dec_d, charge)
+                # The most recent active blocks that fit; rows were active when chosen, and are
+                # re-checked now that they are locked.
+                chosen = []
+                for r in reversed(rows):
+                    if r[2] == ACTIVE and self._fits(s, r, dec_e, dec_d, charge):
+                        chosen.append(r)
+                        if len(chosen) == window.last:
+                            break
+                if len(chosen) < window.last and len(rows) == page:
+                    raise _MorePages(page * 4)  # older blocks may fit: look further back
                 if len(chosen) < window.required:
                     reason = (f"window last={window.last}: only {len(chosen)} block(s) have budget "
                               f"left for this charge, {window.required} required")
@@ -365,45 +394,13 @@ class Ledger:
                                                (eps, dlt), (dec_e, dec_d), event_json, charge,
                                                release))
 
-        return self._store.write(txn)
-
-    # Row layout used by the request path:
-    # (block_id, seq, status, eps, delta, rdp, location, budget row id).
-    _BUDGET_COLS = ("SELECT u.block_id, u.seq, u.status, u.eps_spent, u.delta_spent, u.rdp, "
-                    "b.location, u.id FROM budgets u JOIN blocks b ON b.stream = u.stream AND "
-                    "b.block_id = u.block_id WHERE u.stream = ? AND u.context = ? ")
-
-    def _budget_rows(self, stream: str, context: str, block_ids: Sequence[str]) -> list:
-        rows = []
-        for k in range(0, len(block_ids), 500):
-            chunk = list(block_ids[k:k + 500])
-            marks = ",".join("?" * len(chunk))
-            rows += self._q(
-                self._BUDGET_COLS + f"AND u.block_id IN ({marks})",
-                [stream, context] + chunk).fetchall()
-        return rows
-
-    def _window_rows(self, s: Stream, context: str, window: Window, eps, dlt, charge) -> list:
-        """The ``window.last`` most recent active blocks that fit the charge."""
-        chosen: list = []
-        before = None
-        page = window.last + 8
-        while len(chosen) < window.last:
-            sql = self._BUDGET_COLS + "AND u.status = ?"
-            params: list = [s.name, context, ACTIVE]
-            if before is not None:
-                sql += " AND u.seq < ?"
-                params.append(before)
-            rows = self._q(sql + " ORDER BY u.seq DESC LIMIT ?", params + [page]).fetchall()
-            if not rows:
-                break
-            for r in rows:
-                if self._fits(s, r, eps, dlt, charge):
-                    chosen.append(r)
-                    if len(chosen) == window.last:
-                        break
-            before = rows[-1][1]
-        return chosen
+        page = window.last + 8 if window is not None else 0
+        while True:
+            try:
+                # Idempotent by its run id: after a lost session the retry finds the grant.
+                return self._store.write(lambda: txn(page), pipeline=True, idempotent=True)
+            except _MorePages as more:
+                page = more.page
 
     @staticmethod
     def _fits(s: Stream, row, eps, dlt, charge) -> bool:
@@ -488,7 +485,8 @@ class Ledger:
     def release(self, grant_id: str) -> Grant:
         """Releases a reserved grant's data: only now are block locations handed out."""
         def txn():
-            row = self._q("SELECT status, stream FROM grants WHERE grant_id = ?", (grant_id,)).fetchone()
+            row = self._q("SELECT status, stream FROM grants WHERE grant_id = ?" + self._for_update,
+                          (grant_id,)).fetchone()
             if row is None:
                 raise InvalidRequestError(f"unknown grant {grant_id!r}")
             if row[0] == CANCELLED:
@@ -510,18 +508,20 @@ class Ledger:
           GrantStateError: the grant released data (never refunded) or is already cancelled.
         """
         def txn():
-            row = self._q("SELECT status, stream, context FROM grants WHERE grant_id = ?",
+            row = self._q("SELECT stream, context, blocks FROM grants WHERE grant_id = ?",
                           (grant_id,)).fetchone()
             if row is None:
                 raise InvalidRequestError(f"unknown grant {grant_id!r}")
-            if row[0] != RESERVED:
+            stream, context, blocks = row[0], row[1], json.loads(row[2])
+            # Lock order as in request: the blocks (ascending seq), then the grant row.
+            self._store.budget_rows(stream, context, blocks).fetchall()
+            status = self._q("SELECT status FROM grants WHERE grant_id = ?" + self._for_update,
+                             (grant_id,)).fetchone()[0]
+            if status != RESERVED:
                 raise GrantStateError(
-                    f"grant {grant_id} is {row[0]}: only a reservation that never released data "
+                    f"grant {grant_id} is {status}: only a reservation that never released data "
                     "can be cancelled; released data stays charged")
-            stream, context = row[1], row[2]
             self._q("UPDATE grants SET status = ? WHERE grant_id = ?", (CANCELLED, grant_id))
-            blocks = json.loads(self._q("SELECT blocks FROM grants WHERE grant_id = ?",
-                                        (grant_id,)).fetchone()[0])
             s = self.stream(stream)
             derived = self._derived_states(s, context)
             for b in blocks:
@@ -547,7 +547,12 @@ class Ledger:
 
     def verify_audit(self) -> AuditReport:
         """Recomputes the hash chain from the first entry to the head; reports the first break."""
-        return audit.verify(self._store)
+        return self._store.read_snapshot(
+            lambda: audit.verify(self._store, contiguous=self._store.kind == "sqlite"))
+
+    def audit_heads(self) -> dict[int, tuple[int, str]]:
+        """Every audit chain's head, read on one snapshot: chain -> (last seq, last hash)."""
+        return self._store.read_snapshot(lambda: audit.heads(self._store))
 
     def check_consistency(self, stream: str) -> list[str]:
         """Problems found by recomputing every block's budget from grants (empty list: none).
@@ -556,6 +561,10 @@ class Ledger:
         grant has an audit entry.
         """
         s = self.stream(stream)
+        return self._store.read_snapshot(lambda: self._problems(s))
+
+    def _problems(self, s: Stream) -> list[str]:
+        stream = s.name
         problems = []
         for context in s.contexts:
             rows = self._q("SELECT block_id, eps_spent, delta_spent, rdp, charges FROM budgets "

@@ -1,21 +1,56 @@
 """The ledger's storage: SQLite and PostgreSQL dialects, the schema and write transactions.
 
 SQLite (``sqlite:///path``) is the embedded default: WAL journal with ``synchronous=FULL``, so an
-acknowledged grant is on disk, and an OS file lock that queues writers. PostgreSQL
-(``postgresql://user@host:port/db``) is for a ledger shared by many machines. All writers
-serialize on one lock (SQLite's write lock, a row lock on ``ledger_head`` in PostgreSQL), which
-also orders the audit chain. :class:`Store` is the only code that talks to the database driver.
+acknowledged grant has been fsynced to the WAL and survives a crash of the writer *and* a power
+loss. Writers queue on an OS file lock and then take SQLite's write lock; one chain orders the
+audit.
+
+PostgreSQL (``postgresql://user@host:port/db``) is for a ledger shared by many machines. There is
+no global lock: a write transaction locks the budget rows it charges (``FOR UPDATE``, in one
+global order: ascending block ``seq`` within a (stream, context)), then the head of any free audit
+chain (:mod:`~sage_tfx.ledger.audit` explains why that is still a verifiable total order). A
+request runs in two round trips (psycopg pipeline mode): [BEGIN, the run-id check, the locked
+budget rows, an audit chain head] and [the writes, COMMIT]. Deadlocks, serialisation failures
+and unique-key races are retried with jittered exponential backoff; an idempotent write (a
+request: its run id makes it so) is also retried on a fresh connection when the server ends the
+session. Bulk block registration uses COPY.
+
+:class:`Store` is the only code that talks to the database driver.
 """
 from __future__ import annotations
 
 import fcntl
 import os
+import random
+import time
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 from sage_tfx.errors import InvalidRequestError
+from sage_tfx.ledger import audit
 from sage_tfx.ledger.audit import GENESIS_HASH
+from sage_tfx.ledger.values import now
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+PG_CHAINS = 64  # audit chains on PostgreSQL: more than the writers that run at once
+MAX_RETRIES = 12
+CHECKPOINT_EVERY = 64  # SQLite: commits of one connection between its WAL checkpoints
+APPLICATION_NAME = "sage-tfx-ledger"  # PostgreSQL sessions of the ledger (pg_stat_activity)
+
+# The budget rows of the request path:
+# (block_id, seq, status, eps, delta, rdp, location, budget row id).
+BUDGET_ROWS = ("SELECT u.block_id, u.seq, u.status, u.eps_spent, u.delta_spent, u.rdp, "
+               "b.location, u.id FROM budgets u JOIN blocks b ON b.stream = u.stream AND "
+               "b.block_id = u.block_id WHERE u.stream = ? AND u.context = ? ")
+
+
+class _Rows:
+    """Rows of several cursors, fetched when asked (after a pipeline sync on PostgreSQL)."""
+
+    def __init__(self, cursors: list):
+        self._cursors = cursors
+
+    def fetchall(self) -> list:
+        return [r for c in self._cursors for r in c.fetchall()]
 
 
 class _Backend:
@@ -25,6 +60,7 @@ class _Backend:
     real = "REAL"
     bigint = "INTEGER"
     serial_pk = "INTEGER PRIMARY KEY"
+    lock = ""  # suffix that locks the budget rows a query returns
 
     def __init__(self, url: str):
         self.url = url
@@ -41,28 +77,52 @@ class _Backend:
     def end_write(self, conn) -> None:
         """Called after COMMIT or ROLLBACK of a write transaction."""
 
+    def synced(self, conn) -> None:
+        """Called after a commit, outside the write lock, before the write is acknowledged."""
+
+    def retry_kind(self, exc: BaseException) -> Optional[str]:
+        """``"conflict"`` or ``"disconnect"`` for a failure worth retrying, else None."""
+        return None
+
 
 class _SqliteBackend(_Backend):
     kind = "sqlite"
 
     def __init__(self, url: str):
         super().__init__(url)
-        path = url[len("sqlite:///"):]
+        path, _, query = url[len("sqlite:///"):].partition("?")
         if not path:
             raise InvalidRequestError(f"sqlite URL needs a path: {url!r}")
+        opts = dict(kv.partition("=")[::2] for kv in query.split("&") if kv)
+        self.durability = opts.pop("durability", "power")
+        if self.durability not in ("power", "process") or opts:
+            raise InvalidRequestError(
+                f"bad sqlite URL options in {url!r}: the only option is durability=power "
+                "(default: an acknowledged grant survives power loss) or durability=process "
+                "(it survives the writer's crash, kill -9; the newest grants may be lost on "
+                "power loss)")
         self.path = path
         self._lock_fd: Optional[int] = None
+        self._wal_fd: Optional[int] = None
+        self._commits = 0
 
     def connect(self):
         import sqlite3
         parent = os.path.dirname(os.path.abspath(self.path))
         os.makedirs(parent, exist_ok=True)
         conn = sqlite3.connect(self.path, timeout=120.0, isolation_level=None,
-                               check_same_thread=False)
+                               check_same_thread=False, cached_statements=256)
         conn.execute("PRAGMA journal_mode=WAL")
-        # FULL: a commit returns only after the WAL is synced, so an acknowledged grant survives
-        # a crash or power loss.
-        conn.execute("PRAGMA synchronous=FULL")
+        # NORMAL: COMMIT writes the WAL without fsync, so a committed transaction survives the
+        # writer's crash (it is in the OS page cache). durability=power then fsyncs the WAL in
+        # :meth:`synced`, after the write lock is released and before the write is acknowledged:
+        # concurrent writers' fsyncs overlap (a group commit), and what a power loss keeps is a
+        # prefix of the commits (WAL frames carry cumulative checksums) that holds every
+        # acknowledged one. Checkpoints fsync the WAL before and the database after copying.
+        conn.execute("PRAGMA synchronous=NORMAL")
+        # Checkpoints (which fsync) run in :meth:`synced`, outside the write lock; SQLite's own,
+        # inside a commit, only if those fall behind (e.g. many short-lived writers).
+        conn.execute("PRAGMA wal_autocheckpoint=4000")
         conn.execute("PRAGMA foreign_keys=ON")
         conn.execute("PRAGMA busy_timeout=120000")
         return conn
@@ -81,7 +141,21 @@ class _SqliteBackend(_Backend):
             raise
 
     def end_write(self, conn) -> None:
-        fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+        if self._lock_fd is not None:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+    def synced(self, conn) -> None:
+        """Makes every committed transaction durable against power loss (durability=power)."""
+        self._commits += 1
+        if self._commits % CHECKPOINT_EVERY == 0:
+            # PASSIVE: copies what it can without waiting for, or blocking, any writer.
+            conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        if self.durability != "power":
+            return
+        if self._wal_fd is None:
+            # The WAL exists while this connection is open (SQLite removes it with the last one).
+            self._wal_fd = os.open(self.path + "-wal", os.O_RDONLY)
+        os.fdatasync(self._wal_fd)
 
 
 class _PostgresBackend(_Backend):
@@ -89,19 +163,29 @@ class _PostgresBackend(_Backend):
     real = "DOUBLE PRECISION"
     bigint = "BIGINT"
     serial_pk = "BIGSERIAL PRIMARY KEY"
+    lock = " FOR UPDATE OF u"
 
     def connect(self):
         import psycopg
-        conn = psycopg.connect(self.url, autocommit=True)
-        conn.execute("SET synchronous_commit = on")
-        return conn
+        return psycopg.connect(self.url, autocommit=True, application_name=APPLICATION_NAME,
+                               options="-c synchronous_commit=on")
 
     def sql(self, text: str) -> str:
         return text.replace("?", "%s")
 
     def begin_write(self, conn) -> None:
         conn.execute("BEGIN")
-        conn.execute("SELECT audit_seq FROM ledger_head WHERE id = 1 FOR UPDATE")
+
+    def retry_kind(self, exc: BaseException) -> Optional[str]:
+        import psycopg
+        from psycopg import errors
+        if isinstance(exc, (errors.SerializationFailure, errors.DeadlockDetected,
+                            errors.UniqueViolation, errors.LockNotAvailable)):
+            return "conflict"
+        if isinstance(exc, (errors.AdminShutdown, errors.QueryCanceled, psycopg.OperationalError,
+                            psycopg.InterfaceError)):
+            return "disconnect"
+        return None
 
 
 def _backend_for(url: str) -> _Backend:
@@ -144,14 +228,34 @@ def _schema(b: _Backend) -> list[str]:
             created_at TEXT NOT NULL, released_at TEXT, UNIQUE (stream, run_id))""",
         f"""CREATE TABLE IF NOT EXISTS audit (
             seq {i} PRIMARY KEY, ts TEXT NOT NULL, stream TEXT, kind TEXT NOT NULL,
-            payload TEXT NOT NULL, prev_hash TEXT NOT NULL, hash TEXT NOT NULL)""",
+            payload TEXT NOT NULL, prev_hash TEXT NOT NULL, hash TEXT NOT NULL,
+            chain {i} NOT NULL DEFAULT 1)""",
     ]
 
+
+# PostgreSQL: the audit sequence, and a function that locks the head of a free chain (waiting
+# for a random one only when all are busy) and draws the next seq after that lock.
+_PG_FUNCTIONS = [
+    "CREATE SEQUENCE IF NOT EXISTS audit_seq_gen",
+    f"""CREATE OR REPLACE FUNCTION sage_audit_chain()
+        RETURNS TABLE (chain BIGINT, last_seq BIGINT, last_hash TEXT, next_seq BIGINT) AS $$
+        DECLARE h RECORD;
+        BEGIN
+          SELECT id, audit_seq, audit_hash INTO h FROM ledger_head
+            ORDER BY id FOR UPDATE SKIP LOCKED LIMIT 1;
+          IF NOT FOUND THEN
+            SELECT id, audit_seq, audit_hash INTO h FROM ledger_head
+              WHERE id = 1 + floor(random() * {PG_CHAINS})::int FOR UPDATE;
+          END IF;
+          RETURN QUERY SELECT h.id, h.audit_seq, h.audit_hash, nextval('audit_seq_gen');
+        END $$ LANGUAGE plpgsql""",
+]
 
 
 class Store:
     """One connection to the ledger database, with the dialect's write transactions.
 
+    Audit entries of a write transaction are buffered (:meth:`audit`) and chained at commit.
     ``before_commit`` is a fault-injection point for crash tests: when set, it is called inside
     every write transaction right before COMMIT.
     """
@@ -159,9 +263,19 @@ class Store:
     def __init__(self, url: str):
         self.url = url
         self.backend = _backend_for(url)
-        self.conn = self.backend.connect()
         self.before_commit: Optional[Callable[[], None]] = None
-        self._init_schema()
+        self._pending: list[tuple[Optional[str], str, str]] = []
+        self._chain_cur: Any = None
+        self._analyze: set = set()
+        for attempt in range(MAX_RETRIES + 1):
+            try:
+                self.conn = self.backend.connect()
+                self._init_schema()
+                break
+            except Exception as exc:  # a session ended by the server while opening: reopen
+                if self.backend.retry_kind(exc) is None or attempt == MAX_RETRIES:
+                    raise
+                time.sleep(0.01 * (attempt + 1))
 
     @property
     def kind(self) -> str:
@@ -170,6 +284,11 @@ class Store:
 
     def close(self) -> None:
         self.conn.close()
+        for name in ("_lock_fd", "_wal_fd"):
+            fd = getattr(self.backend, name, None)
+            if fd is not None:
+                os.close(fd)
+                setattr(self.backend, name, None)
 
     def q(self, sql: str, params: Sequence = ()) -> Any:
         """Executes one statement written with ``?`` placeholders; returns the cursor."""
@@ -184,35 +303,206 @@ class Store:
             with self.conn.cursor() as cur:
                 cur.executemany(sql, list(rows))
 
+    def bulk_insert(self, table: str, columns: Sequence[str], rows: Sequence[Sequence]) -> None:
+        """Inserts many rows: executemany on SQLite, COPY on PostgreSQL."""
+        cols = ", ".join(columns)
+        if self.kind == "sqlite":
+            marks = ",".join("?" * len(columns))
+            self.conn.executemany(f"INSERT INTO {table} ({cols}) VALUES ({marks})", rows)
+            return
+        from psycopg import errors
+        try:
+            with self.conn.cursor() as cur, cur.copy(f"COPY {table} ({cols}) FROM STDIN") as copy:
+                for row in rows:
+                    copy.write_row(row)
+        except errors.UniqueViolation as exc:  # the key is the check (see :meth:`existing`)
+            raise InvalidRequestError(f"already registered: {exc.diag.message_detail}") from exc
+        self._analyze.add(table)
+
+    def analyze(self) -> None:
+        """Refreshes the planner statistics of tables that grew in bulk (PostgreSQL)."""
+        for table in sorted(self._analyze):
+            self.conn.execute(f"ANALYZE {table}")
+        self._analyze.clear()
+
+    def existing(self, stream: str, block_ids: Sequence[str]) -> Optional[str]:
+        """One of ``block_ids`` already registered in ``stream``, or None.
+
+        PostgreSQL: always None; :meth:`bulk_insert`'s COPY reports the violated key instead.
+        """
+        if self.kind == "postgresql":
+            return None
+        for k in range(0, len(block_ids), 500):
+            chunk = list(block_ids[k:k + 500])
+            row = self.q(f"SELECT block_id FROM blocks WHERE stream = ? AND block_id IN "
+                         f"({','.join('?' * len(chunk))}) LIMIT 1", [stream] + chunk).fetchone()
+            if row:
+                return row[0]
+        return None
+
+    # -- the request path (queued statements: results are read after the pipeline syncs) --
+
+    def budget_rows(self, stream: str, context: str, block_ids: Sequence[str]) -> _Rows:
+        """The request-path rows of these blocks, locked on PostgreSQL, in ascending seq."""
+        if self.kind == "postgresql":
+            # The id list drives the join: one key lookup per block, whatever the statistics.
+            return _Rows([self.q(
+                "SELECT u.block_id, u.seq, u.status, u.eps_spent, u.delta_spent, u.rdp, "
+                "b.location, u.id FROM unnest(?::text[]) AS k(block_id) JOIN budgets u ON "
+                "u.stream = ? AND u.context = ? AND u.block_id = k.block_id JOIN blocks b ON "
+                "b.stream = u.stream AND b.block_id = u.block_id ORDER BY u.seq" +
+                self.backend.lock, (list(block_ids), stream, context))])
+        curs = []
+        for k in range(0, len(block_ids), 500):
+            chunk = list(block_ids[k:k + 500])
+            curs.append(self.q(BUDGET_ROWS + f"AND u.block_id IN ({','.join('?' * len(chunk))})",
+                               [stream, context] + chunk))
+        return _Rows(curs)
+
+    def window_rows(self, stream: str, context: str, status: str, page: int) -> _Rows:
+        """The rows of the ``page`` most recent blocks that had ``status`` (locked, ascending).
+
+        A row's status may have changed between choosing and locking (PostgreSQL): the caller
+        re-checks it. Reads only the newest ``page`` entries of the (stream, context, status,
+        seq) index, never the whole stream.
+        """
+        # The newest ids drive the join (by row id: one lookup each, whatever the statistics).
+        return _Rows([self.q(
+            "SELECT u.block_id, u.seq, u.status, u.eps_spent, u.delta_spent, u.rdp, b.location, "
+            "u.id FROM (SELECT id FROM budgets WHERE stream = ? AND context = ? AND status = ? "
+            "ORDER BY seq DESC LIMIT ?) AS c JOIN budgets u ON u.id = c.id JOIN blocks b ON "
+            "b.stream = u.stream AND b.block_id = u.block_id ORDER BY u.seq" + self.backend.lock,
+            (stream, context, status, page))])
+
+    def reserve_audit(self) -> None:
+        """Queues the lock of an audit chain head (PostgreSQL), after the row locks taken so far."""
+        if self.kind == "postgresql" and self._chain_cur is None:
+            self._chain_cur = self.conn.execute("SELECT * FROM sage_audit_chain()")
+
+    def audit(self, stream: Optional[str], kind: str, payload: dict) -> None:
+        """Buffers one audit entry of the current write transaction (chained at commit)."""
+        self._pending.append((stream, kind, audit.payload_text(payload)))
+
     def update_budgets(self, updates: list) -> None:
-        """Writes (eps_spent, delta_spent, rdp or None, budget id) rows and counts one charge."""
+        """Writes (eps_spent, delta_spent, rdp or None, budget id) rows and counts one charge.
+
+        ``status`` is not written here: an indexed column, rewritten only on retirement.
+        """
         if self.kind == "sqlite":
             self.conn.executemany(
                 "UPDATE budgets SET eps_spent = ?, delta_spent = ?, rdp = COALESCE(?, rdp), "
                 "charges = charges + 1 WHERE id = ?", updates)
             return
-        # PostgreSQL: one statement for all blocks (executemany would be a round trip per row).
-        values = ",".join(["(%s, %s, %s::text, %s::bigint)"] * len(updates))
+        # PostgreSQL: one statement for all blocks, its text the same for any number of blocks
+        # (so the server prepares and plans it once per connection).
+        cols = list(zip(*updates))
         self.conn.execute(
             "UPDATE budgets AS u SET eps_spent = v.e, delta_spent = v.d, "
             "rdp = COALESCE(v.r, u.rdp), charges = u.charges + 1 "
-            f"FROM (VALUES {values}) AS v(e, d, r, id) WHERE u.id = v.id",
-            [x for row in updates for x in row])
+            "FROM unnest(%s::text[], %s::text[], %s::text[], %s::bigint[]) AS v(e, d, r, id) "
+            "WHERE u.id = v.id", [list(c) for c in cols])
 
-    def write(self, fn: Callable[[], Any]) -> Any:
-        """Runs ``fn`` inside one serialized write transaction; commits or rolls back."""
-        self.backend.begin_write(self.conn)
-        try:
-            result = fn()
-            if self.before_commit is not None:
-                self.before_commit()
-            self.conn.execute("COMMIT")
+    def _flush_audit(self) -> None:
+        if not self._pending:
+            return
+        n = len(self._pending)
+        if self.kind == "sqlite":
+            chain = 1
+            head = self.q("SELECT audit_seq, audit_hash FROM ledger_head WHERE id = 1").fetchone()
+            seqs = list(range(head[0] + 1, head[0] + 1 + n))
+        else:
+            self.reserve_audit()
+            chain, last_seq, last_hash, first = self._chain_cur.fetchone()
+            head = (last_seq, last_hash)
+            seqs = [first]
+            if n > 1:
+                seqs += sorted(r[0] for r in self.q(
+                    "SELECT nextval('audit_seq_gen') FROM generate_series(1, ?)", (n - 1,)))
+        rows = audit.link(head, seqs, now(), self._pending)
+        self.many("INSERT INTO audit (seq, ts, stream, kind, payload, prev_hash, hash, chain) "
+                  "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", [r + (chain,) for r in rows])
+        self.q("UPDATE ledger_head SET audit_seq = ?, audit_hash = ? WHERE id = ?",
+               (rows[-1][0], rows[-1][6], chain))
+
+    def write(self, fn: Callable[[], Any], *, pipeline: bool = False,
+              idempotent: bool = False) -> Any:
+        """Runs ``fn`` inside one write transaction; commits, or rolls back and re-raises.
+
+        Conflicts (deadlock, serialisation failure, unique-key race) are retried with backoff;
+        with ``idempotent`` a lost session is retried on a new connection. ``pipeline`` batches
+        the statements into round trips on PostgreSQL (``fn`` must not use COPY).
+        """
+        def once():
+            result = self._write_once(fn, pipeline and self.kind == "postgresql")
+            self.backend.synced(self.conn)
             return result
+
+        return self._retrying(once, idempotent)
+
+    def read(self, fn: Callable[[], Any]) -> Any:
+        """Runs the reads of ``fn``; on a lost session, again on a new connection."""
+        return self._retrying(fn, idempotent=True)
+
+    def _retrying(self, fn: Callable[[], Any], idempotent: bool) -> Any:
+        attempt = 0
+        while True:
+            try:
+                return fn()
+            except Exception as exc:
+                kind = self.backend.retry_kind(exc)
+                if kind is None or attempt >= MAX_RETRIES or (kind == "disconnect"
+                                                             and not idempotent):
+                    raise
+                time.sleep(min(0.5, 0.002 * 2 ** attempt) * random.uniform(0.5, 1.5))
+                if kind == "disconnect":
+                    self._reconnect()
+                attempt += 1
+
+    def _write_once(self, fn: Callable[[], Any], pipeline: bool) -> Any:
+        self._pending, self._chain_cur = [], None
+        try:
+            if pipeline:
+                with self.conn.pipeline():
+                    return self._txn(fn)
+            return self._txn(fn)
         except BaseException:
-            self.conn.execute("ROLLBACK")
+            try:
+                self.conn.execute("ROLLBACK")
+            except Exception:  # the session is gone: the server rolled back
+                pass
             raise
         finally:
+            self._pending, self._chain_cur = [], None
             self.backend.end_write(self.conn)
+
+    def _txn(self, fn: Callable[[], Any]) -> Any:
+        self.backend.begin_write(self.conn)
+        result = fn()
+        self._flush_audit()
+        if self.before_commit is not None:
+            self.before_commit()
+        self.conn.execute("COMMIT")
+        return result
+
+    def _reconnect(self) -> None:
+        try:
+            self.conn.close()
+        except Exception:
+            pass
+        try:
+            self.conn = self.backend.connect()
+        except Exception as exc:  # still down: the next attempt fails on the closed connection
+            if self.backend.retry_kind(exc) != "disconnect":
+                raise
+
+    def read_snapshot(self, fn: Callable[[], Any]) -> Any:
+        """Runs the reads of ``fn`` on one consistent snapshot of the database."""
+        self.conn.execute("BEGIN" if self.kind == "sqlite"
+                          else "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        try:
+            return fn()
+        finally:
+            self.conn.execute("COMMIT")
 
     def _init_schema(self) -> None:
         if self.kind == "sqlite":
@@ -223,11 +513,33 @@ class Store:
         try:
             for stmt in _schema(self.backend):
                 self.conn.execute(stmt)
-            row = self.q("SELECT audit_seq FROM ledger_head WHERE id = 1").fetchone()
-            if row is None:
-                self.q("INSERT INTO ledger_head (id, audit_seq, audit_hash, schema_version) "
-                       "VALUES (1, 0, ?, ?)", (GENESIS_HASH, SCHEMA_VERSION))
+            row = self.q("SELECT max(schema_version) FROM ledger_head").fetchone()
+            if row[0] is not None and row[0] < 2:
+                self._migrate_v1()
+            chains = 1 if self.kind == "sqlite" else PG_CHAINS
+            have = {r[0] for r in self.q("SELECT id FROM ledger_head").fetchall()}
+            for c in range(1, chains + 1):
+                if c not in have:
+                    self.q("INSERT INTO ledger_head (id, audit_seq, audit_hash, schema_version) "
+                           "VALUES (?, 0, ?, ?)", (c, GENESIS_HASH, SCHEMA_VERSION))
+            if self.kind == "postgresql":
+                for stmt in _PG_FUNCTIONS:
+                    self.conn.execute(stmt)
+                if row[0] is not None and row[0] < 2:
+                    self.conn.execute("SELECT setval('audit_seq_gen', "
+                                      "(SELECT GREATEST(COALESCE(max(seq), 0), 1) FROM audit))")
             self.conn.execute("COMMIT")
         except BaseException:
             self.conn.execute("ROLLBACK")
             raise
+
+    def _migrate_v1(self) -> None:
+        """Schema 1 had one chain and no ``audit.chain`` column."""
+        cols = ([r[1] for r in self.q("PRAGMA table_info(audit)").fetchall()]
+                if self.kind == "sqlite" else
+                [r[0] for r in self.q("SELECT column_name FROM information_schema.columns "
+                                      "WHERE table_name = 'audit'").fetchall()])
+        if "chain" not in cols:
+            self.conn.execute(f"ALTER TABLE audit ADD COLUMN chain {self.backend.bigint} "
+                              "NOT NULL DEFAULT 1")
+        self.q("UPDATE ledger_head SET schema_version = ?", (SCHEMA_VERSION,))

@@ -76,3 +76,21 @@ def test_validator_reject_continues_the_search_unless_final(tmp_path):
                         [PipelineSpec("p", SearchConfig(epsilon0=0.1), final_reject=True)],
                         iteration, progress=lambda m: None)
     assert [log.record.outcome for log in logs] == [Outcome.REJECT]
+
+
+def test_every_step_is_anchored_outside_the_ledger(tmp_path):
+    from sage_tfx.ledger.anchor import verify_anchors, write_anchor
+    led = open_ledger(f"sqlite:///{tmp_path}/l.db")
+    led.create_stream("s", epsilon_g=1.0, delta_g=1e-6)
+    anchors, steps = str(tmp_path / "anchors.jsonl"), []
+
+    def on_step(step):
+        steps.append(step)
+        write_anchor(led, anchors)
+
+    spec = PipelineSpec("p", SearchConfig(epsilon0=0.1, delta=1e-8, min_blocks=2))
+    run_adaptive(led, "s", _blocks(5), [spec], lambda **kw: (Outcome.RETRY, {}),
+                 progress=lambda m: None, on_step=on_step)
+    assert steps == list(range(5))
+    report = verify_anchors(led, anchors)
+    assert report.ok and report.anchors == 5
