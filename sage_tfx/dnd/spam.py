@@ -1,0 +1,199 @@
+"""The spam check of §III-D4, calibrated so that honest updates pass.
+
+The paper accepts a returned model if every weight lies within μ ± 3s of the k instances'
+per-weight mean μ and standard deviation s. With thousands of weights that rejects nearly every
+honest update: s has only k − 1 degrees of freedom and the Laplace noise has heavy tails, so some
+weight out of thousands is almost surely beyond 3s (:func:`paper_rule` keeps the rule for
+comparison).
+
+:class:`SpamCheck` instead tests three statistics of z = (u − μ)/s against their null
+distribution *given the current instances*: the number of weights with |z| > ``z`` (catches
+scaled models), max |z| (catches a few wildly changed weights) and the mean z (catches a small
+shift of every weight). Under the null an honest update is
+u = B_j − γ·clip(G) + Laplace(b) with j uniform; ignoring the small gradient step, every weight's
+exceedance probability is a closed-form Laplace tail, so the null is exact: a mixture over j of
+Poisson-binomial counts, bounded by binomials (Hoeffding 1956), a product form for the max and a
+normal mixture (CLT over the d weights) for the mean, widened by the largest honest gradient step.
+Each statistic gets a third of ``false_reject``. Thresholds are recomputed every ``recalibrate_every``
+checks, O(k·d) each.
+
+The check reads only the update and the server's instances (both already DP outputs): it is
+post-processing and costs no budget.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional
+
+import numpy as np
+from scipy import optimize, stats
+
+
+def z_scores(instances: np.ndarray, update: np.ndarray) -> np.ndarray:
+    """(u − μ)/s per weight, with the instances' mean and standard deviation (ddof = 1)."""
+    mu = instances.mean(axis=0)
+    sd = instances.std(axis=0, ddof=1)
+    if np.any(sd <= 0):
+        raise ValueError("instances with zero spread: initialise them with (k/2)σ² (Theorem 1)")
+    return (np.asarray(update) - mu) / sd
+
+
+def paper_rule(instances: np.ndarray, update: np.ndarray, z: float = 3.0) -> bool:
+    """§III-D4 as written: pass iff every weight is within μ ± z·s."""
+    return bool(np.all(np.abs(z_scores(instances, update)) <= z))
+
+
+def _laplace_two_sided_tail(lo: np.ndarray, hi: np.ndarray, b: float) -> np.ndarray:
+    """P(L < lo) + P(L > hi) for L ~ Laplace(0, b), elementwise, lo < hi."""
+    def upper(a):  # P(L > a)
+        return np.where(a >= 0, 0.5 * np.exp(-np.abs(a) / b), 1.0 - 0.5 * np.exp(-np.abs(a) / b))
+    return np.clip(upper(hi) + upper(-lo), 0.0, 1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Thresholds:
+    """Calibrated thresholds: reject if count > ``max_count``, max|z| > ``max_z`` or
+    |mean z| outside the null's two-sided ``mean_z`` band."""
+
+    max_count: int
+    max_z: float
+    expected_count: float
+    mean_z_low: float
+    mean_z_high: float
+
+
+def calibrate(instances: np.ndarray, noise_scale: float, *, z: float = 3.0,
+              false_reject: float = 0.005, max_step: float = 0.0,
+              tail_shift: float = 0.0) -> Thresholds:
+    """Thresholds with P(reject an honest update) ≤ ``false_reject`` given these instances.
+
+    ``max_step`` bounds the drift of the mean z by the honest gradient step; ``tail_shift`` bounds
+    each weight's step, and the per-weight tails are taken at the worst such shift (see
+    :class:`SpamCheck`).
+    """
+    if not 0 < false_reject < 1:
+        raise ValueError("false_reject must be in (0, 1)")
+    if not noise_scale > 0:
+        raise ValueError("noise_scale must be > 0")
+    inst = np.asarray(instances, dtype=np.float64)
+    k, d = inst.shape
+    if k < 2:
+        raise ValueError("the spam check needs k >= 2 instances")
+    mu = inst.mean(axis=0)
+    sd = inst.std(axis=0, ddof=1)
+    if np.any(sd <= 0):
+        raise ValueError("instances with zero spread: initialise them with (k/2)σ² (Theorem 1)")
+    alpha = false_reject / 3.0
+    offset = inst - mu  # (k, d): B_j − μ
+    # Count statistic: per j, exceedance probabilities q_{j,i}; binomial(d, mean q_j) tail.
+    a = float(tail_shift)
+    q = _laplace_two_sided_tail(-z * sd - offset + a, z * sd - offset - a, noise_scale)
+    qbar = q.mean(axis=1)
+    counts = np.arange(d + 1)
+
+    def count_tail(c: int) -> float:
+        return float(np.mean(stats.binom.sf(c, d, qbar)))
+    lo, hi = 0, d
+    while lo < hi:  # smallest c with P(count > c) <= alpha
+        mid = (lo + hi) // 2
+        if count_tail(int(counts[mid])) <= alpha:
+            hi = mid
+        else:
+            lo = mid + 1
+
+    # Max statistic: P(max|z| > m) = mean_j [1 − Π_i (1 − q_{j,i}(m))].
+    def max_tail(m: float) -> float:
+        qm = _laplace_two_sided_tail(-m * sd - offset + a, m * sd - offset - a, noise_scale)
+        log_keep = np.sum(np.log1p(-np.minimum(qm, 1 - 1e-300)), axis=1)
+        return float(np.mean(-np.expm1(log_keep)))
+    m_hi = z
+    while max_tail(m_hi) > alpha:
+        m_hi *= 2.0
+    m = m_hi if m_hi == z else optimize.brentq(lambda t: max_tail(t) - alpha, z, m_hi, xtol=1e-6)
+
+    # Mean z (catches a small shift of every weight): given j it is the mean of d independent
+    # Laplace terms, ≈ N(m_j, v) by the CLT, m_j = mean((B_j − μ)/s), v = Σ 2b²/s² / d². The
+    # gradient step moves it by at most ``max_step``, added to the band.
+    mj = (offset / sd).mean(axis=1)
+    v = float(np.sum(2.0 * noise_scale ** 2 / sd ** 2)) / d ** 2
+    sv = math.sqrt(v)
+
+    def band_tail(t: float, side: int) -> float:
+        return float(np.mean(stats.norm.sf(side * (t - mj) / sv)))
+    q_lo = mj.min() - 40 * sv
+    q_hi = mj.max() + 40 * sv
+    low = optimize.brentq(lambda t: band_tail(t, -1) - alpha / 2, q_lo, mj.max() + sv)
+    high = optimize.brentq(lambda t: band_tail(t, 1) - alpha / 2, mj.min() - sv, q_hi)
+    return Thresholds(int(lo), float(m), float(d * qbar.mean()), float(low - max_step),
+                      float(high + max_step))
+
+
+class SpamCheck:
+    """The calibrated check, as the ``spam_check`` callable of :class:`~sage_tfx.dnd.state.DnDState`.
+
+    Args:
+      noise_scale: the Laplace scale b of honest updates (``ClientConfig.noise_scale``).
+      z: the |z| threshold of the count statistic.
+      false_reject: target probability of rejecting an honest update (split over the two tests).
+      recalibrate_every: checks between recalibrations against the live instances.
+      step_l1, step_linf: bounds of the honest gradient step γ·clip(G) in L1 and per weight (an
+        L1-clipped step moves Σ|Δᵢ| ≤ γC, a per-coordinate one each |Δᵢ| ≤ γC); they widen the
+        mean-z band so an honest step never fails it. :meth:`for_config` sets them.
+      tail_shift: per-weight shift at which the count and max tails are evaluated (worst case of
+        the step). :meth:`for_config` uses γC for the feature unit, where every weight may move by
+        γC (up to ε/2 noise scales); for the model unit it uses 0: the whole step is ≤ γC in L1,
+        ε/2 noise scales spread over all weights, and the measured honest pass rate is what
+        ``tests/dnd/test_spam.py`` checks.
+    """
+
+    def __init__(self, noise_scale: float, *, z: float = 3.0, false_reject: float = 0.005,
+                 recalibrate_every: int = 100, step_l1: float = 0.0, step_linf: float = 0.0,
+                 tail_shift: float = 0.0):
+        if not noise_scale > 0 or not math.isfinite(noise_scale):
+            raise ValueError("the spam check needs the (finite, > 0) noise scale of honest updates")
+        if not isinstance(recalibrate_every, int) or recalibrate_every < 1:
+            raise ValueError("recalibrate_every must be an integer >= 1")
+        self.noise_scale = float(noise_scale)
+        self.z = float(z)
+        self.false_reject = float(false_reject)
+        self.recalibrate_every = recalibrate_every
+        self.step_l1 = float(step_l1)
+        self.step_linf = float(step_linf)
+        self.tail_shift = float(tail_shift)
+        self._thresholds: Optional[Thresholds] = None
+        self._since = 0
+
+    def thresholds(self, instances: np.ndarray) -> Thresholds:
+        if self._thresholds is None or self._since >= self.recalibrate_every:
+            sd = np.asarray(instances).std(axis=0, ddof=1)
+            d = sd.size
+            # |mean_i Δᵢ/sᵢ| ≤ min(L1 bound / (d·min s), L∞ bound · mean(1/s)).
+            bounds = [math.inf]
+            if self.step_l1 > 0:
+                bounds.append(self.step_l1 / (d * float(sd.min())))
+            if self.step_linf > 0:
+                bounds.append(self.step_linf * float(np.mean(1.0 / sd)))
+            step = min(bounds) if len(bounds) > 1 else 0.0
+            self._thresholds = calibrate(instances, self.noise_scale, z=self.z,
+                                         false_reject=self.false_reject, max_step=step,
+                                         tail_shift=self.tail_shift)
+            self._since = 0
+        return self._thresholds
+
+    def __call__(self, instances: np.ndarray, update: np.ndarray) -> bool:
+        t = self.thresholds(instances)
+        self._since += 1
+        zs = z_scores(instances, update)
+        mean_z = float(zs.mean())
+        zs = np.abs(zs)
+        return bool(np.count_nonzero(zs > self.z) <= t.max_count and zs.max() <= t.max_z
+                    and t.mean_z_low <= mean_z <= t.mean_z_high)
+
+    @classmethod
+    def for_config(cls, config, **kwargs) -> "SpamCheck":
+        """The check for honest updates of a :class:`~sage_tfx.dnd.client.ClientConfig`."""
+        step = config.gamma * config.l1_norm_clip
+        if config.unit == "feature":
+            return cls(config.noise_scale, step_linf=step, tail_shift=step, **kwargs)
+        return cls(config.noise_scale, step_l1=step, step_linf=step, **kwargs)
