@@ -13,7 +13,8 @@ shift of every weight). Under the null an honest update is
 u = B_j − γ·clip(G) + Laplace(b) with j uniform; ignoring the small gradient step, every weight's
 exceedance probability is a closed-form Laplace tail, so the null is exact: a mixture over j of
 Poisson-binomial counts, bounded by binomials (Hoeffding 1956), a product form for the max and a
-normal mixture (CLT over the d weights) for the mean, widened by the largest honest gradient step.
+Student-t prediction band (CLT over the d weights) for the mean, widened by the largest honest
+gradient step.
 Each statistic gets a third of ``false_reject``. Thresholds are recomputed every ``recalibrate_every``
 checks, O(k·d) each.
 
@@ -44,10 +45,14 @@ def paper_rule(instances: np.ndarray, update: np.ndarray, z: float = 3.0) -> boo
     return bool(np.all(np.abs(z_scores(instances, update)) <= z))
 
 
-def _laplace_two_sided_tail(lo: np.ndarray, hi: np.ndarray, b: float) -> np.ndarray:
-    """P(L < lo) + P(L > hi) for L ~ Laplace(0, b), elementwise, lo < hi."""
-    def upper(a):  # P(L > a)
-        return np.where(a >= 0, 0.5 * np.exp(-np.abs(a) / b), 1.0 - 0.5 * np.exp(-np.abs(a) / b))
+def _laplace_two_sided_tail(lo: np.ndarray, hi: np.ndarray, b: float,
+                            terms: int = 1) -> np.ndarray:
+    """P(X < lo) + P(X > hi), elementwise (lo < hi), for X a Laplace(0, b) (``terms`` = 1) or
+    the sum of two independent ones (``terms`` = 2, density (1 + |x|/b)·e^(−|x|/b) / 4b)."""
+    def upper(a):  # P(X > a)
+        r = np.abs(a) / b
+        tail = 0.5 * np.exp(-r) if terms == 1 else 0.25 * np.exp(-r) * (2.0 + r)
+        return np.where(a >= 0, tail, 1.0 - tail)
     return np.clip(upper(hi) + upper(-lo), 0.0, 1.0)
 
 
@@ -65,13 +70,17 @@ class Thresholds:
 
 def calibrate(instances: np.ndarray, noise_scale: float, *, z: float = 3.0,
               false_reject: float = 0.005, max_step: float = 0.0,
-              tail_shift: float = 0.0) -> Thresholds:
+              tail_shift: float = 0.0, stale_fraction: float = 0.0) -> Thresholds:
     """Thresholds with P(reject an honest update) ≤ ``false_reject`` given these instances.
 
     ``max_step`` bounds the drift of the mean z by the honest gradient step; ``tail_shift`` bounds
     each weight's step, and the per-weight tails are taken at the worst such shift (see
-    :class:`SpamCheck`).
+    :class:`SpamCheck`). ``stale_fraction`` is the share of instances that may have been replaced
+    since this calibration; a replacement is a child B_j + Laplace of a calibrated instance, so an
+    update built on it carries two noises: the tails are a mixture of the one- and two-noise cases.
     """
+    if not 0 <= stale_fraction <= 1:
+        raise ValueError("stale_fraction must be in [0, 1]")
     if not 0 < false_reject < 1:
         raise ValueError("false_reject must be in (0, 1)")
     if not noise_scale > 0:
@@ -88,12 +97,14 @@ def calibrate(instances: np.ndarray, noise_scale: float, *, z: float = 3.0,
     offset = inst - mu  # (k, d): B_j − μ
     # Count statistic: per j, exceedance probabilities q_{j,i}; binomial(d, mean q_j) tail.
     a = float(tail_shift)
-    q = _laplace_two_sided_tail(-z * sd - offset + a, z * sd - offset - a, noise_scale)
-    qbar = q.mean(axis=1)
+    f = float(stale_fraction)
+    qbar1, qbar2 = (_laplace_two_sided_tail(-z * sd - offset + a, z * sd - offset - a,
+                                            noise_scale, n).mean(axis=1) for n in (1, 2))
     counts = np.arange(d + 1)
 
     def count_tail(c: int) -> float:
-        return float(np.mean(stats.binom.sf(c, d, qbar)))
+        return float((1 - f) * np.mean(stats.binom.sf(c, d, qbar1))
+                     + f * np.mean(stats.binom.sf(c, d, qbar2)))
     lo, hi = 0, d
     while lo < hi:  # smallest c with P(count > c) <= alpha
         mid = (lo + hi) // 2
@@ -104,28 +115,30 @@ def calibrate(instances: np.ndarray, noise_scale: float, *, z: float = 3.0,
 
     # Max statistic: P(max|z| > m) = mean_j [1 − Π_i (1 − q_{j,i}(m))].
     def max_tail(m: float) -> float:
-        qm = _laplace_two_sided_tail(-m * sd - offset + a, m * sd - offset - a, noise_scale)
-        log_keep = np.sum(np.log1p(-np.minimum(qm, 1 - 1e-300)), axis=1)
-        return float(np.mean(-np.expm1(log_keep)))
+        out = 0.0
+        for n, weight in ((1, 1 - f), (2, f)):
+            if weight > 0:
+                qm = _laplace_two_sided_tail(-m * sd - offset + a, m * sd - offset - a,
+                                             noise_scale, n)
+                log_keep = np.sum(np.log1p(-np.minimum(qm, 1 - 1e-300)), axis=1)
+                out += weight * float(np.mean(-np.expm1(log_keep)))
+        return out
     m_hi = z
     while max_tail(m_hi) > alpha:
         m_hi *= 2.0
-    m = m_hi if m_hi == z else optimize.brentq(lambda t: max_tail(t) - alpha, z, m_hi, xtol=1e-6)
+    m = m_hi if m_hi == z else optimize.brentq(lambda t: max_tail(t) - alpha, z, m_hi, xtol=1e-3)
 
-    # Mean z (catches a small shift of every weight): given j it is the mean of d independent
-    # Laplace terms, ≈ N(m_j, v) by the CLT, m_j = mean((B_j − μ)/s), v = Σ 2b²/s² / d². The
-    # gradient step moves it by at most ``max_step``, added to the band.
+    # Mean z (catches a small shift of every weight): for an update built on instance j it is
+    # m_j + noise, m_j = mean((B_j − μ)/s), noise ≈ N(0, v) by the CLT, v = Σ 2b²/s² / d². The
+    # drawn instance may have been replaced meanwhile (concurrent clients), so j is treated as a
+    # new draw from the instances' population: a Student-t prediction band with k − 1 degrees of
+    # freedom around the m_j, widened by the largest honest gradient step ``max_step``.
     mj = (offset / sd).mean(axis=1)
     v = float(np.sum(2.0 * noise_scale ** 2 / sd ** 2)) / d ** 2
-    sv = math.sqrt(v)
-
-    def band_tail(t: float, side: int) -> float:
-        return float(np.mean(stats.norm.sf(side * (t - mj) / sv)))
-    q_lo = mj.min() - 40 * sv
-    q_hi = mj.max() + 40 * sv
-    low = optimize.brentq(lambda t: band_tail(t, -1) - alpha / 2, q_lo, mj.max() + sv)
-    high = optimize.brentq(lambda t: band_tail(t, 1) - alpha / 2, mj.min() - sv, q_hi)
-    return Thresholds(int(lo), float(m), float(d * qbar.mean()), float(low - max_step),
+    scale = math.sqrt(float(np.var(mj, ddof=1)) * (1.0 + 1.0 / k) + v)
+    half = float(stats.t.ppf(1.0 - alpha / 2.0, k - 1)) * scale
+    low, high = float(mj.mean()) - half, float(mj.mean()) + half
+    return Thresholds(int(lo), float(m), float(d * qbar1.mean()), float(low - max_step),
                       float(high + max_step))
 
 
@@ -148,7 +161,7 @@ class SpamCheck:
     """
 
     def __init__(self, noise_scale: float, *, z: float = 3.0, false_reject: float = 0.005,
-                 recalibrate_every: int = 100, step_l1: float = 0.0, step_linf: float = 0.0,
+                 recalibrate_every: int = 10, step_l1: float = 0.0, step_linf: float = 0.0,
                  tail_shift: float = 0.0):
         if not noise_scale > 0 or not math.isfinite(noise_scale):
             raise ValueError("the spam check needs the (finite, > 0) noise scale of honest updates")
@@ -161,11 +174,16 @@ class SpamCheck:
         self.step_l1 = float(step_l1)
         self.step_linf = float(step_linf)
         self.tail_shift = float(tail_shift)
+        self.stale_fraction = 0.0  # set from k at the first calibration
+        self.failures = {"count": 0, "max": 0, "mean": 0}  # rejections per statistic
         self._thresholds: Optional[Thresholds] = None
         self._since = 0
 
     def thresholds(self, instances: np.ndarray) -> Thresholds:
+        """The thresholds for these instances (recomputed every ``recalibrate_every`` checks)."""
         if self._thresholds is None or self._since >= self.recalibrate_every:
+            # Up to recalibrate_every replacements among k slots before the next calibration.
+            self.stale_fraction = min(1.0, self.recalibrate_every / len(instances))
             sd = np.asarray(instances).std(axis=0, ddof=1)
             d = sd.size
             # |mean_i Δᵢ/sᵢ| ≤ min(L1 bound / (d·min s), L∞ bound · mean(1/s)).
@@ -177,18 +195,36 @@ class SpamCheck:
             step = min(bounds) if len(bounds) > 1 else 0.0
             self._thresholds = calibrate(instances, self.noise_scale, z=self.z,
                                          false_reject=self.false_reject, max_step=step,
-                                         tail_shift=self.tail_shift)
+                                         tail_shift=self.tail_shift,
+                                         stale_fraction=self.stale_fraction)
             self._since = 0
         return self._thresholds
 
-    def __call__(self, instances: np.ndarray, update: np.ndarray) -> bool:
-        t = self.thresholds(instances)
+    def __call__(self, instances, update: np.ndarray) -> bool:
+        """True if ``update`` passes, against a (k, d) array or a :class:`DnDState` (whose running
+        moments make a check O(d); its instances are read only to recalibrate)."""
+        if isinstance(instances, np.ndarray):
+            inst = instances
+            mu, sd = inst.mean(axis=0), inst.std(axis=0, ddof=1)
+            t = self.thresholds(inst)
+        else:
+            if self._thresholds is None or self._since >= self.recalibrate_every:
+                self.thresholds(instances.instances_view())
+            t = self._thresholds
+            mu, sd = instances.moments()
         self._since += 1
-        zs = z_scores(instances, update)
+        if np.any(sd <= 0):
+            raise ValueError("instances with zero spread: initialise them with (k/2)σ² (Theorem 1)")
+        zs = (np.asarray(update) - mu) / sd
         mean_z = float(zs.mean())
         zs = np.abs(zs)
-        return bool(np.count_nonzero(zs > self.z) <= t.max_count and zs.max() <= t.max_z
-                    and t.mean_z_low <= mean_z <= t.mean_z_high)
+        failed = [name for name, ok in (("count", np.count_nonzero(zs > self.z) <= t.max_count),
+                                        ("max", zs.max() <= t.max_z),
+                                        ("mean", t.mean_z_low <= mean_z <= t.mean_z_high))
+                  if not ok]
+        for name in failed:
+            self.failures[name] += 1
+        return not failed
 
     @classmethod
     def for_config(cls, config, **kwargs) -> "SpamCheck":

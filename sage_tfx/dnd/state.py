@@ -73,8 +73,8 @@ class DnDState:
       average_on_replace: average the returned model with the instance it overwrites.
       accept_k: k of ``accept_1_over_k`` (the state then holds one model).
       batch_size: N_s of ``server_batch`` (the state then holds one model).
-      spam_check: ``f(instances (k, d), update (d,)) -> bool`` (True = pass); rejected updates are
-        dropped and counted.
+      spam_check: ``f(state, update (d,)) -> bool`` (True = pass), e.g. a
+        :class:`~sage_tfx.dnd.spam.SpamCheck`; rejected updates are dropped and counted.
       rng: server coins; ``secrets.SystemRandom()`` unless a seeded ``random.Random`` is injected
         by a test or experiment.
     """
@@ -106,6 +106,10 @@ class DnDState:
         self._slots = [row.copy() for row in inst]
         for s in self._slots:
             s.setflags(write=False)
+        # Running Σ B and Σ B² over the slots: the spam check's μ and s in O(d) per update.
+        self._sum = inst.sum(axis=0)
+        self._sumsq = (inst ** 2).sum(axis=0)
+        self._puts = 0
         self._batch: list[np.ndarray] = []
         self._lock = threading.Lock()
         self.accepted = 0
@@ -136,7 +140,7 @@ class DnDState:
         u = np.array(update, dtype=np.float64)
         if u.shape != (self.dim,) or not np.all(np.isfinite(u)):
             raise ValueError(f"an update must be {self.dim} finite numbers")
-        if self.spam_check is not None and not self.spam_check(self.instances_view(), u):
+        if self.spam_check is not None and not self.spam_check(self, u):
             with self._lock:
                 self.rejected += 1
             return False
@@ -166,7 +170,25 @@ class DnDState:
     def _put(self, slot: int, vector: np.ndarray) -> None:
         v = np.array(vector, dtype=np.float64)
         v.setflags(write=False)
+        old = self._slots[slot]
         self._slots[slot] = v  # one reference swap: atomic for readers
+        self._puts += 1
+        if self._puts % 1000 == 0:  # re-derive the running sums exactly now and then
+            stacked = np.stack(self._slots)
+            self._sum, self._sumsq = stacked.sum(axis=0), (stacked ** 2).sum(axis=0)
+        else:
+            self._sum = self._sum + (v - old)
+            self._sumsq = self._sumsq + (v * v - old * old)
+
+    def moments(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per-weight mean and standard deviation (ddof = 1) of the instances, in O(d)."""
+        with self._lock:
+            total, sq, k = self._sum, self._sumsq, len(self._slots)
+        mean = total / k
+        if k < 2:
+            return mean, np.zeros_like(mean)
+        var = np.maximum(sq - k * mean * mean, 0.0) / (k - 1)
+        return mean, np.sqrt(var)
 
     def instances_view(self) -> np.ndarray:
         """The k instances as a fresh (k, d) array (server-internal: spam check, tests)."""
