@@ -56,6 +56,10 @@ def _laplace_two_sided_tail(lo: np.ndarray, hi: np.ndarray, b: float,
     return np.clip(upper(hi) + upper(-lo), 0.0, 1.0)
 
 
+CALIBRATION_WEIGHTS = 4096  # weights sampled for the max-|z| calibration of large models
+COUNT_WEIGHTS = 1024  # weights sampled for the per-check count limit of large models
+
+
 @dataclasses.dataclass(frozen=True)
 class Thresholds:
     """Calibrated thresholds: reject if count > ``max_count``, max|z| > ``max_z`` or
@@ -63,9 +67,45 @@ class Thresholds:
 
     max_count: int
     max_z: float
-    expected_count: float
+    expected_count: float  # unused by the decision: kept for reports (the count limit)
     mean_z_low: float
     mean_z_high: float
+
+
+def count_limit(offset: np.ndarray, sd: np.ndarray, d: int, noise_scale: float, *, z: float,
+                alpha: float, tail_shift: float = 0.0, stale_fraction: float = 0.0) -> int:
+    """Largest honest count of weights with |z| > ``z`` at level ``alpha``, for instances whose
+    offsets from the mean and spreads are ``offset`` (k, m) and ``sd`` (m,), m weights sampled
+    out of ``d`` (all of them when m = d).
+
+    Per instance j the count is Poisson-binomial with rates q_{j,i}, bounded by the binomial at
+    their mean (Hoeffding 1956); with stale instances a share ``stale_fraction`` carries two
+    noises. An update may also be built on an instance not among these k (replaced since it was
+    drawn): its rate is a new draw from the instances' population, hence a Student-t prediction
+    bound as well; the larger limit is used.
+    """
+    k = offset.shape[0]
+    a, f = float(tail_shift), float(stale_fraction)
+    qbar1, qbar2 = (_laplace_two_sided_tail(-z * sd - offset + a, z * sd - offset - a,
+                                            noise_scale, n).mean(axis=1) for n in (1, 2))
+
+    def count_tail(c: int) -> float:
+        return float((1 - f) * np.mean(stats.binom.sf(c, d, qbar1))
+                     + f * np.mean(stats.binom.sf(c, d, qbar2)))
+    qj = (1 - f) * qbar1 + f * qbar2
+    spread = d * d * float(np.var(qj, ddof=1)) * (1.0 + 1.0 / k) + d * float(np.mean(qj * (1 - qj)))
+    t_limit = min(d, int(math.ceil(d * float(qj.mean())
+                                   + float(stats.t.ppf(1.0 - alpha, k - 1)) * math.sqrt(spread))))
+    if count_tail(t_limit) <= alpha:
+        return t_limit  # the mixture's own limit is no larger
+    lo, hi = t_limit, d
+    while lo < hi:  # smallest c with P(count > c) <= alpha
+        mid = (lo + hi) // 2
+        if count_tail(mid) <= alpha:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 def calibrate(instances: np.ndarray, noise_scale: float, *, z: float = 3.0,
@@ -95,32 +135,27 @@ def calibrate(instances: np.ndarray, noise_scale: float, *, z: float = 3.0,
         raise ValueError("instances with zero spread: initialise them with (k/2)σ² (Theorem 1)")
     alpha = false_reject / 3.0
     offset = inst - mu  # (k, d): B_j − μ
+    # The count and max tails need per-weight means and sums over d; past CALIBRATION_WEIGHTS
+    # weights they are estimated on a random subset (a mean and a rescaled sum of many terms).
+    if d > CALIBRATION_WEIGHTS:
+        pick = np.random.default_rng().choice(d, CALIBRATION_WEIGHTS, replace=False)
+        sub_sd, sub_off, scale_sum = sd[pick], offset[:, pick], d / CALIBRATION_WEIGHTS
+    else:
+        sub_sd, sub_off, scale_sum = sd, offset, 1.0
     # Count statistic: per j, exceedance probabilities q_{j,i}; binomial(d, mean q_j) tail.
     a = float(tail_shift)
     f = float(stale_fraction)
-    qbar1, qbar2 = (_laplace_two_sided_tail(-z * sd - offset + a, z * sd - offset - a,
-                                            noise_scale, n).mean(axis=1) for n in (1, 2))
-    counts = np.arange(d + 1)
-
-    def count_tail(c: int) -> float:
-        return float((1 - f) * np.mean(stats.binom.sf(c, d, qbar1))
-                     + f * np.mean(stats.binom.sf(c, d, qbar2)))
-    lo, hi = 0, d
-    while lo < hi:  # smallest c with P(count > c) <= alpha
-        mid = (lo + hi) // 2
-        if count_tail(int(counts[mid])) <= alpha:
-            hi = mid
-        else:
-            lo = mid + 1
+    lo = count_limit(sub_off, sub_sd, d, noise_scale, z=z, alpha=alpha, tail_shift=a,
+                     stale_fraction=f)
 
     # Max statistic: P(max|z| > m) = mean_j [1 − Π_i (1 − q_{j,i}(m))].
     def max_tail(m: float) -> float:
         out = 0.0
         for n, weight in ((1, 1 - f), (2, f)):
             if weight > 0:
-                qm = _laplace_two_sided_tail(-m * sd - offset + a, m * sd - offset - a,
+                qm = _laplace_two_sided_tail(-m * sub_sd - sub_off + a, m * sub_sd - sub_off - a,
                                              noise_scale, n)
-                log_keep = np.sum(np.log1p(-np.minimum(qm, 1 - 1e-300)), axis=1)
+                log_keep = scale_sum * np.sum(np.log1p(-np.minimum(qm, 1 - 1e-300)), axis=1)
                 out += weight * float(np.mean(-np.expm1(log_keep)))
         return out
     m_hi = z
@@ -138,7 +173,7 @@ def calibrate(instances: np.ndarray, noise_scale: float, *, z: float = 3.0,
     scale = math.sqrt(float(np.var(mj, ddof=1)) * (1.0 + 1.0 / k) + v)
     half = float(stats.t.ppf(1.0 - alpha / 2.0, k - 1)) * scale
     low, high = float(mj.mean()) - half, float(mj.mean()) + half
-    return Thresholds(int(lo), float(m), float(d * qbar1.mean()), float(low - max_step),
+    return Thresholds(int(lo), float(m), float(lo), float(low - max_step),
                       float(high + max_step))
 
 
@@ -149,7 +184,9 @@ class SpamCheck:
       noise_scale: the Laplace scale b of honest updates (``ClientConfig.noise_scale``).
       z: the |z| threshold of the count statistic.
       false_reject: target probability of rejecting an honest update (split over the two tests).
-      recalibrate_every: checks between recalibrations against the live instances.
+      recalibrate_every: checks between recalibrations against the live instances (default k:
+        then every calibrated instance may have been replaced once, and the tails assume an update
+        may carry two generations of noise).
       step_l1, step_linf: bounds of the honest gradient step γ·clip(G) in L1 and per weight (an
         L1-clipped step moves Σ|Δᵢ| ≤ γC, a per-coordinate one each |Δᵢ| ≤ γC); they widen the
         mean-z band so an honest step never fails it. :meth:`for_config` sets them.
@@ -161,12 +198,13 @@ class SpamCheck:
     """
 
     def __init__(self, noise_scale: float, *, z: float = 3.0, false_reject: float = 0.005,
-                 recalibrate_every: int = 10, step_l1: float = 0.0, step_linf: float = 0.0,
+                 recalibrate_every: Optional[int] = None, step_l1: float = 0.0, step_linf: float = 0.0,
                  tail_shift: float = 0.0):
         if not noise_scale > 0 or not math.isfinite(noise_scale):
             raise ValueError("the spam check needs the (finite, > 0) noise scale of honest updates")
-        if not isinstance(recalibrate_every, int) or recalibrate_every < 1:
-            raise ValueError("recalibrate_every must be an integer >= 1")
+        if recalibrate_every is not None and (not isinstance(recalibrate_every, int)
+                                              or recalibrate_every < 1):
+            raise ValueError("recalibrate_every must be an integer >= 1 (or None: every k)")
         self.noise_scale = float(noise_scale)
         self.z = float(z)
         self.false_reject = float(false_reject)
@@ -177,13 +215,15 @@ class SpamCheck:
         self.stale_fraction = 0.0  # set from k at the first calibration
         self.failures = {"count": 0, "max": 0, "mean": 0}  # rejections per statistic
         self._thresholds: Optional[Thresholds] = None
+        self._columns = np.arange(0)
         self._since = 0
 
     def thresholds(self, instances: np.ndarray) -> Thresholds:
         """The thresholds for these instances (recomputed every ``recalibrate_every`` checks)."""
-        if self._thresholds is None or self._since >= self.recalibrate_every:
-            # Up to recalibrate_every replacements among k slots before the next calibration.
-            self.stale_fraction = min(1.0, self.recalibrate_every / len(instances))
+        if self._thresholds is None or self._since >= self._every(len(instances)):
+            # Up to recalibrate_every replacements among k slots before the next calibration;
+            # concurrent clients add stale draws, so at least a tenth is assumed stale.
+            self.stale_fraction = min(1.0, max(0.1, self._every(len(instances)) / len(instances)))
             sd = np.asarray(instances).std(axis=0, ddof=1)
             d = sd.size
             # |mean_i Δᵢ/sᵢ| ≤ min(L1 bound / (d·min s), L∞ bound · mean(1/s)).
@@ -193,6 +233,8 @@ class SpamCheck:
             if self.step_linf > 0:
                 bounds.append(self.step_linf * float(np.mean(1.0 / sd)))
             step = min(bounds) if len(bounds) > 1 else 0.0
+            self._columns = (np.arange(d) if d <= COUNT_WEIGHTS else np.sort(
+                np.random.default_rng().choice(d, COUNT_WEIGHTS, replace=False)))
             self._thresholds = calibrate(instances, self.noise_scale, z=self.z,
                                          false_reject=self.false_reject, max_step=step,
                                          tail_shift=self.tail_shift,
@@ -207,24 +249,34 @@ class SpamCheck:
             inst = instances
             mu, sd = inst.mean(axis=0), inst.std(axis=0, ddof=1)
             t = self.thresholds(inst)
+            columns = inst[:, self._columns]
         else:
-            if self._thresholds is None or self._since >= self.recalibrate_every:
+            if self._thresholds is None or self._since >= self._every(instances.k):
                 self.thresholds(instances.instances_view())
             t = self._thresholds
             mu, sd = instances.moments()
+            columns = instances.columns(self._columns)
         self._since += 1
         if np.any(sd <= 0):
             raise ValueError("instances with zero spread: initialise them with (k/2)σ² (Theorem 1)")
+        # The count limit moves with every replacement (one of k instances changes μ and s), so
+        # it is recomputed on every check from the current moments, on a fixed weight sample.
+        limit = count_limit(columns - mu[self._columns], sd[self._columns], mu.size,
+                            self.noise_scale, z=self.z, alpha=self.false_reject / 3.0,
+                            tail_shift=self.tail_shift, stale_fraction=self.stale_fraction)
         zs = (np.asarray(update) - mu) / sd
         mean_z = float(zs.mean())
         zs = np.abs(zs)
-        failed = [name for name, ok in (("count", np.count_nonzero(zs > self.z) <= t.max_count),
+        failed = [name for name, ok in (("count", np.count_nonzero(zs > self.z) <= limit),
                                         ("max", zs.max() <= t.max_z),
                                         ("mean", t.mean_z_low <= mean_z <= t.mean_z_high))
                   if not ok]
         for name in failed:
             self.failures[name] += 1
         return not failed
+
+    def _every(self, k: int) -> int:
+        return self.recalibrate_every if self.recalibrate_every is not None else k
 
     @classmethod
     def for_config(cls, config, **kwargs) -> "SpamCheck":

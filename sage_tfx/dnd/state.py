@@ -196,6 +196,12 @@ class DnDState:
             refs = list(self._slots)
         return np.stack(refs)
 
+    def columns(self, idx: np.ndarray) -> np.ndarray:
+        """The k instances restricted to weights ``idx``, as a (k, len(idx)) array."""
+        with self._lock:
+            refs = list(self._slots)
+        return np.stack([r[idx] for r in refs])
+
     def average(self) -> np.ndarray:
         """The prediction model: the mean of the k instances."""
         return self.instances_view().mean(axis=0)

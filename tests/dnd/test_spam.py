@@ -44,7 +44,7 @@ def test_honest_updates_pass_and_malicious_ones_are_caught(digits, unit, epsilon
     def honest():
         idx = rng.choice(len(y), 10, replace=False)
         return client_update(spec, inst[rng.integers(20)], x[idx], y[idx], cfg, noise=noise)
-    passed = np.mean([check(inst, honest()) for _ in range(1500)])
+    passed = np.mean([check(inst, honest()) for _ in range(1000)])
     assert passed >= 0.99
     assert np.mean([paper_rule(inst, honest()) for _ in range(200)]) < 0.5
     mu, sd = inst.mean(axis=0), inst.std(axis=0, ddof=1)
@@ -58,7 +58,7 @@ def test_honest_updates_pass_and_malicious_ones_are_caught(digits, unit, epsilon
         f"push 10 weights by {push} s": lambda u: u + np.where(np.arange(u.size) < 10, push * sd, 0),
     }
     for name, attack in attacks.items():
-        caught = np.mean([not check(inst, attack(honest())) for _ in range(200)])
+        caught = np.mean([not check(inst, attack(honest())) for _ in range(100)])
         assert caught >= 0.95, name
 
 
