@@ -73,7 +73,8 @@ def run_one(features: int, updates: int, concurrency: int, k: int, timeout: floa
             "updates_per_s": round(res.updates_per_second, 1),
             "p50_ms": round(1000 * res.latency_quantile(0.5), 2),
             "p99_ms": round(1000 * res.latency_quantile(0.99), 2),
-            "accepted": res.accepted, "rejected_spam": stats["rejected_spam"]}
+            "accepted": res.accepted, "rejected_spam": stats["rejected_spam"],
+            "transport_errors": res.errors}
 
 
 def main() -> None:

@@ -30,7 +30,9 @@ def main() -> None:
     fig2 = [("k instances (no noise)", digits.fig2_k(s)),
             ("k vs server batching N_s (no noise)", digits.fig2_batching(s)),
             ("epsilon per weight (paper's unit), k=10", digits.fig2_epsilon(s, "feature")),
-            ("epsilon per update (model unit), k=10", digits.fig2_epsilon(s, "model"))]
+            ("epsilon per update (model unit, C=1), k=10", digits.fig2_epsilon(s, "model")),
+            ("epsilon per update (model unit, C=10), k=10",
+             digits.fig2_epsilon(s, "model", clip=10.0))]
     panels = []
     for name, runs in fig2:
         curves = digits.run_all(runs, s, data)

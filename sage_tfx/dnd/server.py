@@ -37,6 +37,7 @@ from sage_tfx.dnd.state import DnDState, initial_instances
 
 BINARY = "application/octet-stream"
 TICKET_HEADER = "X-DnD-Ticket"
+KEEP_ALIVE_SECONDS = 75  # clients keep their connection between a draw and its discard
 
 
 def encode(weights: np.ndarray) -> bytes:
@@ -195,7 +196,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               f"{spec.dim} weights x k={a.k} on {a.host}:{a.port}", file=sys.stderr)
     import uvicorn
     uvicorn.run(create_app(service, ledger_url=a.ledger, refresh_seconds=a.refresh_seconds),
-                host=a.host, port=a.port, log_level="warning", access_log=False)
+                host=a.host, port=a.port, log_level="warning", access_log=False,
+                timeout_keep_alive=KEEP_ALIVE_SECONDS)
     return 0
 
 

@@ -27,6 +27,7 @@ class SimulationResult:
     updates: int            # completed draw + discard round trips
     accepted: int
     refused: int            # draws the server refused (budget)
+    errors: int             # updates lost to transport errors (connection dropped)
     seconds: float
     latencies: list         # seconds per completed update (draw + local step + discard)
     accepted_hashes: set
@@ -68,7 +69,7 @@ async def simulate(base_url: str, *, updates: int, concurrency: int = 16,
     dim = spec["dim"]
     ids = client_ids or [f"sim-{i}" for i in range(updates)]
     next_job = iter(range(updates))
-    result = SimulationResult(0, 0, 0, 0.0, [], set())
+    result = SimulationResult(0, 0, 0, 0, 0.0, [], set())
     deadline = time.perf_counter() + timeout
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
 
@@ -78,24 +79,35 @@ async def simulate(base_url: str, *, updates: int, concurrency: int = 16,
                 return
             cid = ids[job % len(ids)]
             t0 = time.perf_counter()
-            r = await client.post("/v1/draw", params={"client_id": cid},
-                                  headers={"accept": BINARY})
-            if r.status_code == 403:
-                result.refused += 1
+            try:
+                accepted, u = await one_update(client, cid)
+            except httpx.TransportError:
+                result.errors += 1
+                continue
+            if accepted is None:
                 if stop_on_refusal:
                     return
                 continue
-            r.raise_for_status()
-            ticket = r.headers[TICKET_HEADER]
-            u = np.asarray(make_update(decode(r.content, dim)), dtype=np.float64)
-            r = await client.post(f"/v1/discard/{ticket}", content=encode(u),
-                                  headers={"content-type": BINARY})
-            r.raise_for_status()
             result.latencies.append(time.perf_counter() - t0)
             result.updates += 1
-            if r.json()["accepted"]:
+            if accepted:
                 result.accepted += 1
                 result.accepted_hashes.add(weights_hash(u))
+
+    async def one_update(client, cid):
+        """(accepted, update), or (None, None) if the draw was refused."""
+        r = await client.post("/v1/draw", params={"client_id": cid},
+                              headers={"accept": BINARY})
+        if r.status_code == 403:
+            result.refused += 1
+            return None, None
+        r.raise_for_status()
+        ticket = r.headers[TICKET_HEADER]
+        u = np.asarray(make_update(decode(r.content, dim)), dtype=np.float64)
+        r = await client.post(f"/v1/discard/{ticket}", content=encode(u),
+                              headers={"content-type": BINARY})
+        r.raise_for_status()
+        return bool(r.json()["accepted"]), u
 
     start = time.perf_counter()
     async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=30) as client:

@@ -41,8 +41,8 @@ class Setting:
 
 
 def _client(s: Setting, epsilon: Optional[float], unit: Optional[str] = None,
-            gamma: Optional[float] = None) -> ClientConfig:
-    return ClientConfig(gamma or s.gamma, 1.0, epsilon, unit or s.unit)
+            gamma: Optional[float] = None, clip: float = 1.0) -> ClientConfig:
+    return ClientConfig(gamma or s.gamma, clip, epsilon, unit or s.unit)
 
 
 def fig2_k(s: Setting, ks=(1, 5, 10, 20, 50, 100)) -> list[RunConfig]:
@@ -59,12 +59,12 @@ def fig2_batching(s: Setting, ks=(10, 20), batches=(10, 100, 1000)) -> list[RunC
 
 
 def fig2_epsilon(s: Setting, unit: str,
-                 epsilons=(None, math.log(32), math.log(16), math.log(8), math.log(3))
-                 ) -> list[RunConfig]:
+                 epsilons=(None, math.log(32), math.log(16), math.log(8), math.log(3)),
+                 clip: float = 1.0) -> list[RunConfig]:
     """Column 3: k = 10 with client noise at several ε (per weight for ``feature``, per update
-    for ``model``)."""
+    for ``model``, whose L1 clip is ``clip``)."""
     return [RunConfig("no noise" if e is None else f"eps=log({round(math.exp(e))})", 10,
-                      _client(s, e, unit)) for e in epsilons]
+                      _client(s, e, unit, clip=clip)) for e in epsilons]
 
 
 def strategies(s: Setting, k: int, gamma: Optional[float] = None) -> list[RunConfig]:
