@@ -15,6 +15,10 @@ PROMISES = {
     "01_sage_quickstart.ipynb": (
         ("daily blocks", "retired blocks", "DP mean departure delay", "granted: False",
          "have budget left", "refused: epsilon", "chain intact", "budget problems: none"), 1),
+    "05_draw_and_discard.ipynb": (
+        ("granted: True charged epsilon per block: 3.0", "test accuracy per pass",
+         "Theorem 1 spread", "noise-free test accuracy", "has used its 3 update(s)",
+         "second run granted: False", "shifted passes: False", "III (opportunistic"), 1),
 }
 
 pytestmark = pytest.mark.slow

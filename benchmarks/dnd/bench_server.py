@@ -77,6 +77,44 @@ def run_one(features: int, updates: int, concurrency: int, k: int, timeout: floa
             "transport_errors": res.errors}
 
 
+def in_process(features: int, updates: int, k: int) -> dict:
+    """The service logic alone (ticket, budget, draw, spam check, discard), no HTTP."""
+    from sage_tfx.dnd.budget import RunBudget
+    from sage_tfx.dnd.glm import GLMSpec
+    from sage_tfx.dnd.service import DnDService
+    from sage_tfx.dnd.spam import SpamCheck
+    from sage_tfx.dnd.state import DnDState, initial_instances
+    from sage_tfx.ledger import Window
+    from sage_tfx.dnd.budget import request_run
+    tmp = tempfile.mkdtemp(prefix="dnd-bench-")
+    cfg = ClientConfig(gamma=0.001, l1_norm_clip=1.0, epsilon=1.0)
+    spec = GLMSpec("logistic", features)
+    with open_ledger(f"sqlite:///{tmp}/ledger.db") as led:
+        led.create_stream("c", epsilon_g=1e6, delta_g=1e-6)
+        led.add_blocks("c", [BlockSpec("b0", "/b0")])
+        grant = request_run(led, "c", run_id="r", config=cfg, dim=spec.dim, passes=updates,
+                            window=Window(last=1)).grant
+    service = DnDService(spec, cfg, DnDState(initial_instances(np.zeros(spec.dim), k,
+                                                               cfg.noise_variance),
+                                             spam_check=SpamCheck.for_config(cfg)),
+                         RunBudget(grant, cfg, spec.dim, updates))
+    bank = SeededNoise(0).laplace(np.zeros((64, spec.dim)), cfg.noise_scale)
+    lat = []
+    start = time.perf_counter()
+    for i in range(updates):
+        t0 = time.perf_counter()
+        tid, w = service.draw("client", ["b0"])
+        service.discard(tid, w + bank[i % 64])
+        lat.append(time.perf_counter() - t0)
+    secs = time.perf_counter() - start
+    return {"weights": spec.dim, "k": k, "concurrency": "in-process", "updates": updates,
+            "seconds": round(secs, 2), "updates_per_s": round(updates / secs, 1),
+            "p50_ms": round(1000 * float(np.quantile(lat, 0.5)), 2),
+            "p99_ms": round(1000 * float(np.quantile(lat, 0.99)), 2),
+            "accepted": service.counters.accepted, "rejected_spam": service.counters.rejected_spam,
+            "transport_errors": 0}
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--updates", type=int, default=4000)
@@ -86,8 +124,11 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=120)
     p.add_argument("--out", default="benchmarks/results/dnd/server_load.csv")
     a = p.parse_args()
-    rows = [run_one(386, a.updates, a.concurrency, a.k, a.timeout),
-            run_one(49_999, a.large_updates, a.concurrency, a.k, a.timeout)]
+    rows = [in_process(386, a.updates, a.k), in_process(49_999, a.large_updates, a.k)]
+    for r in rows:
+        print(r, flush=True)
+    rows += [run_one(386, a.updates, a.concurrency, a.k, a.timeout),
+             run_one(49_999, a.large_updates, a.concurrency, a.k, a.timeout)]
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     write_csv(a.out, rows)
     for r in rows:

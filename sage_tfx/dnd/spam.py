@@ -28,7 +28,7 @@ import math
 from typing import Optional
 
 import numpy as np
-from scipy import optimize, stats
+from scipy import optimize, special
 
 
 def z_scores(instances: np.ndarray, update: np.ndarray) -> np.ndarray:
@@ -90,12 +90,12 @@ def count_limit(offset: np.ndarray, sd: np.ndarray, d: int, noise_scale: float, 
                                             noise_scale, n).mean(axis=1) for n in (1, 2))
 
     def count_tail(c: int) -> float:
-        return float((1 - f) * np.mean(stats.binom.sf(c, d, qbar1))
-                     + f * np.mean(stats.binom.sf(c, d, qbar2)))
+        return float((1 - f) * np.mean(special.bdtrc(c, d, qbar1))
+                     + f * np.mean(special.bdtrc(c, d, qbar2)))
     qj = (1 - f) * qbar1 + f * qbar2
     spread = d * d * float(np.var(qj, ddof=1)) * (1.0 + 1.0 / k) + d * float(np.mean(qj * (1 - qj)))
     t_limit = min(d, int(math.ceil(d * float(qj.mean())
-                                   + float(stats.t.ppf(1.0 - alpha, k - 1)) * math.sqrt(spread))))
+                                   + float(special.stdtrit(k - 1, 1.0 - alpha)) * math.sqrt(spread))))
     if count_tail(t_limit) <= alpha:
         return t_limit  # the mixture's own limit is no larger
     lo, hi = t_limit, d
@@ -171,7 +171,7 @@ def calibrate(instances: np.ndarray, noise_scale: float, *, z: float = 3.0,
     mj = (offset / sd).mean(axis=1)
     v = float(np.sum(2.0 * noise_scale ** 2 / sd ** 2)) / d ** 2
     scale = math.sqrt(float(np.var(mj, ddof=1)) * (1.0 + 1.0 / k) + v)
-    half = float(stats.t.ppf(1.0 - alpha / 2.0, k - 1)) * scale
+    half = float(special.stdtrit(k - 1, 1.0 - alpha / 2.0)) * scale
     low, high = float(mj.mean()) - half, float(mj.mean()) + half
     return Thresholds(int(lo), float(m), float(lo), float(low - max_step),
                       float(high + max_step))
