@@ -15,17 +15,19 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--pool", type=int, default=100_000)
     p.add_argument("--passes", type=int, default=10)
+    p.add_argument("--gamma", type=float, default=0.005)
+    p.add_argument("--tag", default="", help="suffix of the output files")
     a = p.parse_args()
-    r = kw.run(pool=a.pool, passes=a.passes)
+    r = kw.run(pool=a.pool, passes=a.passes, gamma=a.gamma)
     os.makedirs(OUT, exist_ok=True)
-    kw.plot(r, f"{OUT}/known_weights.png")
+    kw.plot(r, f"{OUT}/known_weights{a.tag}.png")
     rows = [{"term": n, "true": t, "estimated": float(e)}
             for (n, t), e in zip(kw.TERMS, r.estimated)]
-    write_csv(f"{OUT}/known_weights.csv", rows)
+    write_csv(f"{OUT}/known_weights{a.tag}.csv", rows)
     err = abs(r.estimated - kw.TRUE_WEIGHTS)
     summary = [{"model": "DnD average", **r.metrics}, {"model": "true weights", **r.true_model_metrics},
                {"model": "paper (production)", "accuracy": 0.80, "precision": 0.79, "recall": 0.72}]
-    write_csv(f"{OUT}/known_weights_metrics.csv", summary)
+    write_csv(f"{OUT}/known_weights{a.tag}_metrics.csv", summary)
     print(f"updates={r.updates} positive rate={r.positive_rate:.3f} "
           f"max |error|={err.max():.3f} mean |error|={err.mean():.3f}")
     for row in summary:

@@ -64,6 +64,7 @@ class KnownWeightsResult:
     positive_rate: float
     metrics: dict          # of the averaged model on fresh data
     true_model_metrics: dict  # of the true weights on the same data (the attainable ceiling)
+    gamma: float = 0.005
 
 
 def _metrics(w: np.ndarray, x: np.ndarray, y: np.ndarray) -> dict:
@@ -92,7 +93,7 @@ def run(*, pool: int = 200_000, passes: int = 15, clients_of: int = 10, k: int =
     xt, yt = synthesize(100_000, rng)
     est = state.average()
     return KnownWeightsResult(est, updates, float(yt.mean()), _metrics(est, xt, yt),
-                              _metrics(TRUE_WEIGHTS, xt, yt))
+                              _metrics(TRUE_WEIGHTS, xt, yt), gamma)
 
 
 def plot(result: KnownWeightsResult, path: str) -> None:
@@ -105,7 +106,8 @@ def plot(result: KnownWeightsResult, path: str) -> None:
     ax.bar(idx + 0.2, result.estimated, 0.4, label=f"estimated ({result.updates} updates)")
     ax.set_xticks(idx, [n for n, _ in TERMS], rotation=75, fontsize=7)
     ax.legend()
-    ax.set_title("§V-C known weights: k=30, gamma=0.005, no client noise (cf. paper Fig. 5)")
+    ax.set_title(f"§V-C known weights: k=30, gamma={result.gamma:g}, no client noise "
+                 "(cf. paper Fig. 5)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
