@@ -119,8 +119,11 @@ class DnDService:
             raise ValueError(f"an update must be {self.spec.dim} finite float64 weights")
         with self._lock:
             ticket = self._tickets.pop(ticket_id, None)
+            in_flight = len(self._tickets)
         if ticket is None:
             raise UnknownTicketError(ticket_id)
+        if hasattr(self.state.spam_check, "in_flight"):
+            self.state.spam_check.in_flight = in_flight  # stale draws widen the honest null
         before = (self.state.rejected, self.state.dropped)
         ok = self.state.discard(ticket, u)
         with self._lock:

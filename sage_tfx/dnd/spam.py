@@ -47,11 +47,15 @@ def paper_rule(instances: np.ndarray, update: np.ndarray, z: float = 3.0) -> boo
 
 def _laplace_two_sided_tail(lo: np.ndarray, hi: np.ndarray, b: float,
                             terms: int = 1) -> np.ndarray:
-    """P(X < lo) + P(X > hi), elementwise (lo < hi), for X a Laplace(0, b) (``terms`` = 1) or
-    the sum of two independent ones (``terms`` = 2, density (1 + |x|/b)·e^(−|x|/b) / 4b)."""
+    """P(X < lo) + P(X > hi), elementwise (lo < hi), for X the sum of ``terms`` (1, 2 or 3)
+    independent Laplace(0, b): with r = a/b ≥ 0, P(X > a) is e^(−r)/2, e^(−r)(2 + r)/4 and
+    e^(−r)(8 + 5r + r²)/16 (integrating the densities of the sums)."""
+    poly = {1: lambda r: 0.5, 2: lambda r: 0.25 * (2.0 + r),
+            3: lambda r: (8.0 + 5.0 * r + r * r) / 16.0}[terms]
+
     def upper(a):  # P(X > a)
         r = np.abs(a) / b
-        tail = 0.5 * np.exp(-r) if terms == 1 else 0.25 * np.exp(-r) * (2.0 + r)
+        tail = np.exp(-r) * poly(r)
         return np.where(a >= 0, tail, 1.0 - tail)
     return np.clip(upper(hi) + upper(-lo), 0.0, 1.0)
 
@@ -72,29 +76,57 @@ class Thresholds:
     mean_z_high: float
 
 
+def _components(offset: np.ndarray, sd: np.ndarray, stale_fraction: float,
+                in_flight_fraction: float = 0.0):
+    """The bases an honest update may have been built on, as (offset, sd, noises, weight).
+
+    Without concurrent clients: a current instance plus one noise (1 − f), or, for instances
+    replaced since the last calibration, a child of a calibrated one (two noises, f). With a
+    share g of the instances replaced while updates were in flight, a part g in five equal parts:
+    a child or grandchild of a current instance (two or three noises), or an instance replaced
+    since it was drawn, seen against the other k − 1 (leave-one-out: offset·k/(k−1), spread
+    √(((k−1)s² − offset²·k/(k−1))/(k−2))), with one to three noises. Only the current instances
+    are used: no discarded model is kept.
+    """
+    k = offset.shape[0]
+    f, g = float(stale_fraction), float(in_flight_fraction)
+    out = [(offset, sd, 1, (1.0 - f) * (1.0 - g)), (offset, sd, 2, f * (1.0 - g))]
+    if g > 0:
+        loo_off = offset * (k / (k - 1))
+        loo_var = ((k - 1) * sd ** 2 - offset ** 2 * (k / (k - 1))) / max(k - 2, 1)
+        loo_sd = np.sqrt(np.maximum(loo_var, 1e-300))
+        out += [(offset, sd, n, g / 5) for n in (2, 3)]
+        out += [(loo_off, loo_sd, n, g / 5) for n in (1, 2, 3)]
+    return [c for c in out if c[3] > 0]
+
+
 def count_limit(offset: np.ndarray, sd: np.ndarray, d: int, noise_scale: float, *, z: float,
-                alpha: float, tail_shift: float = 0.0, stale_fraction: float = 0.0) -> int:
+                alpha: float, tail_shift: float = 0.0, stale_fraction: float = 0.0,
+                in_flight_fraction: float = 0.0) -> int:
     """Largest honest count of weights with |z| > ``z`` at level ``alpha``, for instances whose
     offsets from the mean and spreads are ``offset`` (k, m) and ``sd`` (m,), m weights sampled
     out of ``d`` (all of them when m = d).
 
-    Per instance j the count is Poisson-binomial with rates q_{j,i}, bounded by the binomial at
-    their mean (Hoeffding 1956); with stale instances a share ``stale_fraction`` carries two
-    noises. An update may also be built on an instance not among these k (replaced since it was
-    drawn): its rate is a new draw from the instances' population, hence a Student-t prediction
-    bound as well; the larger limit is used.
+    Per base the count is Poisson-binomial with rates q_i, bounded by the binomial at their mean
+    (Hoeffding 1956); the bases are :func:`_components`. A Student-t prediction bound over the
+    bases' mean rates covers a base from the same population that is none of them; the larger
+    limit is used.
     """
     k = offset.shape[0]
-    a, f = float(tail_shift), float(stale_fraction)
-    qbar1, qbar2 = (_laplace_two_sided_tail(-z * sd - offset + a, z * sd - offset - a,
-                                            noise_scale, n).mean(axis=1) for n in (1, 2))
+    a = float(tail_shift)
+    rates, weights = [], []
+    for off, s_, n, w in _components(offset, sd, stale_fraction, in_flight_fraction):
+        rates.append(_laplace_two_sided_tail(-z * s_ - off + a, z * s_ - off - a,
+                                             noise_scale, n).mean(axis=1))
+        weights.append(np.full(k, w / k))
+    q, wt = np.concatenate(rates), np.concatenate(weights)
 
     def count_tail(c: int) -> float:
-        return float((1 - f) * np.mean(special.bdtrc(c, d, qbar1))
-                     + f * np.mean(special.bdtrc(c, d, qbar2)))
-    qj = (1 - f) * qbar1 + f * qbar2
-    spread = d * d * float(np.var(qj, ddof=1)) * (1.0 + 1.0 / k) + d * float(np.mean(qj * (1 - qj)))
-    t_limit = min(d, int(math.ceil(d * float(qj.mean())
+        return float(np.sum(wt * special.bdtrc(c, d, q)))
+    mean_q = float(np.sum(wt * q))
+    var_q = float(np.sum(wt * (q - mean_q) ** 2)) * k / (k - 1)
+    spread = d * d * var_q * (1.0 + 1.0 / k) + d * float(np.sum(wt * q * (1 - q)))
+    t_limit = min(d, int(math.ceil(d * mean_q
                                    + float(special.stdtrit(k - 1, 1.0 - alpha)) * math.sqrt(spread))))
     if count_tail(t_limit) <= alpha:
         return t_limit  # the mixture's own limit is no larger
@@ -110,7 +142,8 @@ def count_limit(offset: np.ndarray, sd: np.ndarray, d: int, noise_scale: float, 
 
 def calibrate(instances: np.ndarray, noise_scale: float, *, z: float = 3.0,
               false_reject: float = 0.005, max_step: float = 0.0,
-              tail_shift: float = 0.0, stale_fraction: float = 0.0) -> Thresholds:
+              tail_shift: float = 0.0, stale_fraction: float = 0.0,
+              in_flight_fraction: float = 0.0) -> Thresholds:
     """Thresholds with P(reject an honest update) ≤ ``false_reject`` given these instances.
 
     ``max_step`` bounds the drift of the mean z by the honest gradient step; ``tail_shift`` bounds
@@ -146,17 +179,17 @@ def calibrate(instances: np.ndarray, noise_scale: float, *, z: float = 3.0,
     a = float(tail_shift)
     f = float(stale_fraction)
     lo = count_limit(sub_off, sub_sd, d, noise_scale, z=z, alpha=alpha, tail_shift=a,
-                     stale_fraction=f)
+                     stale_fraction=f, in_flight_fraction=in_flight_fraction)
 
-    # Max statistic: P(max|z| > m) = mean_j [1 − Π_i (1 − q_{j,i}(m))].
+    # Max statistic: P(max|z| > m) = Σ_bases weight · [1 − Π_i (1 − q_i(m))].
+    comps = _components(sub_off, sub_sd, f, in_flight_fraction)
+
     def max_tail(m: float) -> float:
         out = 0.0
-        for n, weight in ((1, 1 - f), (2, f)):
-            if weight > 0:
-                qm = _laplace_two_sided_tail(-m * sub_sd - sub_off + a, m * sub_sd - sub_off - a,
-                                             noise_scale, n)
-                log_keep = scale_sum * np.sum(np.log1p(-np.minimum(qm, 1 - 1e-300)), axis=1)
-                out += weight * float(np.mean(-np.expm1(log_keep)))
+        for off, s_, n, weight in comps:
+            qm = _laplace_two_sided_tail(-m * s_ - off + a, m * s_ - off - a, noise_scale, n)
+            log_keep = scale_sum * np.sum(np.log1p(-np.minimum(qm, 1 - 1e-300)), axis=1)
+            out += weight * float(np.mean(-np.expm1(log_keep)))
         return out
     m_hi = z
     while max_tail(m_hi) > alpha:
@@ -214,6 +247,9 @@ class SpamCheck:
         self.tail_shift = float(tail_shift)
         self.stale_fraction = 0.0  # set from k at the first calibration
         self.failures = {"count": 0, "max": 0, "mean": 0}  # rejections per statistic
+        # Draws handed out but not yet returned (the service sets it): their instances may be
+        # replaced before the update comes back.
+        self.in_flight = 0
         self._thresholds: Optional[Thresholds] = None
         self._columns = np.arange(0)
         self._since = 0
@@ -221,9 +257,8 @@ class SpamCheck:
     def thresholds(self, instances: np.ndarray) -> Thresholds:
         """The thresholds for these instances (recomputed every ``recalibrate_every`` checks)."""
         if self._thresholds is None or self._since >= self._every(len(instances)):
-            # Up to recalibrate_every replacements among k slots before the next calibration;
-            # concurrent clients add stale draws, so at least a tenth is assumed stale.
-            self.stale_fraction = min(1.0, max(0.1, self._every(len(instances)) / len(instances)))
+            # Up to recalibrate_every replacements among k slots before the next calibration.
+            self.stale_fraction = min(1.0, self._every(len(instances)) / len(instances))
             sd = np.asarray(instances).std(axis=0, ddof=1)
             d = sd.size
             # |mean_i Δᵢ/sᵢ| ≤ min(L1 bound / (d·min s), L∞ bound · mean(1/s)).
@@ -238,7 +273,8 @@ class SpamCheck:
             self._thresholds = calibrate(instances, self.noise_scale, z=self.z,
                                          false_reject=self.false_reject, max_step=step,
                                          tail_shift=self.tail_shift,
-                                         stale_fraction=self.stale_fraction)
+                                         stale_fraction=self.stale_fraction,
+                                         in_flight_fraction=self._in_flight_fraction(len(instances)))
             self._since = 0
         return self._thresholds
 
@@ -263,7 +299,8 @@ class SpamCheck:
         # it is recomputed on every check from the current moments, on a fixed weight sample.
         limit = count_limit(columns - mu[self._columns], sd[self._columns], mu.size,
                             self.noise_scale, z=self.z, alpha=self.false_reject / 3.0,
-                            tail_shift=self.tail_shift, stale_fraction=self.stale_fraction)
+                            tail_shift=self.tail_shift, stale_fraction=self.stale_fraction,
+                            in_flight_fraction=self._in_flight_fraction(columns.shape[0]))
         zs = (np.asarray(update) - mu) / sd
         mean_z = float(zs.mean())
         zs = np.abs(zs)
@@ -274,6 +311,9 @@ class SpamCheck:
         for name in failed:
             self.failures[name] += 1
         return not failed
+
+    def _in_flight_fraction(self, k: int) -> float:
+        return min(1.0, self.in_flight / k) if k else 0.0
 
     def _every(self, k: int) -> int:
         return self.recalibrate_every if self.recalibrate_every is not None else k
