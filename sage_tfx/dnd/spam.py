@@ -62,6 +62,9 @@ def _laplace_two_sided_tail(lo: np.ndarray, hi: np.ndarray, b: float,
 
 CALIBRATION_WEIGHTS = 4096  # weights sampled for the max-|z| calibration of large models
 COUNT_WEIGHTS = 1024  # weights sampled for the per-check count limit of large models
+# Below this many weights mean |u − B_j| of an honest update is too variable to spot copies:
+# at d ≥ 50, "< b/2" is ≥ 3.5 standard deviations below its mean b.
+COPY_CHECK_MIN_WEIGHTS = 50
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,7 +249,8 @@ class SpamCheck:
         self.step_linf = float(step_linf)
         self.tail_shift = float(tail_shift)
         self.stale_fraction = 0.0  # set from k at the first calibration
-        self.failures = {"count": 0, "max": 0, "mean": 0}  # rejections per statistic
+        # rejections per statistic
+        self.failures = {"count": 0, "max": 0, "mean": 0, "copy": 0, "degenerate": 0}
         # Draws handed out but not yet returned (the service sets it): their instances may be
         # replaced before the update comes back.
         self.in_flight = 0
@@ -281,27 +285,43 @@ class SpamCheck:
     def __call__(self, instances, update: np.ndarray) -> bool:
         """True if ``update`` passes, against a (k, d) array or a :class:`DnDState` (whose running
         moments make a check O(d); its instances are read only to recalibrate)."""
+        u = np.asarray(update, dtype=np.float64)
         if isinstance(instances, np.ndarray):
             inst = instances
             mu, sd = inst.mean(axis=0), inst.std(axis=0, ddof=1)
+        else:
+            inst = None
+            mu, sd = instances.moments()
+        if np.any(sd <= 0):
+            # Collapsed instances (only a run without client noise, or copies, can do this): no
+            # null to test against, and Lemma 1's worst case; refuse rather than fail.
+            self.failures["degenerate"] += 1
+            return False
+        if inst is not None:
             t = self.thresholds(inst)
             columns = inst[:, self._columns]
         else:
             if self._thresholds is None or self._since >= self._every(instances.k):
                 self.thresholds(instances.instances_view())
             t = self._thresholds
-            mu, sd = instances.moments()
             columns = instances.columns(self._columns)
         self._since += 1
-        if np.any(sd <= 0):
-            raise ValueError("instances with zero spread: initialise them with (k/2)σ² (Theorem 1)")
+        # A returned model carries fresh Laplace(b) noise on every weight, so it is never almost
+        # equal to an instance: mean |u − B_j| ≈ b (sd ≤ b/√m on the m sampled weights). A copy
+        # (or near copy) of an instance adds no noise and would shrink the spread towards
+        # Lemma 1's worst case; reject it.
+        if columns.shape[1] >= COPY_CHECK_MIN_WEIGHTS:
+            gap = np.min(np.mean(np.abs(columns - u[self._columns]), axis=1))
+            if float(gap) < 0.5 * self.noise_scale:
+                self.failures["copy"] += 1
+                return False
         # The count limit moves with every replacement (one of k instances changes μ and s), so
         # it is recomputed on every check from the current moments, on a fixed weight sample.
         limit = count_limit(columns - mu[self._columns], sd[self._columns], mu.size,
                             self.noise_scale, z=self.z, alpha=self.false_reject / 3.0,
                             tail_shift=self.tail_shift, stale_fraction=self.stale_fraction,
                             in_flight_fraction=self._in_flight_fraction(columns.shape[0]))
-        zs = (np.asarray(update) - mu) / sd
+        zs = (u - mu) / sd
         mean_z = float(zs.mean())
         zs = np.abs(zs)
         failed = [name for name, ok in (("count", np.count_nonzero(zs > self.z) <= limit),

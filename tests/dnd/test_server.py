@@ -65,7 +65,8 @@ def test_draw_discard_average_over_http_binary_and_json(sqlite_url):
         assert not any("slot" in h.lower() or "instance" in h.lower() for h in r.headers)
         ticket = r.headers[TICKET_HEADER]
         w = np.frombuffer(r.content, "<f8")
-        ok = c.post(f"/v1/discard/{ticket}", content=encode(w + 1e-4),
+        honest = SeededNoise(1).laplace(w, CFG.noise_scale)
+        ok = c.post(f"/v1/discard/{ticket}", content=encode(honest),
                     headers={"content-type": BINARY}).json()
         assert ok == {"accepted": True}
         again = c.post(f"/v1/discard/{ticket}", content=encode(w), headers={"content-type": BINARY})
@@ -74,8 +75,9 @@ def test_draw_discard_average_over_http_binary_and_json(sqlite_url):
         assert set(j) == {"ticket", "weights"} and len(j["weights"]) == 387
         bad = c.post(f"/v1/discard/{j['ticket']}", json={"weights": [0.0] * 3})
         assert bad.status_code == 400
-        assert c.post(f"/v1/discard/{j['ticket']}", json={"weights": j["weights"]}).json()[
-            "accepted"] in (True, False)
+        # The drawn model sent back unchanged is a copy (no noise): rejected, not an error.
+        assert c.post(f"/v1/discard/{j['ticket']}", json={"weights": j["weights"]}).json() == {
+            "accepted": False}
         refused = c.post("/v1/draw", params={"client_id": "alice"})  # passes = 2 used
         assert refused.status_code == 403 and "used its 2" in refused.json()["refused"]
         avg = np.frombuffer(c.get("/v1/average", headers={"accept": BINARY}).content, "<f8")

@@ -87,3 +87,21 @@ def test_live_state_passes_honest_training_updates(digits):
         t, w = state.draw()
         state.discard(t, client_update(spec, w, x[idx], y[idx], cfg, noise=noise))
     assert state.accepted >= 0.99 * 1500, check.failures
+
+
+def test_copies_of_instances_are_rejected_and_collapsed_instances_do_not_crash():
+    """A client that returns the drawn model unchanged (no noise) would collapse the spread
+    towards Lemma 1's worst case: the check rejects near-copies, and refuses (never raises) if
+    the instances ever collapse."""
+    cfg = ClientConfig(gamma=0.01, l1_norm_clip=1.0, epsilon=1.0)
+    check = SpamCheck.for_config(cfg)
+    state = DnDState(initial_instances(np.zeros(200), 10, cfg.noise_variance,
+                                       np.random.default_rng(0)), spam_check=check)
+    for _ in range(50):
+        t, w = state.draw()
+        assert not state.discard(t, w + 1e-3 * cfg.noise_scale)
+    assert check.failures["copy"] == 50 and state.accepted == 0
+    collapsed = DnDState(np.zeros((10, 200)), spam_check=SpamCheck.for_config(cfg))
+    t, w = collapsed.draw()
+    assert not collapsed.discard(t, w + 1.0)
+    assert collapsed.spam_check.failures["degenerate"] == 1
