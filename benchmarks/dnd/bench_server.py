@@ -65,6 +65,8 @@ def run_one(features: int, updates: int, concurrency: int, k: int, timeout: floa
             client_ids=[f"client-{i}" for i in range(max(1, updates // 500))],
             make_update=lambda w: w + bank[next(counter) % 64], timeout=timeout))
         stats = httpx.get(f"{base}/v1/stats").json()
+        seq = sequential_http(base, min(updates, 500), cfg.noise_scale)
+        print(f"{features + 1} weights, one sequential client: {seq}", flush=True)
     finally:
         proc.terminate()
         proc.wait(10)
@@ -75,6 +77,28 @@ def run_one(features: int, updates: int, concurrency: int, k: int, timeout: floa
             "p99_ms": round(1000 * res.latency_quantile(0.99), 2),
             "accepted": res.accepted, "rejected_spam": stats["rejected_spam"],
             "transport_errors": res.errors}
+
+
+def sequential_http(base: str, updates: int, noise_scale: float) -> dict:
+    """One synchronous keep-alive client, one update at a time: the per-request cost of the
+    HTTP stack without the asyncio client's own overhead."""
+    noise = SeededNoise(1)
+    lat = []
+    with httpx.Client(base_url=base) as c:
+        for i in range(updates):
+            t0 = time.perf_counter()
+            r = c.post("/v1/draw", params={"client_id": f"seq-{i // 500}"},
+                       headers={"accept": "application/octet-stream"})
+            w = np.frombuffer(r.content, "<f8")
+            c.post(f"/v1/discard/{r.headers['X-DnD-Ticket']}",
+                   content=noise.laplace(w, noise_scale).astype("<f8").tobytes(),
+                   headers={"content-type": "application/octet-stream"})
+            lat.append(time.perf_counter() - t0)
+    secs = float(np.sum(lat))
+    return {"updates": updates, "seconds": round(secs, 2),
+            "updates_per_s": round(updates / secs, 1),
+            "p50_ms": round(1000 * float(np.quantile(lat, 0.5)), 2),
+            "p99_ms": round(1000 * float(np.quantile(lat, 0.99)), 2)}
 
 
 def in_process(features: int, updates: int, k: int) -> dict:
