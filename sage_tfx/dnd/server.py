@@ -29,7 +29,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from sage_tfx.dnd.budget import RunBudget, UpdateRefused, request_run
-from sage_tfx.dnd.client import ClientConfig
+from sage_tfx.dnd.client import ClientConfig, check_update_matches_ledger_epsilon
 from sage_tfx.dnd.glm import GLMSpec
 from sage_tfx.dnd.service import DnDService, UnknownTicketError
 from sage_tfx.dnd.spam import SpamCheck
@@ -137,6 +137,9 @@ def build_service(*, ledger_url: str, stream: str, run_id: str, spec: GLMSpec,
     from sage_tfx.ledger import Window, open_ledger
     if not config.private:
         raise ValueError("a served run must add noise (epsilon is None)")
+    # What the ledger will be charged per update must be what OpenDP's privacy map says the
+    # clients' sampler delivers at this scale and sensitivity.
+    check_update_matches_ledger_epsilon(config, spec.dim)
     with open_ledger(ledger_url) as led:
         decision = request_run(led, stream, run_id=run_id, config=config, dim=spec.dim,
                                passes=passes, window=Window(last=window_last), context=context)
