@@ -81,6 +81,13 @@ PUBLIC_API: dict[str, tuple[str, ...]] = {
         "max_queries", "epsilon_of", "queries_event", "PersonalisedMomentsAccountant",
         "TeacherCache"),
     "sage_tfx.components.dp_bagging_trainer": ("DPBaggingTrainer", "bagging_cost"),
+    "sage_tfx.dnd": (
+        "ClientConfig", "client_update", "FeatureBounds", "GLMSpec", "SpamCheck", "paper_rule",
+        "DnDState", "initial_instances", "stationary_variance"),
+    "sage_tfx.dnd.budget": ("RunBudget", "UpdateRefused", "request_run", "run_epsilon",
+                            "run_event"),
+    "sage_tfx.dnd.server": ("create_app", "build_service", "main"),
+    "sage_tfx.dnd.simulator": ("simulate", "SimulationResult"),
     "sage_tfx.cli": ("main",),
     "sage_tfx.components": (
         "SageGate", "BlockExampleGen", "DPTransform", "DPTrainer", "DPModelValidator",

@@ -1,0 +1,116 @@
+"""A bounded asyncio client simulator for the Draw-and-Discard service (127.0.0.1 only).
+
+``concurrency`` workers share a pool of client ids; each update is a draw, a local update and a
+discard over one keep-alive HTTP connection (httpx). The run is bounded by ``updates`` and by
+``timeout`` seconds. Every accepted update's SHA-256 is recorded, so a test can check that every
+slot of the server is an initial instance or an accepted update (no lost or torn instances).
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import time
+import urllib.parse
+from typing import Callable, Optional
+
+import numpy as np
+
+from sage_tfx.dnd.server import BINARY, TICKET_HEADER, decode, encode
+
+MAX_UPDATES = 1_000_000
+LOCAL_HOSTS = ("127.0.0.1", "localhost")
+
+
+@dataclasses.dataclass
+class SimulationResult:
+    updates: int            # completed draw + discard round trips
+    accepted: int
+    refused: int            # draws the server refused (budget)
+    errors: int             # updates lost to transport errors (connection dropped)
+    seconds: float
+    latencies: list         # seconds per completed update (draw + local step + discard)
+    accepted_hashes: set
+
+    @property
+    def updates_per_second(self) -> float:
+        return self.updates / self.seconds if self.seconds > 0 else 0.0
+
+    def latency_quantile(self, q: float) -> float:
+        return float(np.quantile(self.latencies, q)) if self.latencies else float("nan")
+
+
+def weights_hash(w: np.ndarray) -> str:
+    return hashlib.sha256(encode(w)).hexdigest()
+
+
+def _check_local(base_url: str) -> None:
+    host = urllib.parse.urlparse(base_url).hostname
+    if host not in LOCAL_HOSTS:
+        raise ValueError(f"the simulator only talks to 127.0.0.1, not {host!r}")
+
+
+async def simulate(base_url: str, *, updates: int, concurrency: int = 16,
+                   make_update: Callable[[np.ndarray], np.ndarray],
+                   client_ids: Optional[list] = None, timeout: float = 60.0,
+                   stop_on_refusal: bool = True) -> SimulationResult:
+    """Runs at most ``updates`` updates against the service at ``base_url``.
+
+    Args:
+      make_update: the client's local step on a drawn instance (e.g. Alg. 1 on its examples).
+      client_ids: clients, used round-robin (default: one fresh id per update).
+      stop_on_refusal: a worker stops at its first refusal (a stopped client), else skips on.
+    """
+    import httpx
+    _check_local(base_url)
+    if not 1 <= updates <= MAX_UPDATES or not 1 <= concurrency <= 512:
+        raise ValueError(f"bounded load only: 1 <= updates <= {MAX_UPDATES}, concurrency <= 512")
+    spec = httpx.get(f"{base_url}/v1/spec", timeout=10).json()
+    dim = spec["dim"]
+    ids = client_ids or [f"sim-{i}" for i in range(updates)]
+    next_job = iter(range(updates))
+    result = SimulationResult(0, 0, 0, 0, 0.0, [], set())
+    deadline = time.perf_counter() + timeout
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+
+    async def worker(client: "httpx.AsyncClient") -> None:
+        for job in next_job:
+            if time.perf_counter() > deadline:
+                return
+            cid = ids[job % len(ids)]
+            t0 = time.perf_counter()
+            try:
+                accepted, u = await one_update(client, cid)
+            except httpx.TransportError:
+                result.errors += 1
+                continue
+            if accepted is None:
+                if stop_on_refusal:
+                    return
+                continue
+            result.latencies.append(time.perf_counter() - t0)
+            result.updates += 1
+            if accepted:
+                result.accepted += 1
+                result.accepted_hashes.add(weights_hash(u))
+
+    async def one_update(client, cid):
+        """(accepted, update), or (None, None) if the draw was refused."""
+        r = await client.post("/v1/draw", params={"client_id": cid},
+                              headers={"accept": BINARY})
+        if r.status_code == 403:
+            result.refused += 1
+            return None, None
+        r.raise_for_status()
+        ticket = r.headers[TICKET_HEADER]
+        u = np.asarray(make_update(decode(r.content, dim)), dtype=np.float64)
+        r = await client.post(f"/v1/discard/{ticket}", content=encode(u),
+                              headers={"content-type": BINARY})
+        r.raise_for_status()
+        return bool(r.json()["accepted"]), u
+
+    start = time.perf_counter()
+    async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=30) as client:
+        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+    result.seconds = time.perf_counter() - start
+    return result

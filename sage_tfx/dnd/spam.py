@@ -1,0 +1,347 @@
+"""The spam check of §III-D4, calibrated so that honest updates pass.
+
+The paper accepts a returned model if every weight lies within μ ± 3s of the k instances'
+per-weight mean μ and standard deviation s. With thousands of weights that rejects nearly every
+honest update: s has only k − 1 degrees of freedom and the Laplace noise has heavy tails, so some
+weight out of thousands is almost surely beyond 3s (:func:`paper_rule` keeps the rule for
+comparison).
+
+:class:`SpamCheck` instead tests three statistics of z = (u − μ)/s against their null
+distribution *given the current instances*: the number of weights with |z| > ``z`` (catches
+scaled models), max |z| (catches a few wildly changed weights) and the mean z (catches a small
+shift of every weight). Under the null an honest update is
+u = B_j − γ·clip(G) + Laplace(b) with j uniform; ignoring the small gradient step, every weight's
+exceedance probability is a closed-form Laplace tail, so the null is exact: a mixture over j of
+Poisson-binomial counts, bounded by binomials (Hoeffding 1956), a product form for the max and a
+Student-t prediction band (CLT over the d weights) for the mean, widened by the largest honest
+gradient step.
+Each statistic gets a third of ``false_reject``. Thresholds are recomputed every ``recalibrate_every``
+checks, O(k·d) each.
+
+The check reads only the update and the server's instances (both already DP outputs): it is
+post-processing and costs no budget.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional
+
+import numpy as np
+from scipy import optimize, special
+
+
+def z_scores(instances: np.ndarray, update: np.ndarray) -> np.ndarray:
+    """(u − μ)/s per weight, with the instances' mean and standard deviation (ddof = 1)."""
+    mu = instances.mean(axis=0)
+    sd = instances.std(axis=0, ddof=1)
+    if np.any(sd <= 0):
+        raise ValueError("instances with zero spread: initialise them with (k/2)σ² (Theorem 1)")
+    return (np.asarray(update) - mu) / sd
+
+
+def paper_rule(instances: np.ndarray, update: np.ndarray, z: float = 3.0) -> bool:
+    """§III-D4 as written: pass iff every weight is within μ ± z·s."""
+    return bool(np.all(np.abs(z_scores(instances, update)) <= z))
+
+
+def _laplace_two_sided_tail(lo: np.ndarray, hi: np.ndarray, b: float,
+                            terms: int = 1) -> np.ndarray:
+    """P(X < lo) + P(X > hi), elementwise (lo < hi), for X the sum of ``terms`` (1, 2 or 3)
+    independent Laplace(0, b): with r = a/b ≥ 0, P(X > a) is e^(−r)/2, e^(−r)(2 + r)/4 and
+    e^(−r)(8 + 5r + r²)/16 (integrating the densities of the sums)."""
+    poly = {1: lambda r: 0.5, 2: lambda r: 0.25 * (2.0 + r),
+            3: lambda r: (8.0 + 5.0 * r + r * r) / 16.0}[terms]
+
+    def upper(a):  # P(X > a)
+        r = np.abs(a) / b
+        tail = np.exp(-r) * poly(r)
+        return np.where(a >= 0, tail, 1.0 - tail)
+    return np.clip(upper(hi) + upper(-lo), 0.0, 1.0)
+
+
+CALIBRATION_WEIGHTS = 4096  # weights sampled for the max-|z| calibration of large models
+COUNT_WEIGHTS = 1024  # weights sampled for the per-check count limit of large models
+# Below this many weights mean |u − B_j| of an honest update is too variable to spot copies:
+# at d ≥ 50, "< b/2" is ≥ 3.5 standard deviations below its mean b.
+COPY_CHECK_MIN_WEIGHTS = 50
+
+
+@dataclasses.dataclass(frozen=True)
+class Thresholds:
+    """Calibrated thresholds: reject if count > ``max_count``, max|z| > ``max_z`` or
+    |mean z| outside the null's two-sided ``mean_z`` band."""
+
+    max_count: int
+    max_z: float
+    expected_count: float  # unused by the decision: kept for reports (the count limit)
+    mean_z_low: float
+    mean_z_high: float
+
+
+def _components(offset: np.ndarray, sd: np.ndarray, stale_fraction: float,
+                in_flight_fraction: float = 0.0):
+    """The bases an honest update may have been built on, as (offset, sd, noises, weight).
+
+    Without concurrent clients: a current instance plus one noise (1 − f), or, for instances
+    replaced since the last calibration, a child of a calibrated one (two noises, f). With a
+    share g of the instances replaced while updates were in flight, a part g in five equal parts:
+    a child or grandchild of a current instance (two or three noises), or an instance replaced
+    since it was drawn, seen against the other k − 1 (leave-one-out: offset·k/(k−1), spread
+    √(((k−1)s² − offset²·k/(k−1))/(k−2))), with one to three noises. Only the current instances
+    are used: no discarded model is kept.
+    """
+    k = offset.shape[0]
+    f, g = float(stale_fraction), float(in_flight_fraction)
+    out = [(offset, sd, 1, (1.0 - f) * (1.0 - g)), (offset, sd, 2, f * (1.0 - g))]
+    if g > 0:
+        loo_off = offset * (k / (k - 1))
+        loo_var = ((k - 1) * sd ** 2 - offset ** 2 * (k / (k - 1))) / max(k - 2, 1)
+        loo_sd = np.sqrt(np.maximum(loo_var, 1e-300))
+        out += [(offset, sd, n, g / 5) for n in (2, 3)]
+        out += [(loo_off, loo_sd, n, g / 5) for n in (1, 2, 3)]
+    return [c for c in out if c[3] > 0]
+
+
+def count_limit(offset: np.ndarray, sd: np.ndarray, d: int, noise_scale: float, *, z: float,
+                alpha: float, tail_shift: float = 0.0, stale_fraction: float = 0.0,
+                in_flight_fraction: float = 0.0) -> int:
+    """Largest honest count of weights with |z| > ``z`` at level ``alpha``, for instances whose
+    offsets from the mean and spreads are ``offset`` (k, m) and ``sd`` (m,), m weights sampled
+    out of ``d`` (all of them when m = d).
+
+    Per base the count is Poisson-binomial with rates q_i, bounded by the binomial at their mean
+    (Hoeffding 1956); the bases are :func:`_components`. A Student-t prediction bound over the
+    bases' mean rates covers a base from the same population that is none of them; the larger
+    limit is used.
+    """
+    k = offset.shape[0]
+    a = float(tail_shift)
+    rates, weights = [], []
+    for off, s_, n, w in _components(offset, sd, stale_fraction, in_flight_fraction):
+        rates.append(_laplace_two_sided_tail(-z * s_ - off + a, z * s_ - off - a,
+                                             noise_scale, n).mean(axis=1))
+        weights.append(np.full(k, w / k))
+    q, wt = np.concatenate(rates), np.concatenate(weights)
+
+    def count_tail(c: int) -> float:
+        return float(np.sum(wt * special.bdtrc(c, d, q)))
+    mean_q = float(np.sum(wt * q))
+    var_q = float(np.sum(wt * (q - mean_q) ** 2)) * k / (k - 1)
+    spread = d * d * var_q * (1.0 + 1.0 / k) + d * float(np.sum(wt * q * (1 - q)))
+    t_limit = min(d, int(math.ceil(d * mean_q
+                                   + float(special.stdtrit(k - 1, 1.0 - alpha)) * math.sqrt(spread))))
+    if count_tail(t_limit) <= alpha:
+        return t_limit  # the mixture's own limit is no larger
+    lo, hi = t_limit, d
+    while lo < hi:  # smallest c with P(count > c) <= alpha
+        mid = (lo + hi) // 2
+        if count_tail(mid) <= alpha:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def calibrate(instances: np.ndarray, noise_scale: float, *, z: float = 3.0,
+              false_reject: float = 0.005, max_step: float = 0.0,
+              tail_shift: float = 0.0, stale_fraction: float = 0.0,
+              in_flight_fraction: float = 0.0) -> Thresholds:
+    """Thresholds with P(reject an honest update) ≤ ``false_reject`` given these instances.
+
+    ``max_step`` bounds the drift of the mean z by the honest gradient step; ``tail_shift`` bounds
+    each weight's step, and the per-weight tails are taken at the worst such shift (see
+    :class:`SpamCheck`). ``stale_fraction`` is the share of instances that may have been replaced
+    since this calibration; a replacement is a child B_j + Laplace of a calibrated instance, so an
+    update built on it carries two noises: the tails are a mixture of the one- and two-noise cases.
+    """
+    if not 0 <= stale_fraction <= 1:
+        raise ValueError("stale_fraction must be in [0, 1]")
+    if not 0 < false_reject < 1:
+        raise ValueError("false_reject must be in (0, 1)")
+    if not noise_scale > 0:
+        raise ValueError("noise_scale must be > 0")
+    inst = np.asarray(instances, dtype=np.float64)
+    k, d = inst.shape
+    if k < 2:
+        raise ValueError("the spam check needs k >= 2 instances")
+    mu = inst.mean(axis=0)
+    sd = inst.std(axis=0, ddof=1)
+    if np.any(sd <= 0):
+        raise ValueError("instances with zero spread: initialise them with (k/2)σ² (Theorem 1)")
+    alpha = false_reject / 3.0
+    offset = inst - mu  # (k, d): B_j − μ
+    # The count and max tails need per-weight means and sums over d; past CALIBRATION_WEIGHTS
+    # weights they are estimated on a random subset (a mean and a rescaled sum of many terms).
+    if d > CALIBRATION_WEIGHTS:
+        pick = np.random.default_rng().choice(d, CALIBRATION_WEIGHTS, replace=False)
+        sub_sd, sub_off, scale_sum = sd[pick], offset[:, pick], d / CALIBRATION_WEIGHTS
+    else:
+        sub_sd, sub_off, scale_sum = sd, offset, 1.0
+    # Count statistic: per j, exceedance probabilities q_{j,i}; binomial(d, mean q_j) tail.
+    a = float(tail_shift)
+    f = float(stale_fraction)
+    lo = count_limit(sub_off, sub_sd, d, noise_scale, z=z, alpha=alpha, tail_shift=a,
+                     stale_fraction=f, in_flight_fraction=in_flight_fraction)
+
+    # Max statistic: P(max|z| > m) = Σ_bases weight · [1 − Π_i (1 − q_i(m))].
+    comps = _components(sub_off, sub_sd, f, in_flight_fraction)
+
+    def max_tail(m: float) -> float:
+        out = 0.0
+        for off, s_, n, weight in comps:
+            qm = _laplace_two_sided_tail(-m * s_ - off + a, m * s_ - off - a, noise_scale, n)
+            log_keep = scale_sum * np.sum(np.log1p(-np.minimum(qm, 1 - 1e-300)), axis=1)
+            out += weight * float(np.mean(-np.expm1(log_keep)))
+        return out
+    m_hi = z
+    while max_tail(m_hi) > alpha:
+        m_hi *= 2.0
+    m = m_hi if m_hi == z else optimize.brentq(lambda t: max_tail(t) - alpha, z, m_hi, xtol=1e-3)
+
+    # Mean z (catches a small shift of every weight): for an update built on instance j it is
+    # m_j + noise, m_j = mean((B_j − μ)/s), noise ≈ N(0, v) by the CLT, v = Σ 2b²/s² / d². The
+    # drawn instance may have been replaced meanwhile (concurrent clients), so j is treated as a
+    # new draw from the instances' population: a Student-t prediction band with k − 1 degrees of
+    # freedom around the m_j, widened by the largest honest gradient step ``max_step``.
+    mj = (offset / sd).mean(axis=1)
+    v = float(np.sum(2.0 * noise_scale ** 2 / sd ** 2)) / d ** 2
+    scale = math.sqrt(float(np.var(mj, ddof=1)) * (1.0 + 1.0 / k) + v)
+    half = float(special.stdtrit(k - 1, 1.0 - alpha / 2.0)) * scale
+    low, high = float(mj.mean()) - half, float(mj.mean()) + half
+    return Thresholds(int(lo), float(m), float(lo), float(low - max_step),
+                      float(high + max_step))
+
+
+class SpamCheck:
+    """The calibrated check, as the ``spam_check`` callable of :class:`~sage_tfx.dnd.state.DnDState`.
+
+    Args:
+      noise_scale: the Laplace scale b of honest updates (``ClientConfig.noise_scale``).
+      z: the |z| threshold of the count statistic.
+      false_reject: target probability of rejecting an honest update (split over the two tests).
+      recalibrate_every: checks between recalibrations against the live instances (default k:
+        then every calibrated instance may have been replaced once, and the tails assume an update
+        may carry two generations of noise).
+      step_l1, step_linf: bounds of the honest gradient step γ·clip(G) in L1 and per weight (an
+        L1-clipped step moves Σ|Δᵢ| ≤ γC, a per-coordinate one each |Δᵢ| ≤ γC); they widen the
+        mean-z band so an honest step never fails it. :meth:`for_config` sets them.
+      tail_shift: per-weight shift at which the count and max tails are evaluated (worst case of
+        the step). :meth:`for_config` uses γC for the feature unit, where every weight may move by
+        γC (up to ε/2 noise scales); for the model unit it uses 0: the whole step is ≤ γC in L1,
+        ε/2 noise scales spread over all weights, and the measured honest pass rate is what
+        ``tests/dnd/test_spam.py`` checks.
+    """
+
+    def __init__(self, noise_scale: float, *, z: float = 3.0, false_reject: float = 0.005,
+                 recalibrate_every: Optional[int] = None, step_l1: float = 0.0, step_linf: float = 0.0,
+                 tail_shift: float = 0.0):
+        if not noise_scale > 0 or not math.isfinite(noise_scale):
+            raise ValueError("the spam check needs the (finite, > 0) noise scale of honest updates")
+        if recalibrate_every is not None and (not isinstance(recalibrate_every, int)
+                                              or recalibrate_every < 1):
+            raise ValueError("recalibrate_every must be an integer >= 1 (or None: every k)")
+        self.noise_scale = float(noise_scale)
+        self.z = float(z)
+        self.false_reject = float(false_reject)
+        self.recalibrate_every = recalibrate_every
+        self.step_l1 = float(step_l1)
+        self.step_linf = float(step_linf)
+        self.tail_shift = float(tail_shift)
+        self.stale_fraction = 0.0  # set from k at the first calibration
+        # rejections per statistic
+        self.failures = {"count": 0, "max": 0, "mean": 0, "copy": 0, "degenerate": 0}
+        # Draws handed out but not yet returned (the service sets it): their instances may be
+        # replaced before the update comes back.
+        self.in_flight = 0
+        self._thresholds: Optional[Thresholds] = None
+        self._columns = np.arange(0)
+        self._since = 0
+
+    def thresholds(self, instances: np.ndarray) -> Thresholds:
+        """The thresholds for these instances (recomputed every ``recalibrate_every`` checks)."""
+        if self._thresholds is None or self._since >= self._every(len(instances)):
+            # Up to recalibrate_every replacements among k slots before the next calibration.
+            self.stale_fraction = min(1.0, self._every(len(instances)) / len(instances))
+            sd = np.asarray(instances).std(axis=0, ddof=1)
+            d = sd.size
+            # |mean_i Δᵢ/sᵢ| ≤ min(L1 bound / (d·min s), L∞ bound · mean(1/s)).
+            bounds = [math.inf]
+            if self.step_l1 > 0:
+                bounds.append(self.step_l1 / (d * float(sd.min())))
+            if self.step_linf > 0:
+                bounds.append(self.step_linf * float(np.mean(1.0 / sd)))
+            step = min(bounds) if len(bounds) > 1 else 0.0
+            self._columns = (np.arange(d) if d <= COUNT_WEIGHTS else np.sort(
+                np.random.default_rng().choice(d, COUNT_WEIGHTS, replace=False)))
+            self._thresholds = calibrate(instances, self.noise_scale, z=self.z,
+                                         false_reject=self.false_reject, max_step=step,
+                                         tail_shift=self.tail_shift,
+                                         stale_fraction=self.stale_fraction,
+                                         in_flight_fraction=self._in_flight_fraction(len(instances)))
+            self._since = 0
+        return self._thresholds
+
+    def __call__(self, instances, update: np.ndarray) -> bool:
+        """True if ``update`` passes, against a (k, d) array or a :class:`DnDState` (whose running
+        moments make a check O(d); its instances are read only to recalibrate)."""
+        u = np.asarray(update, dtype=np.float64)
+        if isinstance(instances, np.ndarray):
+            inst = instances
+            mu, sd = inst.mean(axis=0), inst.std(axis=0, ddof=1)
+        else:
+            inst = None
+            mu, sd = instances.moments()
+        if np.any(sd <= 0):
+            # Collapsed instances (only a run without client noise, or copies, can do this): no
+            # null to test against, and Lemma 1's worst case; refuse rather than fail.
+            self.failures["degenerate"] += 1
+            return False
+        if inst is not None:
+            t = self.thresholds(inst)
+            columns = inst[:, self._columns]
+        else:
+            if self._thresholds is None or self._since >= self._every(instances.k):
+                self.thresholds(instances.instances_view())
+            t = self._thresholds
+            columns = instances.columns(self._columns)
+        self._since += 1
+        # A returned model carries fresh Laplace(b) noise on every weight, so it is never almost
+        # equal to an instance: mean |u − B_j| ≈ b (sd ≤ b/√m on the m sampled weights). A copy
+        # (or near copy) of an instance adds no noise and would shrink the spread towards
+        # Lemma 1's worst case; reject it.
+        if columns.shape[1] >= COPY_CHECK_MIN_WEIGHTS:
+            gap = np.min(np.mean(np.abs(columns - u[self._columns]), axis=1))
+            if float(gap) < 0.5 * self.noise_scale:
+                self.failures["copy"] += 1
+                return False
+        # The count limit moves with every replacement (one of k instances changes μ and s), so
+        # it is recomputed on every check from the current moments, on a fixed weight sample.
+        limit = count_limit(columns - mu[self._columns], sd[self._columns], mu.size,
+                            self.noise_scale, z=self.z, alpha=self.false_reject / 3.0,
+                            tail_shift=self.tail_shift, stale_fraction=self.stale_fraction,
+                            in_flight_fraction=self._in_flight_fraction(columns.shape[0]))
+        zs = (u - mu) / sd
+        mean_z = float(zs.mean())
+        zs = np.abs(zs)
+        failed = [name for name, ok in (("count", np.count_nonzero(zs > self.z) <= limit),
+                                        ("max", zs.max() <= t.max_z),
+                                        ("mean", t.mean_z_low <= mean_z <= t.mean_z_high))
+                  if not ok]
+        for name in failed:
+            self.failures[name] += 1
+        return not failed
+
+    def _in_flight_fraction(self, k: int) -> float:
+        return min(1.0, self.in_flight / k) if k else 0.0
+
+    def _every(self, k: int) -> int:
+        return self.recalibrate_every if self.recalibrate_every is not None else k
+
+    @classmethod
+    def for_config(cls, config, **kwargs) -> "SpamCheck":
+        """The check for honest updates of a :class:`~sage_tfx.dnd.client.ClientConfig`."""
+        step = config.gamma * config.l1_norm_clip
+        if config.unit == "feature":
+            return cls(config.noise_scale, step_linf=step, tail_shift=step, **kwargs)
+        return cls(config.noise_scale, step_l1=step, step_linf=step, **kwargs)
