@@ -68,7 +68,8 @@ def create_pipeline(*, pipeline_name: str, pipeline_root: str, metadata_path: st
                     target: float, loss_bound: Optional[float] = None,
                     eta: float = DEFAULT_ETA, serving_model_dir: str,
                     use_transform: bool = True,
-                    validator_seed: Optional[int] = None) -> tfx.dsl.Pipeline:
+                    validator_seed: Optional[int] = None,
+                    beam_pipeline_args: Optional[Sequence[str]] = None) -> tfx.dsl.Pipeline:
     """Builds SageGate → BlockExampleGen → ImportSchemaGen → DPTransform → DPTrainer →
     DPModelValidator → Pusher (everything after the gate under ``Cond(granted == 1)``).
 
@@ -99,6 +100,9 @@ def create_pipeline(*, pipeline_name: str, pipeline_root: str, metadata_path: st
         part).
       validator_seed: seeds the validator's DP noise; tests only (a known seed removes the
         privacy of the validation).
+      beam_pipeline_args: standard Beam pipeline options of the Beam-backed components
+        (BlockExampleGen, DPTransform, ...), e.g. ``["--runner=PortableRunner",
+        "--job_endpoint=localhost:8099"]`` (``sage-tfx compile --beam-arg``).
 
     Returns:
       The pipeline.
@@ -164,6 +168,7 @@ def create_pipeline(*, pipeline_name: str, pipeline_root: str, metadata_path: st
         enable_cache=False,
         metadata_connection_config=tfx.orchestration.metadata.sqlite_metadata_connection_config(
             metadata_path),
+        beam_pipeline_args=list(beam_pipeline_args or []),
     )
 
 

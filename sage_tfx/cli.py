@@ -9,6 +9,8 @@ Examples::
     sage-tfx request flights --run-id train-1 --last 30 --epsilon 0.1 --delta 1e-8
     sage-tfx audit --limit 20
     sage-tfx verify
+    sage-tfx compile --target kubeflow flights-dp --image IMAGE ...   # KFP v2 job JSON
+    sage-tfx compile --target airflow gate-stats ...                  # an Airflow DAG file
 
 The ledger URL comes from ``--ledger``, else ``$SAGE_LEDGER_URL``, else
 ``sqlite:///sage-ledger.db`` in the working directory.
@@ -267,11 +269,30 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("verify", help="verify the audit hash chain and every stream's budgets")
     c.set_defaults(fn=_cmd_verify)
+
+    c = sub.add_parser("compile", add_help=False, prefix_chars="\0",
+                       help="compile a pipeline for Kubeflow Pipelines or Airflow: "
+                            "compile --target kubeflow|airflow PIPELINE ... (compile --help)")
+    c.add_argument("args", nargs=argparse.REMAINDER)
+    c.set_defaults(fn=None)
     return p
+
+
+def _compile(args: argparse.Namespace) -> int:
+    """``sage-tfx compile``: runs the pipeline layer's compiler (``sage_tfx.pipelines.compile``)
+    in a child process, as the core never imports the TFX layers."""
+    import subprocess
+    env = dict(os.environ)
+    if args.ledger != DEFAULT_URL:  # --ledger given: the compiled pipeline's ledger
+        env["SAGE_LEDGER_URL"] = args.ledger
+    return subprocess.call([sys.executable, "-m", "sage_tfx.pipelines.compile", *args.args],
+                           env=env)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "compile":
+        return _compile(args)
     try:
         with open_ledger(args.ledger) as led:
             return args.fn(led, args)
