@@ -15,10 +15,8 @@ environment of the scheduler and workers (``orchestration.config_from_env``)::
 Under Airflow every task runs (the DAG has no TFX ``Cond``): on a denial BlockExampleGen fails
 with ``MissingGrantError`` before reading anything, and the tasks after it do not run.
 """
-import os
-
 from sage_tfx.pipelines import orchestration
 
+# The DAG id is the pipeline name: "flights-dp" unless the config's pipeline_name says otherwise.
 DAG = orchestration.airflow_dag(
-    orchestration.build("flights-dp", orchestration.config_from_env(), "airflow"),
-    dag_id=os.environ.get("SAGE_DAG_ID"))
+    orchestration.build("flights-dp", orchestration.config_from_env(), "airflow"))

@@ -19,7 +19,8 @@ import dataclasses
 import json
 from typing import Any, List, Optional
 
-from sage_tfx.components import artifacts as sage_artifacts
+# TFX (through sage_tfx.components) is imported by the functions only: importing this module
+# stays cheap.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +63,7 @@ def _value(value) -> Any:
 
 
 def _grant(artifact) -> GrantLineage:
+    from sage_tfx.components import artifacts as sage_artifacts
     props = {k: _value(v) for k, v in artifact.custom_properties.items()}
     event = None
     if props.get(sage_artifacts.EVENT_JSON_KEY):
@@ -93,6 +95,8 @@ def privacy_lineage(store, artifact_id: int) -> List[GrantLineage]:
     """
     from ml_metadata import errors
     from ml_metadata.proto import metadata_store_pb2
+
+    from sage_tfx.components import artifacts as sage_artifacts
 
     if not store.get_artifacts_by_id([artifact_id]):
         raise LookupError(f"no artifact {artifact_id} in ML Metadata")

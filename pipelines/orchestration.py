@@ -138,13 +138,12 @@ def compile_kubeflow(pipeline, output_dir: str, *, image: str,
     return os.path.join(output_dir, filename)
 
 
-def airflow_dag(pipeline, *, dag_id: Optional[str] = None, schedule: Optional[str] = None,
-                start_date=None):
+def airflow_dag(pipeline, *, schedule: Optional[str] = None, start_date=None):
     """The Airflow DAG of a pipeline built for ``"airflow"`` (TFX's AirflowDagRunner).
 
     Args:
-      pipeline: a ``tfx.dsl.Pipeline``; its SageGates are switched to Airflow's run id.
-      dag_id: default the pipeline name.
+      pipeline: a ``tfx.dsl.Pipeline``; its SageGates are switched to Airflow's run id. The DAG
+        id is the pipeline name.
       schedule: an Airflow schedule (default None: runs only when triggered).
       start_date: default 2024-01-01 UTC.
     """
@@ -154,7 +153,6 @@ def airflow_dag(pipeline, *, dag_id: Optional[str] = None, schedule: Optional[st
 
     for_orchestrator(pipeline, AIRFLOW)
     dag_config = {
-        "dag_id": dag_id or pipeline.pipeline_info.pipeline_name,
         "schedule": schedule,
         "start_date": start_date or datetime.datetime(2024, 1, 1,
                                                       tzinfo=datetime.timezone.utc),

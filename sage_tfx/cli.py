@@ -4,7 +4,8 @@ Examples::
 
     sage-tfx --ledger sqlite:///ledger.db create-stream flights --epsilon-g 1 --delta-g 1e-6 \
         --granularity time:timestamp:day
-    sage-tfx import flights data.csv --scheme time:timestamp:day --block-root blocks/
+    sage-tfx import flights data.csv --scheme time:timestamp:day --block-root blocks/ \
+        [--beam-arg=--runner=PortableRunner --beam-arg=--job_endpoint=localhost:8099 ...]
     sage-tfx blocks flights
     sage-tfx request flights --run-id train-1 --last 30 --epsilon 0.1 --delta 1e-8
     sage-tfx audit --limit 20
@@ -100,7 +101,8 @@ def _cmd_import(led, a) -> int:
     from sage_tfx.streams.splitter import split_and_register
     scheme = scheme_from_spec(a.scheme)
     result = split_and_register(led, a.stream, a.source, scheme, a.block_root,
-                                on_malformed=a.on_malformed, verbose=True)
+                                on_malformed=a.on_malformed, verbose=True,
+                                pipeline_options=list(a.beam_arg) or None)
     print(f"imported {len(result.blocks)} blocks into {a.stream}")
     return 0
 
@@ -215,6 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--scheme", required=True, help="e.g. time:timestamp:day or hash:user_id:64:salt")
     c.add_argument("--block-root", required=True, help="root directory of block storage")
     c.add_argument("--on-malformed", choices=("error", "skip"), default="error")
+    c.add_argument("--beam-arg", action="append", default=[], metavar="FLAG",
+                   help="one Beam pipeline option for the split, e.g. --beam-arg=--runner="
+                        "PortableRunner (repeatable; default DirectRunner)")
     c.set_defaults(fn=_cmd_import)
 
     c = sub.add_parser("blocks", help="show blocks and remaining budget")

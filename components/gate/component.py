@@ -142,7 +142,7 @@ class SageGate(base_component.BaseComponent):
             ledger_url=ledger_url,
             stream=stream,
             context=context,
-            run_id=run_id,
+            ledger_run_id=run_id,
             pipeline_run_id=pipeline_run_id_for(orchestrator),
             blocks=blocks_json,
             window_last=window_last,

@@ -97,14 +97,6 @@ def test_flights_dag_charges_blesses_and_pushes(flights_blocks, airflow_home, tm
         grant.grant_id, granted, EPSILON, DELTA)
 
 
-GATE_STATS_DAG = '''"""Airflow DAG: the gate-stats pipeline (test)."""
-import json, os
-from sage_tfx.pipelines import orchestration
-DAG = orchestration.airflow_dag(orchestration.build(
-    "gate-stats", orchestration.config_from_env(), "airflow"))
-'''
-
-
 @pytest.mark.postgres
 def test_parallel_dag_runs_share_one_postgres_ledger(postgres_url, airflow_home, tmp_path):
     """Two DAG runs at once on one PostgreSQL ledger: 4 blocks, each run asks for the 2 most
@@ -112,6 +104,7 @@ def test_parallel_dag_runs_share_one_postgres_ledger(postgres_url, airflow_home,
     the other can only get the 2 older ones. Nothing is over-spent, and each run's Examples hold
     exactly its own grant's blocks."""
     from sage_tfx.ledger import open_ledger
+    from sage_tfx.pipelines import compile as compile_lib
     from sage_tfx.pipelines.lineage import open_store
 
     root = tmp_path / "data"  # ε_g = 1: one run of ε = 1 exhausts a block
@@ -119,16 +112,19 @@ def test_parallel_dag_runs_share_one_postgres_ledger(postgres_url, airflow_home,
     block_ids = [b.block_id for b in split.blocks]
     with open_ledger(postgres_url) as ledger:
         records = {b.block_id: b.records for b in ledger.blocks(STREAM)}
-    dag_source = tmp_path / "gate_stats_airflow_dag.py"
-    dag_source.write_text(GATE_STATS_DAG)
-
     procs = {}
     for name in ("a", "b"):
+        # The DAG files are what `sage-tfx compile --target airflow` writes.
         config = dict(pipeline_name=f"gate-stats-{name}", pipeline_root=str(tmp_path / name),
-                      metadata_path=str(tmp_path / name / "mlmd.db"), stream=STREAM,
-                      window_last=2, epsilon=1.0)
-        env = {"SAGE_PIPELINE_CONFIG": json.dumps(config), "SAGE_LEDGER_URL": postgres_url,
-               "SAGE_BEAM_ARGS": BEAM_ARGS}
+                      metadata_path=str(tmp_path / name / "mlmd.db"))
+        assert compile_lib.main([
+            "--target", "airflow", "gate-stats", "--pipeline-name", config["pipeline_name"],
+            "--pipeline-root", config["pipeline_root"], "--metadata-path",
+            config["metadata_path"], "--ledger-url", postgres_url, "--stream", STREAM,
+            "--window-last", "2", "--epsilon", "1", "--output-dir", str(tmp_path / "dags"),
+            *[f"--beam-arg={f}" for f in BEAM_ARGS.split()]]) == 0
+        dag_source = tmp_path / "dags" / f"gate_stats_{name}_dag.py"
+        env = {}  # everything is in the DAG file
         home = _home(airflow_home, tmp_path, f"home-{name}", dag_source)
         procs[name] = (_airflow(["dags", "test", f"gate-stats-{name}", LOGICAL_DATE], home, env),
                        config)
