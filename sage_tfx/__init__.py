@@ -69,6 +69,7 @@ PUBLIC_API: dict[str, tuple[str, ...]] = {
         "DPPreprocessingFn", "dp_mean", "dp_scale_to_0_1", "dp_group_by_mean", "dp_count",
         "dp_quantiles"),
     "sage_tfx.components.dp_trainer": ("report_guarantee", "train_part", "dpsgd_noise_for"),
+    "sage_tfx.pipelines.lineage": ("open_store", "privacy_lineage", "GrantLineage"),
 }
 
 
