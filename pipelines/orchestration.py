@@ -6,7 +6,9 @@ handed over:
 
 * Kubeflow Pipelines v2: :func:`compile_kubeflow` writes the pipeline job JSON (TFX's
   ``KubeflowV2DagRunner``). Every pod runs TFX's ``kubeflow_v2_run_executor`` in the sage-tfx image
-  (``Dockerfile``); the gate's run id is the KFP job's ``{{$.pipeline_job_uuid}}``.
+  (``Dockerfile``); the gate's run id is the KFP job's ``{{$.pipeline_job_uuid}}``, which Vertex AI
+  Pipelines and open-source KFP >= 2.4 substitute in constant parameters (older backends leave
+  it as text and the gate refuses to run: pass an explicit ``run_id`` there).
 * Airflow 2: :func:`airflow_dag` returns the DAG (TFX's ``AirflowDagRunner``), which a DAG file in
   Airflow's dags folder exposes (``pipelines/flights_airflow_dag.py``); the gate's run id is the
   DAG run id.

@@ -154,3 +154,22 @@ def test_kfp_pods_decide_what_local_dag_runner_decides(flights_blocks, local_run
     assert {b: v[2] for b, v in by_block.items()} == {
         b: (2 if b in granted else 0) for b in block_ids}
     assert inconsistencies == [] and audit.ok
+
+
+def test_gate_refuses_a_run_id_template_no_orchestrator_resolved(flights_blocks, tmp_path):
+    """A KFP backend that leaves {{$.pipeline_job_uuid}} as text must not get a constant run id
+    (every run would replay one grant): the gate fails and charges nothing."""
+    from sage_tfx.components.artifacts import SageGrant
+    from sage_tfx.components.gate import executor, spec
+    from sage_tfx.errors import InvalidRequestError
+
+    _, ledger_url, _ = flights_blocks
+    before = spent(ledger_url)[0]
+    grant = SageGrant()
+    grant.uri = str(tmp_path / "grant")
+    props = {spec.LEDGER_URL_KEY: ledger_url, spec.STREAM_KEY: STREAM,
+             spec.CONTEXT_KEY: "default", spec.WINDOW_LAST_KEY: 1, spec.EPSILON_KEY: 0.1,
+             spec.PIPELINE_RUN_ID_KEY: "{{$.pipeline_job_uuid}}"}
+    with pytest.raises(InvalidRequestError, match="unresolved pipeline run id"):
+        executor.Executor().Do({}, {spec.GRANT_KEY: [grant]}, props)
+    assert spent(ledger_url)[0] == before
