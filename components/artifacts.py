@@ -7,11 +7,12 @@ touches any block.
 """
 from __future__ import annotations
 
+import json
 import os
 from typing import Optional
 
 from tfx.dsl.io import fileio
-from tfx.types.artifact import Artifact, Property, PropertyType
+from tfx.types.artifact import Artifact
 
 from sage_tfx.errors import MissingGrantError
 from sage_tfx.ledger import Grant
@@ -36,7 +37,30 @@ DELTA_KEY = "delta"
 EVENT_JSON_KEY = "event_json"
 LEDGER_URL_KEY = "ledger_url"
 NUM_BLOCKS_KEY = "num_blocks"
+BLOCK_IDS_KEY = "block_ids"
+MODE_KEY = "mode"
 REASON_KEY = "reason"
+# Every custom property write_grant may set (a denial sets the first five and ``granted``).
+GRANT_PROPERTY_KEYS = (STREAM_KEY, CONTEXT_KEY, RUN_ID_KEY, LEDGER_URL_KEY, REASON_KEY,
+                       GRANT_ID_KEY, NUM_BLOCKS_KEY, BLOCK_IDS_KEY, MODE_KEY, EPSILON_KEY,
+                       DELTA_KEY, EVENT_JSON_KEY)
+
+
+def _custom_property(key: str, kind: str, doc: str) -> property:
+    """A SageGrant attribute stored as an MLMD custom property of type ``kind``.
+
+    Custom properties (not declared PROPERTIES) are what KFP v2 IR carries for a custom artifact
+    type (its compiler rejects declared properties of a custom type), and they read back the
+    same whether LocalDagRunner, Airflow or a Kubeflow pod rebuilt the artifact.
+    """
+    getter = {"string": Artifact.get_string_custom_property,
+              "int": Artifact.get_int_custom_property,
+              "float": Artifact.get_float_custom_property}[kind]
+    setter = {"string": Artifact.set_string_custom_property,
+              "int": Artifact.set_int_custom_property,
+              "float": Artifact.set_float_custom_property}[kind]
+    return property(lambda self: getter(self, key), lambda self, value: setter(self, key, value),
+                    doc=doc)
 
 
 class SageGrant(Artifact):
@@ -58,32 +82,38 @@ class SageGrant(Artifact):
           or
             - ``DENIED``: marker holding the ledger's reason for the denial (UTF-8 text).
 
-    * Properties:
+    * Custom properties (ML Metadata; also attributes of this class, e.g. ``grant.ledger_url``).
+      The type declares no PROPERTIES: Kubeflow Pipelines v2 IR cannot carry declared properties
+      of a custom artifact type, custom properties travel with the artifact everywhere.
+        - ``granted``: 1 if granted, 0 if denied.
         - ``stream``, ``context``, ``run_id``: what was requested (always set).
         - ``ledger_url``: the ledger that decided (always set).
         - ``reason``: why the request was denied (denials only).
-        - ``grant_id``, ``num_blocks``: the grant (grants only).
+        - ``grant_id``, ``num_blocks``, ``block_ids`` (JSON list of the granted block ids, in
+          ledger order), ``mode`` (``basic`` | ``rdp``): the grant (grants only).
         - ``epsilon``, ``delta``: the charged cost (basic-mode grants).
         - ``event_json``: the charged dp_accounting DpEvent, ``sage_tfx.ledger.accounting.event_to_json``
           (rdp-mode grants).
 
-    * Custom properties:
-        - ``granted``: 1 if granted, 0 if denied.
+    These make every ledger decision visible in ML Metadata: the lineage of a Model leads to its
+    SageGrant, which answers "which blocks trained this model, at what privacy cost"
+    (``sage_tfx.pipelines.lineage``).
     """
 
     TYPE_NAME = "sage_tfx.SageGrant"
-    PROPERTIES = {
-        STREAM_KEY: Property(type=PropertyType.STRING),
-        CONTEXT_KEY: Property(type=PropertyType.STRING),
-        RUN_ID_KEY: Property(type=PropertyType.STRING),
-        GRANT_ID_KEY: Property(type=PropertyType.STRING),
-        EPSILON_KEY: Property(type=PropertyType.FLOAT),
-        DELTA_KEY: Property(type=PropertyType.FLOAT),
-        EVENT_JSON_KEY: Property(type=PropertyType.STRING),
-        LEDGER_URL_KEY: Property(type=PropertyType.STRING),
-        NUM_BLOCKS_KEY: Property(type=PropertyType.INT),
-        REASON_KEY: Property(type=PropertyType.STRING),
-    }
+
+    stream = _custom_property(STREAM_KEY, "string", "the requested stream")
+    context = _custom_property(CONTEXT_KEY, "string", "the ledger context charged")
+    run_id = _custom_property(RUN_ID_KEY, "string", "the ledger run id")
+    grant_id = _custom_property(GRANT_ID_KEY, "string", "the grant id ('' for a denial)")
+    epsilon = _custom_property(EPSILON_KEY, "float", "charged ε (basic mode)")
+    delta = _custom_property(DELTA_KEY, "float", "charged δ (basic mode)")
+    event_json = _custom_property(EVENT_JSON_KEY, "string", "charged DpEvent (rdp mode), JSON")
+    ledger_url = _custom_property(LEDGER_URL_KEY, "string", "the ledger that decided")
+    num_blocks = _custom_property(NUM_BLOCKS_KEY, "int", "how many blocks were granted")
+    block_ids = _custom_property(BLOCK_IDS_KEY, "string", "granted block ids, a JSON list")
+    mode = _custom_property(MODE_KEY, "string", "the stream's accounting mode")
+    reason = _custom_property(REASON_KEY, "string", "why the request was denied")
 
 
 def _write_text(path: str, text: str) -> None:
@@ -121,26 +151,33 @@ def write_grant(artifact: SageGrant, grant: Optional[Grant], *, stream: str, run
         path = os.path.join(artifact.uri, name)
         if fileio.exists(path):  # an artifact holds exactly one decision
             fileio.remove(path)
-    artifact.stream = stream
-    artifact.run_id = run_id
-    artifact.context = context
-    artifact.ledger_url = ledger_url
+    for key in (*GRANT_PROPERTY_KEYS, GRANTED_KEY):  # nothing of an earlier decision remains
+        if key in artifact.mlmd_artifact.custom_properties:
+            del artifact.mlmd_artifact.custom_properties[key]
+    # Custom properties set by key (not by attribute): this works on any artifact object of the
+    # type, however the orchestrator rebuilt it.
+    artifact.set_string_custom_property(STREAM_KEY, stream)
+    artifact.set_string_custom_property(RUN_ID_KEY, run_id)
+    artifact.set_string_custom_property(CONTEXT_KEY, context)
+    artifact.set_string_custom_property(LEDGER_URL_KEY, ledger_url)
     if grant is None:
         _write_text(os.path.join(artifact.uri, DENIED_FILE_NAME), reason)
-        artifact.reason = reason
+        artifact.set_string_custom_property(REASON_KEY, reason)
         artifact.set_int_custom_property(GRANTED_KEY, DENIED_VALUE)
         return
     _write_text(os.path.join(artifact.uri, GRANT_FILE_NAME), grant.to_json())
     _write_text(os.path.join(artifact.uri, GRANTED_FILE_NAME), "")
-    artifact.grant_id = grant.grant_id
-    artifact.num_blocks = len(grant.blocks)
+    artifact.set_string_custom_property(GRANT_ID_KEY, grant.grant_id)
+    artifact.set_int_custom_property(NUM_BLOCKS_KEY, len(grant.blocks))
+    artifact.set_string_custom_property(BLOCK_IDS_KEY, json.dumps(list(grant.block_ids)))
+    artifact.set_string_custom_property(MODE_KEY, grant.mode)
     if grant.epsilon is not None:
-        artifact.epsilon = float(grant.epsilon)
+        artifact.set_float_custom_property(EPSILON_KEY, float(grant.epsilon))
     if grant.delta is not None:
-        artifact.delta = float(grant.delta)
+        artifact.set_float_custom_property(DELTA_KEY, float(grant.delta))
     if grant.event is not None:
         from sage_tfx.ledger import accounting
-        artifact.event_json = accounting.event_to_json(grant.event)
+        artifact.set_string_custom_property(EVENT_JSON_KEY, accounting.event_to_json(grant.event))
     artifact.set_int_custom_property(GRANTED_KEY, GRANTED_VALUE)
 
 
@@ -173,7 +210,8 @@ def read_grant(artifact: Artifact) -> Grant:
     reason = denial_reason(artifact)
     if reason is not None:
         raise MissingGrantError(
-            f"the ledger denied run {artifact.run_id!r} on stream {artifact.stream!r}: {reason}. "
+            f"the ledger denied run {artifact.get_string_custom_property(RUN_ID_KEY)!r} on stream "
+            f"{artifact.get_string_custom_property(STREAM_KEY)!r}: {reason}. "
             "No block data may be read; run the reading components under "
             "tfx.dsl.Cond(grant.future()[0].custom_property('granted') == 1) "
             "to skip them on a denial")
@@ -191,8 +229,9 @@ def read_grant(artifact: Artifact) -> Grant:
         grant = Grant.from_json(_read_text(path))
     except (ValueError, KeyError, TypeError) as e:
         raise MissingGrantError(f"unreadable {path}: {e}") from e
-    if artifact.grant_id and artifact.grant_id != grant.grant_id:
+    recorded = artifact.get_string_custom_property(GRANT_ID_KEY)
+    if recorded and recorded != grant.grant_id:
         raise MissingGrantError(
             f"{path} names grant {grant.grant_id} but the artifact records grant "
-            f"{artifact.grant_id}: the grant file was altered")
+            f"{recorded}: the grant file was altered")
     return grant

@@ -68,7 +68,8 @@ def create_pipeline(*, pipeline_name: str, pipeline_root: str, metadata_path: st
                     trainer_config: Optional[dict] = None, metric: str = "loss",
                     target: float, loss_bound: Optional[float] = None,
                     eta: float = DEFAULT_ETA, serving_model_dir: str,
-                    use_transform: bool = True) -> tfx.dsl.Pipeline:
+                    use_transform: bool = True,
+                    beam_pipeline_args: Optional[Sequence[str]] = None) -> tfx.dsl.Pipeline:
     """Builds SageGate → BlockExampleGen → ImportSchemaGen → DPTransform → DPTrainer →
     DPModelValidator → Pusher (everything after the gate under ``Cond(granted == 1)``).
 
@@ -97,6 +98,9 @@ def create_pipeline(*, pipeline_name: str, pipeline_root: str, metadata_path: st
       use_transform: run DPTransform and train on its DP features; False trains on the raw
         records with the module's public-bound featurization (then the plan has no transform
         part).
+      beam_pipeline_args: standard Beam pipeline options of the Beam-backed components
+        (BlockExampleGen, DPTransform, ...), e.g. ``["--runner=PortableRunner",
+        "--job_endpoint=localhost:8099"]`` (``sage-tfx compile --beam-arg``).
 
     Returns:
       The pipeline.
@@ -162,6 +166,7 @@ def create_pipeline(*, pipeline_name: str, pipeline_root: str, metadata_path: st
         enable_cache=False,
         metadata_connection_config=tfx.orchestration.metadata.sqlite_metadata_connection_config(
             metadata_path),
+        beam_pipeline_args=list(beam_pipeline_args or []),
     )
 
 

@@ -105,7 +105,7 @@ def run_local(*, pipeline_root: str, ledger_url: str, stream: str, window_last: 
     store = metadata_store.MetadataStore(metadata.sqlite_metadata_connection_config(metadata_path))
     grant = store.get_artifacts_by_type("sage_tfx.SageGrant")[-1]
     if grant.custom_properties["granted"].int_value != 1:
-        return {"granted": False, "reason": grant.properties["reason"].string_value}
+        return {"granted": False, "reason": grant.custom_properties["reason"].string_value}
     stats = store.get_artifacts_by_type("ExampleStatistics")[-1]
     examples = store.get_artifacts_by_type("Examples")[-1]
     counts = {}

@@ -109,4 +109,19 @@ PUBLIC_API: dict[str, tuple[str, ...]] = {
     "sage_tfx.dp.audit": (
         "audit_mechanism", "epsilon_lower_bound", "clopper_pearson", "membership_inference",
         "one_run_audit", "one_run_epsilon_lower_bound", "textbook_laplace_reachable"),
+    "sage_tfx.pipelines.lineage": ("open_store", "privacy_lineage", "GrantLineage"),
 }
+
+
+def __getattr__(name: str):  # pylint: disable=invalid-name
+    """``sage_tfx.SageGrant``: the class behind the artifact type name ``sage_tfx.SageGrant``.
+
+    A Kubeflow Pipelines v2 pod rebuilds a custom-typed artifact by importing its type name as a
+    class path (TFX's ``kubeflow_v2_entrypoint_utils``), so this one name must resolve. It is
+    looked up by name only when asked for: importing the core still imports no TFX and no
+    components.
+    """
+    if name == "SageGrant":
+        import importlib
+        return importlib.import_module("sage_tfx.components.artifacts").SageGrant
+    raise AttributeError(f"module 'sage_tfx' has no attribute {name!r}")

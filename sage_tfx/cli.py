@@ -4,12 +4,15 @@ Examples::
 
     sage-tfx --ledger sqlite:///ledger.db create-stream flights --epsilon-g 1 --delta-g 1e-6 \
         --granularity time:timestamp:day
-    sage-tfx import flights data.csv --scheme time:timestamp:day --block-root blocks/
+    sage-tfx import flights data.csv --scheme time:timestamp:day --block-root blocks/ \
+        [--beam-arg=--runner=PortableRunner --beam-arg=--job_endpoint=localhost:8099 ...]
     sage-tfx blocks flights
     sage-tfx request flights --run-id train-1 --last 30 --epsilon 0.1 --delta 1e-8
     sage-tfx audit --limit 20
     sage-tfx audit anchor --file /mnt/worm/ledger-anchors.jsonl --key-file anchor.key
     sage-tfx verify --anchors /mnt/worm/ledger-anchors.jsonl --key-file anchor.key
+    sage-tfx compile --target kubeflow flights-dp --image IMAGE ...   # KFP v2 job JSON
+    sage-tfx compile --target airflow gate-stats ...                  # an Airflow DAG file
 
 The ledger URL comes from ``--ledger``, else ``$SAGE_LEDGER_URL``, else
 ``sqlite:///sage-ledger.db`` in the working directory.
@@ -99,7 +102,8 @@ def _cmd_import(led, a) -> int:
     from sage_tfx.streams.splitter import split_and_register
     scheme = scheme_from_spec(a.scheme)
     result = split_and_register(led, a.stream, a.source, scheme, a.block_root,
-                                on_malformed=a.on_malformed, verbose=True)
+                                on_malformed=a.on_malformed, verbose=True,
+                                pipeline_options=list(a.beam_arg) or None)
     print(f"imported {len(result.blocks)} blocks into {a.stream}")
     return 0
 
@@ -230,6 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--scheme", required=True, help="e.g. time:timestamp:day or hash:user_id:64:salt")
     c.add_argument("--block-root", required=True, help="root directory of block storage")
     c.add_argument("--on-malformed", choices=("error", "skip"), default="error")
+    c.add_argument("--beam-arg", action="append", default=[], metavar="FLAG",
+                   help="one Beam pipeline option for the split, e.g. --beam-arg=--runner="
+                        "PortableRunner (repeatable; default DirectRunner)")
     c.set_defaults(fn=_cmd_import)
 
     c = sub.add_parser("blocks", help="show blocks and remaining budget")
@@ -290,11 +297,30 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--anchors", help="also check the ledger against this anchor file")
     c.add_argument("--key-file", help="HMAC key the anchor lines were signed with")
     c.set_defaults(fn=_cmd_verify)
+
+    c = sub.add_parser("compile", add_help=False, prefix_chars="\0",
+                       help="compile a pipeline for Kubeflow Pipelines or Airflow: "
+                            "compile --target kubeflow|airflow PIPELINE ... (compile --help)")
+    c.add_argument("args", nargs=argparse.REMAINDER)
+    c.set_defaults(fn=None)
     return p
+
+
+def _compile(args: argparse.Namespace) -> int:
+    """``sage-tfx compile``: runs the pipeline layer's compiler (``sage_tfx.pipelines.compile``)
+    in a child process, as the core never imports the TFX layers."""
+    import subprocess
+    env = dict(os.environ)
+    if args.ledger != DEFAULT_URL:  # --ledger given: the compiled pipeline's ledger
+        env["SAGE_LEDGER_URL"] = args.ledger
+    return subprocess.call([sys.executable, "-m", "sage_tfx.pipelines.compile", *args.args],
+                           env=env)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "compile":
+        return _compile(args)
     try:
         with open_ledger(args.ledger) as led:
             return args.fn(led, args)

@@ -29,6 +29,34 @@ from sage_tfx.components.gate import spec
 from sage_tfx.ledger import DEFAULT_CONTEXT
 
 
+# Where the gate's pipeline run id comes from, per orchestrator. LocalDagRunner resolves TFX's
+# execution-invocation placeholder; Kubeflow Pipelines v2 IR has no such placeholder and
+# substitutes its own job placeholder in a constant parameter; Airflow renders the Jinja template
+# of the DAG run id in the task's exec properties. ``sage_tfx.pipelines.orchestration`` switches a
+# built pipeline's gates to the right one (``for_orchestrator``).
+ORCHESTRATORS = ("local", "kubeflow", "airflow")
+KUBEFLOW_PIPELINE_RUN_ID = "{{$.pipeline_job_uuid}}"
+AIRFLOW_PIPELINE_RUN_ID = "{{ dag.dag_id }}.{{ run_id }}"
+
+
+def pipeline_run_id_for(orchestrator: str) -> Union[str, ph.Placeholder]:
+    """The ``pipeline_run_id`` exec property of a SageGate run by ``orchestrator``.
+
+    Args:
+      orchestrator: ``"local"`` (LocalDagRunner, the default), ``"kubeflow"`` or ``"airflow"``.
+
+    Raises:
+      ValueError: an unknown orchestrator.
+    """
+    if orchestrator == "local":
+        return ph.execution_invocation().pipeline_run_id
+    if orchestrator == "kubeflow":
+        return KUBEFLOW_PIPELINE_RUN_ID
+    if orchestrator == "airflow":
+        return AIRFLOW_PIPELINE_RUN_ID
+    raise ValueError(f"orchestrator must be 'local', 'kubeflow' or 'airflow', got {orchestrator!r}")
+
+
 def _dynamic(value: Any) -> bool:
     """A value resolved only at run time (placeholder or RuntimeParameter): not checked here."""
     return isinstance(value, ph.Placeholder) or type(value).__name__ == "RuntimeParameter"
@@ -51,7 +79,8 @@ class SageGate(base_component.BaseComponent):
                  window_last: Optional[int] = None, window_min_blocks: Optional[int] = None,
                  context: str = DEFAULT_CONTEXT,
                  run_id: Optional[Union[str, ph.Placeholder]] = None,
-                 plan: Optional[Union["PrivacyPlan", str]] = None):
+                 plan: Optional[Union["PrivacyPlan", str]] = None,
+                 orchestrator: str = "local"):
         """Constructs a SageGate.
 
         Args:
@@ -75,10 +104,15 @@ class SageGate(base_component.BaseComponent):
             retrying the node in the same pipeline run returns the same grant without charging
             twice, and every new pipeline run is a new request. An explicit run id makes every
             pipeline run with it replay one grant.
+          orchestrator: which orchestrator supplies the pipeline run id: ``"local"``
+            (LocalDagRunner), ``"kubeflow"`` (KFP v2: ``{{$.pipeline_job_uuid}}``) or
+            ``"airflow"`` (the DAG run id). ``sage_tfx.pipelines.orchestration.for_orchestrator``
+            switches an already built pipeline.
 
         Raises:
           ValueError (sage_tfx.errors subclasses): both or neither of blocks / window_last,
-            invalid ε / δ / DpEvent, both (ε, δ) and event_json, a malformed name or URL.
+            invalid ε / δ / DpEvent, both (ε, δ) and event_json, a malformed name or URL, an
+            unknown orchestrator.
         """
         if not _dynamic(ledger_url):
             executor.check_ledger_url(ledger_url)
@@ -108,8 +142,8 @@ class SageGate(base_component.BaseComponent):
             ledger_url=ledger_url,
             stream=stream,
             context=context,
-            run_id=run_id,
-            pipeline_run_id=ph.execution_invocation().pipeline_run_id,
+            ledger_run_id=run_id,
+            pipeline_run_id=pipeline_run_id_for(orchestrator),
             blocks=blocks_json,
             window_last=window_last,
             window_min_blocks=window_min_blocks,

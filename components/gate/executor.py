@@ -193,6 +193,12 @@ class Executor(base_executor.BaseExecutor):
         ctx = self._context
         pipeline_run_id = _get(exec_properties, spec.PIPELINE_RUN_ID_KEY) or (
             ctx.pipeline_run_id if ctx is not None else None)
+        if pipeline_run_id and "{{" in str(pipeline_run_id):
+            # A constant run id would replay one grant in every run: refuse it.
+            raise InvalidRequestError(
+                f"SageGate got the unresolved pipeline run id template {pipeline_run_id!r}: this "
+                "orchestrator does not substitute it. Build the pipeline for the orchestrator "
+                "that runs it (sage_tfx.pipelines.orchestration.for_orchestrator) or pass run_id")
         if not pipeline_run_id:
             raise InvalidRequestError(
                 "SageGate needs a run id: pass run_id=... or run it in a pipeline whose "

@@ -7,7 +7,8 @@ from sage_tfx.components.artifacts import SageGrant
 LEDGER_URL_KEY = "ledger_url"
 STREAM_KEY = "stream"
 CONTEXT_KEY = "context"
-RUN_ID_KEY = "run_id"
+# Not "run_id": TFX's legacy launcher (AirflowDagRunner) reserves that execution property name.
+RUN_ID_KEY = "ledger_run_id"
 # Resolved at run time from the orchestrator's pipeline run id (a placeholder): it derives the
 # default run id and keeps a cached gate from standing in for a new pipeline run.
 PIPELINE_RUN_ID_KEY = "pipeline_run_id"

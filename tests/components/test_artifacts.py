@@ -43,6 +43,33 @@ def test_rewriting_keeps_exactly_one_decision(artifacts, tmp_path):
                           ledger_url="sqlite:////l.db", reason="no budget")
     assert os.listdir(art.uri) == ["DENIED"]
     assert not artifacts.is_granted(art) and artifacts.denial_reason(art) == "no budget"
+    assert art.grant_id == "" and art.block_ids == "" and art.reason == "no budget"
+
+
+def test_grant_survives_a_kubeflow_v2_pod(artifacts, tmp_path):
+    """Out of one pod as KFP v2 runtime metadata, into the next pod as a SageGrant again."""
+    import json
+
+    from google.protobuf import json_format
+    from kfp.pipeline_spec import pipeline_spec_pb2 as pb
+    from tfx.orchestration.kubeflow.v2 import compiler_utils
+    from tfx.orchestration.kubeflow.v2.container import kubeflow_v2_entrypoint_utils as kfp_utils
+
+    art = _artifact(artifacts, tmp_path)
+    artifacts.write_grant(art, _grant(), stream="s", run_id="run-1", context="default",
+                          ledger_url="sqlite:////l.db")
+    runtime = kfp_utils.to_runtime_artifact(art, {})
+    runtime.type.CopyFrom(pb.ArtifactTypeSchema(
+        instance_schema=compiler_utils.get_artifact_schema(artifacts.SageGrant)))
+    wire = pb.RuntimeArtifact()
+    json_format.Parse(json_format.MessageToJson(runtime), wire)
+    [[rebuilt]] = kfp_utils.parse_raw_artifact_dict(
+        {"grant": pb.ArtifactList(artifacts=[wire])}).values()
+    assert type(rebuilt) is artifacts.SageGrant
+    assert artifacts.is_granted(rebuilt) and artifacts.read_grant(rebuilt) == _grant()
+    assert (rebuilt.grant_id, rebuilt.num_blocks, rebuilt.epsilon, rebuilt.delta, rebuilt.mode,
+            json.loads(rebuilt.block_ids), rebuilt.ledger_url) == (
+        "a" * 32, 1, 0.5, 1e-6, "basic", ["2024-01-01"], "sqlite:////l.db")
 
 
 def test_write_grant_refuses_denial_without_reason_and_unreleased_grant(artifacts, tmp_path):

@@ -30,10 +30,20 @@ def test_package_exports_lazily():
 
 
 def test_sage_grant_type():
+    import sage_tfx
+    from sage_tfx.components import artifacts
     from sage_tfx.components.artifacts import SageGrant
     assert SageGrant.TYPE_NAME == "sage_tfx.SageGrant"
-    assert {"stream", "run_id", "grant_id", "epsilon", "delta", "event_json", "ledger_url",
-            "num_blocks", "reason", "context"} <= set(SageGrant.PROPERTIES)
+    # KFP v2 IR carries no declared properties of a custom type: everything is a custom property,
+    # and a pod finds the class by importing the type name.
+    assert not SageGrant.PROPERTIES
+    assert sage_tfx.SageGrant is SageGrant
+    g = SageGrant()
+    for key in artifacts.GRANT_PROPERTY_KEYS:
+        assert hasattr(SageGrant, key), key
+    g.stream, g.num_blocks, g.epsilon = "flights", 3, 0.5
+    assert g.get_string_custom_property("stream") == "flights"
+    assert (g.num_blocks, g.epsilon, g.delta, g.reason) == (3, 0.5, 0.0, "")
 
 
 def test_gate_window_spec(gate_mod):
@@ -52,6 +62,14 @@ def test_gate_window_spec(gate_mod):
     assert p[spec.DELTA_KEY] == 1e-7
     assert p.get(spec.BLOCKS_KEY) is None and p.get(spec.RUN_ID_KEY) is None
     assert isinstance(p[spec.PIPELINE_RUN_ID_KEY], ph.Placeholder)
+    for orchestrator, run_id in (("kubeflow", "{{$.pipeline_job_uuid}}"),
+                                 ("airflow", "{{ dag.dag_id }}.{{ run_id }}")):
+        g = component.SageGate(ledger_url=URL, stream="flights", window_last=3, epsilon=1,
+                               orchestrator=orchestrator)
+        assert g.exec_properties[spec.PIPELINE_RUN_ID_KEY] == run_id
+    with pytest.raises(ValueError, match="orchestrator"):
+        component.SageGate(ledger_url=URL, stream="flights", window_last=3, epsilon=1,
+                           orchestrator="argo")
 
 
 def test_gate_blocks_rdp_spec(gate_mod):
