@@ -65,7 +65,7 @@ def test_flights_dag_charges_blesses_and_pushes(flights_blocks, airflow_home, tm
                   stream=STREAM, window_last=WINDOW, epsilon=EPSILON, delta=DELTA,
                   target=TARGET, use_transform=False,
                   serving_model_dir=str(tmp_path / "serving"),
-                  trainer_config={"seed": 1}, validator_seed=1)
+                  trainer_config={"seed": 1})
     home = _home(airflow_home, tmp_path, "home", DAG_FILE)
     env = {"SAGE_PIPELINE_CONFIG": json.dumps(config), "SAGE_LEDGER_URL": ledger_url,
            "SAGE_BEAM_ARGS": BEAM_ARGS}

@@ -24,7 +24,7 @@ def _config(root, ledger_url, name):
                 metadata_path=str(root / name / "mlmd.db"), stream=STREAM, window_last=WINDOW,
                 epsilon=EPSILON, delta=DELTA, target=TARGET, use_transform=False,
                 serving_model_dir=str(root / name / "serving"),
-                trainer_config={"seed": 1}, validator_seed=1, beam_pipeline_args=BEAM_ARGS)
+                trainer_config={"seed": 1}, beam_pipeline_args=BEAM_ARGS)
 
 
 def test_every_pipeline_compiles_to_kfp_v2_ir(tmp_path):
@@ -134,7 +134,12 @@ def test_kfp_pods_decide_what_local_dag_runner_decides(flights_blocks, local_run
     assert grant_meta["run_id"] == derive_run_id("pipeline", "SageGate", job_uuid)
 
     blessing = results["DPModelValidator"]["outputs"]["blessing"]["metadata"]
-    keys = set(local.blessing) - {"grant_id"}
+    # The validator's released numbers carry fresh OpenDP noise in each run (seeded noise never
+    # reaches a pipeline run), so compare what the plan determines, and the keys written.
+    assert set(blessing) - {"membership_auc", "membership_advantage"} >= set(local.blessing)
+    keys = {"epsilon", "delta", "eta", "target", "loss_bound", "metric_name", "outcome",
+            "blessed"} & set(local.blessing)
+    assert {"epsilon", "outcome", "blessed"} <= keys
     assert {k: blessing[k] for k in keys} == pytest.approx({k: local.blessing[k] for k in keys})
     assert blessing["grant_id"] == grant_meta["grant_id"] != local.grant_id
     assert blessing["outcome"] == "ACCEPT" and blessing["blessed"] == 1.0
