@@ -13,6 +13,8 @@ Examples::
     sage-tfx verify --anchors /mnt/worm/ledger-anchors.jsonl --key-file anchor.key
     sage-tfx compile --target kubeflow flights-dp --image IMAGE ...   # KFP v2 job JSON
     sage-tfx compile --target airflow gate-stats ...                  # an Airflow DAG file
+    sage-tfx ptk plan --url sqlite:///ledger.db                       # the PTK store's plan
+    sage-tfx dnd serve --ledger sqlite:///ledger.db --stream s ...    # a Draw-and-Discard server
 
 The ledger URL comes from ``--ledger``, else ``$SAGE_LEDGER_URL``, else
 ``sqlite:///sage-ledger.db`` in the working directory.
@@ -303,7 +305,28 @@ def build_parser() -> argparse.ArgumentParser:
                             "compile --target kubeflow|airflow PIPELINE ... (compile --help)")
     c.add_argument("args", nargs=argparse.REMAINDER)
     c.set_defaults(fn=None)
+
+    # The systems' own commands, passed through (each system parses its arguments).
+    for name, help_text in (("ptk", "the PTK store: ptk serve|plan --url LEDGER ... (ptk --help)"),
+                            ("dnd", "Draw-and-Discard: dnd serve --ledger LEDGER ... "
+                                    "(dnd serve --help)")):
+        c = sub.add_parser(name, add_help=False, prefix_chars="\0", help=help_text)
+        c.add_argument("args", nargs=argparse.REMAINDER)
+        c.set_defaults(fn=None)
     return p
+
+
+def _system_command(args: argparse.Namespace) -> int:
+    """``sage-tfx ptk ...`` / ``sage-tfx dnd serve ...``: the system's own command line."""
+    if args.command == "ptk":
+        from sage_tfx.ptk import service
+        return service.main(args.args)
+    if not args.args or args.args[0] != "serve":
+        print("usage: sage-tfx dnd serve --ledger URL --stream S --run-id R ... "
+              "(sage-tfx dnd serve --help)", file=sys.stderr)
+        return 2
+    from sage_tfx.dnd import server
+    return server.main(args.args[1:])
 
 
 def _compile(args: argparse.Namespace) -> int:
@@ -321,6 +344,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "compile":
         return _compile(args)
+    if args.command in ("ptk", "dnd"):
+        return _system_command(args)
     try:
         with open_ledger(args.ledger) as led:
             return args.fn(led, args)

@@ -142,3 +142,12 @@ def test_concurrent_clients_never_tear_or_invent_an_instance(sqlite_url):
 def test_the_simulator_refuses_non_local_hosts():
     with pytest.raises(ValueError, match="127.0.0.1"):
         asyncio.run(simulate("http://example.com:80", updates=1, make_update=lambda w: w))
+
+
+def test_sage_tfx_dnd_needs_the_serve_subcommand(capsys):
+    from sage_tfx import cli
+    assert cli.main(["dnd"]) == 2
+    assert "sage-tfx dnd serve" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # argparse of the server: --ledger etc. are required
+        cli.main(["dnd", "serve", "--stream", "s"])
+    assert e.value.code == 2

@@ -131,3 +131,15 @@ def test_plan_command_prints_the_plan(make_store, capsys):
     assert main(["plan", "--url", store.url]) == 0
     out = capsys.readouterr().out
     assert "K = 1" in out and "1,234" in out and pid in out
+
+
+def test_sage_tfx_ptk_plan_is_the_same_command(make_store, capsys):
+    """``sage-tfx ptk plan`` passes its arguments to the store's own command line."""
+    from sage_tfx import cli
+    store = make_store()
+    store.advance_window(window(10000, 0), user_key="user")
+    pid = store.register_ptk(f"{HS}:train_dp", f"{HS}:eval", config=HS_CONFIG, tau=0.2,
+                             menu=[(0.5, 1234)])
+    assert cli.main(["ptk", "plan", "--url", store.url]) == 0
+    out = capsys.readouterr().out
+    assert "K = 1" in out and pid in out
