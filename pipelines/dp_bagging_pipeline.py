@@ -39,7 +39,13 @@ def create_pipeline(pipeline_name: str, pipeline_root: str, metadata_path: str, 
     lam = 2.0 / n if lam is None else lam
     config = BaggingConfig(k=k, n=n, lam=lam, mode=mode, accountant=accountant)
     cost = bagging_cost(config, epsilon=epsilon, delta=delta, public_size=public_size, rdp=rdp_stream)
-    gate = SageGate(ledger_url=ledger_url, stream=stream, window_last=window_last, run_id=run_id, **cost)
+    # min_records=n: a window whose ledger block sizes hold fewer than n records cannot give every
+    # partition n non-empty chunks (units <= records), so the gate denies it and refunds the
+    # reservation before any data is read, instead of the trainer failing after the charge. A
+    # window with >= n records but < n units is still only found by the trainer (after the
+    # charge): the number of units is private, the number of records is ledger metadata.
+    gate = SageGate(ledger_url=ledger_url, stream=stream, window_last=window_last, run_id=run_id,
+                    min_records=n, **cost)
     with tfx.dsl.Cond(gate.outputs["grant"].future()[0].custom_property("granted") == 1):
         private = BlockExampleGen(grant=gate.outputs["grant"], ledger_url=ledger_url,
                                   output_config=example_gen_pb2.Output(split_config=example_gen_pb2.SplitConfig(

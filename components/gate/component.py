@@ -80,7 +80,7 @@ class SageGate(base_component.BaseComponent):
                  context: str = DEFAULT_CONTEXT,
                  run_id: Optional[Union[str, ph.Placeholder]] = None,
                  plan: Optional[Union["PrivacyPlan", str]] = None,
-                 orchestrator: str = "local"):
+                 orchestrator: str = "local", min_records: Optional[int] = None):
         """Constructs a SageGate.
 
         Args:
@@ -108,6 +108,11 @@ class SageGate(base_component.BaseComponent):
             (LocalDagRunner), ``"kubeflow"`` (KFP v2: ``{{$.pipeline_job_uuid}}``) or
             ``"airflow"`` (the DAG run id). ``sage_tfx.pipelines.orchestration.for_orchestrator``
             switches an already built pipeline.
+          min_records: the fewest records the granted blocks must hold, by the ledger's public
+            per-block sizes (``BlockSpec.records``). The gate then reserves, checks the sizes and
+            either releases the data or cancels the reservation (a refund: nothing was read) and
+            writes a denial. For components that cannot run on too little data (an empty
+            window, DP bagging's n chunks), so that they fail before anything is charged.
 
         Raises:
           ValueError (sage_tfx.errors subclasses): both or neither of blocks / window_last,
@@ -128,6 +133,8 @@ class SageGate(base_component.BaseComponent):
                 raise ValueError("give a privacy plan or (epsilon, delta) / event_json, not both")
             plan_json, cost = executor.plan_cost(plan)
             epsilon, delta, event_json = cost["epsilon"], cost["delta"], cost["event_json"]
+        if min_records is not None and not _dynamic(min_records):
+            executor.check_min_records(min_records)
         values = (blocks, window_last, window_min_blocks, epsilon, delta, event_json)
         if not any(_dynamic(v) for v in values):
             request = executor.build_request(
@@ -147,6 +154,7 @@ class SageGate(base_component.BaseComponent):
             blocks=blocks_json,
             window_last=window_last,
             window_min_blocks=window_min_blocks,
+            min_records=min_records,
             epsilon=epsilon,
             delta=delta,
             event_json=event_json,

@@ -23,7 +23,7 @@ from sage_tfx.adaptive import plan as plan_lib
 from sage_tfx.components import artifacts, plan_io
 from sage_tfx.components.gate import spec
 from sage_tfx.errors import AccountingModeError, InvalidRequestError
-from sage_tfx.ledger import DEFAULT_CONTEXT, Window, open_ledger
+from sage_tfx.ledger import DEFAULT_CONTEXT, Decision, Window, open_ledger
 
 # Same alphabet as the ledger's names (stream, context, run id).
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}$")
@@ -183,6 +183,56 @@ def request_from_exec_properties(exec_properties: Dict[str, Any]) -> Dict[str, A
         epsilon=epsilon, delta=delta, event_json=_get(exec_properties, spec.EVENT_JSON_KEY))
 
 
+def check_min_records(min_records: Any) -> int:
+    """``min_records`` as an int >= 1.
+
+    Raises:
+      InvalidRequestError: not an integer >= 1.
+    """
+    if isinstance(min_records, bool) or not isinstance(min_records, int) or min_records < 1:
+        raise InvalidRequestError(f"min_records must be an integer >= 1, got {min_records!r}")
+    return min_records
+
+
+def request_with_min_records(ledger, stream: str, *, run_id: str, context: str, request: dict,
+                             min_records: int) -> Decision:
+    """A request whose blocks must hold ``min_records`` records (the ledger's public sizes).
+
+    The charge is reserved (no locations), the granted blocks' recorded sizes are summed, and the
+    reservation is then released, or cancelled — a refund, since no data was released — and the
+    run denied with the reason. Block sizes are ledger metadata, never read from the data; a
+    block registered without a size cannot be counted and is a denial.
+    """
+    decision = ledger.request(stream, run_id=run_id, context=context, release=False, **request)
+    if not decision.granted:
+        return decision
+    grant = decision.grant
+    if grant.status == "cancelled":  # a replay of a run this check denied before
+        return Decision(False, None, _too_few_reason(grant, ledger, stream, context, min_records),
+                        replayed=True)
+    if grant.status == "released":  # a replay of a run that passed the check
+        return decision
+    reason = _too_few_reason(grant, ledger, stream, context, min_records)
+    if reason:
+        ledger.cancel(grant.grant_id)
+        logging.warning("SageGate: reservation %s cancelled and refunded: %s", grant.grant_id,
+                        reason)
+        return Decision(False, None, reason, replayed=decision.replayed)
+    return Decision(True, ledger.release(grant.grant_id), "", replayed=decision.replayed)
+
+
+def _too_few_reason(grant, ledger, stream: str, context: str, min_records: int) -> str:
+    sizes = [ledger.block(stream, b.block_id, context).records for b in grant.blocks]
+    if any(n is None for n in sizes):
+        return (f"min_records={min_records} needs the ledger's block sizes, but a granted block "
+                "was registered without one")
+    total = sum(sizes)
+    if total < min_records:
+        return (f"the granted blocks hold {total} records (ledger block sizes), fewer than "
+                f"min_records={min_records}")
+    return ""
+
+
 class Executor(base_executor.BaseExecutor):
     """Asks the ledger for the run's blocks and writes the decision (grant or denial)."""
 
@@ -239,8 +289,14 @@ class Executor(base_executor.BaseExecutor):
         run_id = self._run_id(exec_properties)
         grant_artifact = artifact_utils.get_single_instance(output_dict[spec.GRANT_KEY])
 
+        min_records = _get(exec_properties, spec.MIN_RECORDS_KEY)
         with open_ledger(ledger_url) as ledger:
-            decision = ledger.request(stream, run_id=run_id, context=context, **request)
+            if min_records is None:
+                decision = ledger.request(stream, run_id=run_id, context=context, **request)
+            else:
+                decision = request_with_min_records(
+                    ledger, stream, run_id=run_id, context=context, request=request,
+                    min_records=check_min_records(min_records))
 
         if decision.granted:
             grant = decision.grant

@@ -15,6 +15,9 @@ PIPELINE_RUN_ID_KEY = "pipeline_run_id"
 BLOCKS_KEY = "blocks"  # JSON list of block ids
 WINDOW_LAST_KEY = "window_last"
 WINDOW_MIN_BLOCKS_KEY = "window_min_blocks"
+# The fewest records (the ledger's public per-block sizes) the granted blocks must hold; fewer
+# means a denial and the reservation is cancelled (refunded: no data was released).
+MIN_RECORDS_KEY = "min_records"
 EPSILON_KEY = "epsilon"
 DELTA_KEY = "delta"
 EVENT_JSON_KEY = "event_json"
@@ -38,6 +41,7 @@ class SageGateSpec(ComponentSpec):
         BLOCKS_KEY: ExecutionParameter(type=str, optional=True),
         WINDOW_LAST_KEY: ExecutionParameter(type=int, optional=True),
         WINDOW_MIN_BLOCKS_KEY: ExecutionParameter(type=int, optional=True),
+        MIN_RECORDS_KEY: ExecutionParameter(type=int, optional=True),
         EPSILON_KEY: ExecutionParameter(type=float, optional=True),
         DELTA_KEY: ExecutionParameter(type=float, optional=True),
         EVENT_JSON_KEY: ExecutionParameter(type=str, optional=True),

@@ -147,3 +147,16 @@ def test_executor_refuses_before_reading_any_data(tmp_path, block_ledger, case):
     with pytest.raises(err):
         Executor().Do(inputs, outputs, props)
     assert not os.path.exists(tmp_path / "model")
+
+
+def test_pipeline_gate_needs_n_records_before_charging(tmp_path):
+    """The gate denies (and refunds) a window whose ledger block sizes hold fewer than n records:
+    no partition could fill n chunks, and the trainer would only find out after the charge."""
+    from sage_tfx.pipelines.dp_bagging_pipeline import create_pipeline
+    pipeline = create_pipeline(
+        "bagging-gate", str(tmp_path / "root"), str(tmp_path / "mlmd.db"),
+        ledger_url=f"sqlite:///{tmp_path}/l.db", stream=STREAM, window_last=3,
+        public_csv_dir=str(tmp_path), public_size=200, epsilon=4.0, delta=1e-5, k=K, n=N,
+        lam=0.5, label_key="label", unit_key="user", feature_keys=["x0", "x1"])
+    [gate] = [c for c in pipeline.components if c.id == "SageGate"]
+    assert gate.exec_properties["min_records"] == N

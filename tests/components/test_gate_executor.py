@@ -196,3 +196,45 @@ def test_plan_is_charged_once_and_stored_beside_the_grant(tfx_modules, tmp_path,
     assert gate.exec_properties[spec.EPSILON_KEY] == 0.6
     with pytest.raises(ValueError, match="not both"):
         SageGate(ledger_url=url, stream=STREAM, window_last=2, plan=plan, epsilon=0.6)
+
+
+def test_min_records_met_releases_the_grant(tfx_modules, tmp_path, block_ledger):
+    from blockdata import RECORDS_PER_BLOCK
+    artifacts, executor, spec = tfx_modules
+    url, locations = block_ledger
+    art = _run_gate(tfx_modules, tmp_path, "m", _props(
+        spec, url, run_id="enough", window_last=2, epsilon=0.25, min_records=2 * RECORDS_PER_BLOCK))
+    grant = artifacts.read_grant(art)
+    assert grant.status == "released" and grant.block_ids == DAY_BLOCKS[-2:]
+    assert grant.locations == tuple(locations[b] for b in DAY_BLOCKS[-2:])
+    assert _charges(url)["2024-01-04"] == (0.25, 1)
+
+
+def test_min_records_unmet_denies_and_refunds(tfx_modules, tmp_path, block_ledger):
+    """Too few records by the ledger's block sizes: the reservation is cancelled (refunded),
+    the run denied with the reason, and a replay of the run id denies again without a charge."""
+    from blockdata import RECORDS_PER_BLOCK
+    from sage_tfx.ledger import open_ledger
+    artifacts, executor, spec = tfx_modules
+    url, _ = block_ledger
+    before = _charges(url)
+    props = _props(spec, url, run_id="too-small", window_last=2, epsilon=0.25,
+                   min_records=2 * RECORDS_PER_BLOCK + 1)
+    art = _run_gate(tfx_modules, tmp_path, "m", props)
+    assert os.listdir(art.uri) == [artifacts.DENIED_FILE_NAME]
+    assert f"hold {2 * RECORDS_PER_BLOCK} records" in art.reason
+    assert _charges(url) == before
+    again = _run_gate(tfx_modules, tmp_path, "m2", props)
+    assert os.listdir(again.uri) == [artifacts.DENIED_FILE_NAME] and again.reason == art.reason
+    assert _charges(url) == before
+    with open_ledger(url) as ledger:
+        [g] = [g for g in ledger.grants(STREAM) if g.run_id == "too-small"]
+        assert g.status == "cancelled" and not ledger.check_consistency(STREAM)
+
+
+@pytest.mark.parametrize("bad", [0, -3, 1.5, True])
+def test_min_records_must_be_a_positive_integer(tfx_modules, bad):
+    from sage_tfx.errors import InvalidRequestError
+    _, executor, _ = tfx_modules
+    with pytest.raises(InvalidRequestError, match="min_records"):
+        executor.check_min_records(bad)
