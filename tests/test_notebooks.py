@@ -14,7 +14,7 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 PROMISES = {
     "01_sage_quickstart.ipynb": (
         ("daily blocks", "retired blocks", "DP mean departure delay", "granted: False",
-         "have budget left", "refused: epsilon", "chain intact", "budget problems: none"), 1),
+         "have budget left", "refused: epsilon", "chain(s), intact", "budget problems: none"), 1),
     "02_ptk_store.ipynb": (
         ("registered ptk-", "K = 1", "refused: PerformanceTargetError", "REJECT:",
          "notified version 1", "lineage:", "raw files left: 0"), 1),

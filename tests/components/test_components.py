@@ -23,8 +23,10 @@ def test_package_exports_lazily():
     from sage_tfx.components.block_example_gen.component import BlockExampleGen
     from sage_tfx.components.gate.component import SageGate
     assert (c.SageGate, c.BlockExampleGen, c.SageGrant) == (SageGate, BlockExampleGen, SageGrant)
-    assert set(c.__all__) == {"SageGate", "BlockExampleGen", "SageGrant", "DPModelValidator",
-                              "DPTrainer", "DPTransform"}
+    assert {"SageGate", "BlockExampleGen", "SageGrant", "DPModelValidator", "DPTrainer",
+            "DPTransform", "PTKTrainer", "PTKFeaturizer", "PTKState"} <= set(c.__all__)
+    for name in c.__all__:  # every lazy name resolves to a component or artifact class
+        assert isinstance(getattr(c, name), type), name
     with pytest.raises(AttributeError):
         c.NoSuchComponent  # noqa: B018
 
