@@ -43,7 +43,7 @@ EMAIL_LABEL = "spam"
 EMAIL_UNIT = "email_id"
 
 
-def email_settings(*, k: int = 10, gamma: float = 0.1, epsilon: float = 2.0, passes: int = 1,
+def email_settings(*, k: int = 10, gamma: float = 0.1, epsilon: float = 4.0, passes: int = 1,
                    n_c: int = 1) -> RunSettings:
     """A logistic model on :data:`EMAIL_FEATURES` (one email per unit, so N_c = 1)."""
     return RunSettings("logistic", len(EMAIL_FEATURES), k=k, gamma=gamma, l1_norm_clip=1.0,
@@ -100,7 +100,8 @@ def create_pipeline(pipeline_name: str, pipeline_root: str, metadata_path: str, 
                     validate_epsilon: float, target: float, serving_model_dir: str,
                     features: Sequence[FeatureSpec] = EMAIL_FEATURES,
                     client_key: str = EMAIL_UNIT, label_key: str = EMAIL_LABEL,
-                    eta: float = 0.05, run_id: Optional[str] = None) -> tfx.dsl.Pipeline:
+                    eta: float = 0.05, run_id: Optional[str] = None,
+                    beam_pipeline_args: Optional[Sequence[str]] = None) -> tfx.dsl.Pipeline:
     """Builds the pipeline; ``target`` is the binary accuracy the validator must certify."""
     plan = make_plan(settings, validate_epsilon)
     gate = SageGate(ledger_url=ledger_url, stream=stream, window_last=window_last,
@@ -123,4 +124,5 @@ def create_pipeline(pipeline_name: str, pipeline_root: str, metadata_path: str, 
         pipeline_name=pipeline_name, pipeline_root=pipeline_root,
         components=[gate, example_gen, trainer, validator, pusher], enable_cache=False,
         metadata_connection_config=tfx.orchestration.metadata.sqlite_metadata_connection_config(
-            metadata_path))
+            metadata_path),
+        beam_pipeline_args=list(beam_pipeline_args or []))

@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Sequence
 
 from tfx import types
 from tfx.dsl.components.base import base_component, base_executor, executor_spec
+from tfx.dsl.io import fileio
 from tfx.types import standard_artifacts
 from tfx.types.component_spec import ChannelParameter, ComponentSpec, ExecutionParameter
 from tfx.utils import path_utils
@@ -37,7 +38,7 @@ class Executor(base_executor.BaseExecutor):
                                     features_from_json(exec_properties[FEATURES_KEY]))
         if "run_id" in served:
             model.set_string_custom_property("dnd_run_id", served["run_id"])
-        with open(os.path.join(model.uri, "privacy_report.json"), "w") as f:
+        with fileio.open(os.path.join(model.uri, "privacy_report.json"), "w") as f:
             f.write(json.dumps({"source": "dnd server average", "spec": served}, indent=2,
                                sort_keys=True))
 

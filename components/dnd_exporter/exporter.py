@@ -50,6 +50,7 @@ def export_from_server(server_url: str, path: str, features: Sequence[FeatureSpe
         r.raise_for_status()
         weights = decode(r.content, int(served["dim"]))
     export_glm(model["family"], weights, features, path)
-    with open(os.path.join(path, SERVER_FILE), "w") as f:
+    from tfx.dsl.io import fileio
+    with fileio.open(os.path.join(path, SERVER_FILE), "w") as f:
         f.write(json.dumps({"server_url": server_url, "spec": served}, indent=2, sort_keys=True))
     return served

@@ -80,6 +80,9 @@ def _first(ex, key):
     return vals[0] if len(vals) else None
 
 
+_KINDS = {"float": "float_list", "int": "int64_list"}
+
+
 def read_rows(files, features, label_key: str, client_key: str):
     """(x (n, p) raw, y (n,), units) of every record; a missing feature takes its midpoint."""
     import tensorflow as tf
@@ -92,6 +95,11 @@ def read_rows(files, features, label_key: str, client_key: str):
             if label is None or unit is None:
                 raise InvalidRequestError(f"every example needs its label ({label_key!r}) and "
                                           f"privacy unit ({client_key!r})")
+            for f in features:   # the served model parses each feature with its declared type
+                if f.key in ex.features.feature and ex.features.feature[f.key].WhichOneof("kind") \
+                        not in (None, _KINDS[f.dtype]):
+                    raise InvalidRequestError(f"feature {f.key!r} is declared {f.dtype} but stored "
+                                              f"as {ex.features.feature[f.key].WhichOneof('kind')}")
             row = [_first(ex, f.key) for f in features]
             xs.append([f.midpoint if v is None else float(v) for f, v in zip(features, row)])
             ys.append(float(label))

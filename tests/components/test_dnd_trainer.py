@@ -124,15 +124,17 @@ def _props(settings=SETTINGS, **kw):
             "split": "train", "spam_check": 1, **kw}
 
 
-def _inputs(tmp_path, epsilon, granted_for=None):
+def _inputs(tmp_path, epsilon=None, event=None):
     from tfx.types import standard_artifacts
     from sage_tfx.components import artifacts
     from sage_tfx.ledger import BlockSpec, Window, open_ledger
     url = f"sqlite:///{tmp_path}/ledger.db"
+    cost = dict(epsilon=epsilon, delta=0.0) if event is None else dict(event=event)
     with open_ledger(url) as ledger:
-        ledger.create_stream("s", epsilon_g=20.0, delta_g=1e-6, granularity="day")
+        ledger.create_stream("s", epsilon_g=20.0, delta_g=1e-6, granularity="day",
+                             mode="basic" if event is None else "rdp")
         ledger.add_blocks("s", [BlockSpec("b1", str(tmp_path / "b1"))])
-        d = ledger.request("s", run_id="dnd-1", window=Window(last=1), epsilon=epsilon, delta=0.0)
+        d = ledger.request("s", run_id="dnd-1", window=Window(last=1), **cost)
     grant = artifacts.SageGrant()
     grant.uri = str(tmp_path / "grant")
     artifacts.write_grant(grant, d.grant, stream="s", run_id="dnd-1", context="default",
@@ -188,6 +190,33 @@ def test_executor_trains_and_exports_a_serving_model(tmp_path):
     raw = np.array([[9.0, 1], [1.0, 9], [40.0, -3], [5.0, 2]])
     expect = SETTINGS.spec.predict(w, P.bounds_of(FEATURES).normalize(raw))
     np.testing.assert_allclose(p, expect, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("passes", [2, 1])
+def test_executor_on_an_rdp_stream_needs_exactly_the_composed_event(tmp_path, passes):
+    from sage_tfx.components.dnd_trainer.executor import Executor
+    charged = P.RunSettings(**{**SETTINGS.__dict__, "passes": passes})
+    inputs, outputs = _inputs(tmp_path, event=P.dnd_train_part(charged, rdp=True).event)
+    if passes != SETTINGS.passes:     # the grant paid for one pass, the run would make two
+        with pytest.raises(MissingGrantError):
+            Executor().Do(inputs, outputs, _props())
+        assert not os.path.exists(tmp_path / "model")
+        return
+    Executor().Do(inputs, outputs, _props())
+    report = json.load(open(os.path.join(outputs["model"][0].uri, "privacy_report.json")))
+    assert report["charged"]["event"]["count"] == 2
+    assert report["updates"] == 120
+
+
+@pytest.mark.slow
+def test_executor_refuses_a_feature_stored_with_another_type(tmp_path):
+    from sage_tfx.components.dnd_trainer.executor import Executor
+    inputs, outputs = _inputs(tmp_path, epsilon=16.0)
+    feats = [P.FeatureSpec("x0", 0.0, 10.0, "int"), FEATURES[1]]   # x0 is stored as float
+    with pytest.raises(InvalidRequestError, match="x0"):
+        Executor().Do(inputs, outputs, _props(features=P.features_to_json(feats)))
+    assert not os.path.exists(tmp_path / "model")
 
 
 @pytest.mark.slow

@@ -45,6 +45,17 @@ def test_exporter_pulls_the_average_of_a_live_server(tmp_path):
             drawn = c.post("/v1/draw", params={"client_id": "c1", "blocks": "b0"}).json()
             c.post(f"/v1/discard/{drawn['ticket']}", json={"weights": drawn["weights"]})
         served = export_from_server(base, str(tmp_path / "m"), features)
+        # the same through the component's executor, into a Model artifact
+        from tfx.types import standard_artifacts
+        from sage_tfx.components.dnd_exporter.component import DnDExporter, Executor
+        component = DnDExporter(server_url=base, features=features)
+        artifact = standard_artifacts.Model()
+        artifact.uri = str(tmp_path / "artifact")
+        (tmp_path / "artifact").mkdir()
+        Executor().Do({}, {"model": [artifact]}, component.exec_properties)
+        assert artifact.get_string_custom_property("dnd_run_id") == "r1"
+        assert (tmp_path / "artifact" / "Format-Serving" / "saved_model.pb").exists()
+        assert json.load(open(tmp_path / "artifact" / "privacy_report.json"))["spec"]["k"] == 4
         with pytest.raises(InvalidRequestError):
             export_from_server(base, str(tmp_path / "bad"), features[:1])
     assert served["run_id"] == "r1" and served["k"] == 4
