@@ -16,6 +16,8 @@ _LAZY = {
     "PTKTrainer": "sage_tfx.components.ptk_trainer.component",
     "PTKFeaturizer": "sage_tfx.components.ptk_featurizer.component",
     "PTKState": "sage_tfx.components.ptk_trainer.spec",
+    "DnDTrainer": "sage_tfx.components.dnd_trainer.component",
+    "DnDExporter": "sage_tfx.components.dnd_exporter.component",
 }
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())

@@ -88,6 +88,10 @@ PUBLIC_API: dict[str, tuple[str, ...]] = {
                             "run_event"),
     "sage_tfx.dnd.server": ("create_app", "build_service", "main"),
     "sage_tfx.dnd.simulator": ("simulate", "SimulationResult"),
+    "sage_tfx.components.dnd_trainer": ("DnDTrainer", "dnd_train_part", "FeatureSpec",
+                                        "export_glm"),
+    "sage_tfx.components.dnd_trainer.protocol": ("RunSettings", "run_protocol"),
+    "sage_tfx.components.dnd_exporter": ("DnDExporter", "export_from_server"),
     "sage_tfx.cli": ("main",),
     "sage_tfx.components": (
         "SageGate", "BlockExampleGen", "DPTransform", "DPTrainer", "DPModelValidator",
