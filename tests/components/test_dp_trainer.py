@@ -636,9 +636,9 @@ def test_dp_trainer_under_local_dag_runner(mods, tmp_path, flights):
         properties={"split_names": '["train", "eval"]'}).with_id("import_examples")
     grant_import = tfx.dsl.Importer(
         source_uri=grant.uri, artifact_type=SageGrant,
-        properties={k: getattr(grant, k) for k in ("grant_id", "stream", "run_id", "context",
-                                                     "ledger_url")},
-        custom_properties={artifacts.GRANTED_KEY: 1}).with_id("import_grant")
+        custom_properties={**{k: getattr(grant, k) for k in ("grant_id", "stream", "run_id",
+                                                             "context", "ledger_url")},
+                           artifacts.GRANTED_KEY: 1}).with_id("import_grant")
     trainer = DPTrainer(examples=examples.outputs["result"], grant=grant_import.outputs["result"],
                         module_file=module_file,
                         custom_config={"algorithm": "adassp", "seed": 5})
