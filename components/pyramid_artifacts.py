@@ -7,8 +7,13 @@
       noisy label prior, noise variances, the count spec, the live windows).
 
 Both hold only DP releases (noisy tables and their public parameters), never raw observations.
+Their metadata (``window``, ``run_id``, ... below) are MLMD custom properties, read and written as
+attributes: the types declare no PROPERTIES, which Kubeflow Pipelines v2 IR cannot carry for a
+custom artifact type.
 """
-from tfx.types.artifact import Artifact, Property, PropertyType
+from tfx.types.artifact import Artifact
+
+from sage_tfx.components.artifacts import _custom_property
 
 WINDOW_FILE = "window.json"
 FEATURIZATION_FILE = "featurization.npz"
@@ -25,20 +30,16 @@ class PyramidWindowTable(Artifact):
     """A sealed window of DP count tables (layout in the module docstring)."""
 
     TYPE_NAME = "sage_tfx.PyramidWindowTable"
-    PROPERTIES = {
-        WINDOW_PROPERTY: Property(type=PropertyType.INT),
-        RUN_ID_PROPERTY: Property(type=PropertyType.STRING),
-        GRANT_ID_PROPERTY: Property(type=PropertyType.STRING),
-        EPSILON_PROPERTY: Property(type=PropertyType.FLOAT),
-        SPEC_DIGEST_PROPERTY: Property(type=PropertyType.STRING),
-    }
+    window = _custom_property(WINDOW_PROPERTY, "int", "the sealed window's index")
+    run_id = _custom_property(RUN_ID_PROPERTY, "string", "the ledger run id that paid for it")
+    grant_id = _custom_property(GRANT_ID_PROPERTY, "string", "the grant that paid for it")
+    epsilon = _custom_property(EPSILON_PROPERTY, "float", "ε charged for the window's tables")
+    spec_digest = _custom_property(SPEC_DIGEST_PROPERTY, "string", "digest of the CountSpec")
 
 
 class PyramidFeaturization(Artifact):
     """A featurization snapshot: the summed DP tables of the live windows."""
 
     TYPE_NAME = "sage_tfx.PyramidFeaturization"
-    PROPERTIES = {
-        WINDOWS_PROPERTY: Property(type=PropertyType.STRING),
-        SPEC_DIGEST_PROPERTY: Property(type=PropertyType.STRING),
-    }
+    windows = _custom_property(WINDOWS_PROPERTY, "string", "the live windows, a JSON list")
+    spec_digest = _custom_property(SPEC_DIGEST_PROPERTY, "string", "digest of the CountSpec")

@@ -1,6 +1,6 @@
 """PTKTrainer and PTKFeaturizer specs, the PTKState artifact and their keys."""
 from tfx.types import standard_artifacts
-from tfx.types.artifact import Artifact, Property, PropertyType
+from tfx.types.artifact import Artifact
 from tfx.types.component_spec import ChannelParameter, ComponentSpec, ExecutionParameter
 
 from sage_tfx.components.artifacts import SageGrant
@@ -20,14 +20,10 @@ LINEAGE_FILE = "lineage.json"
 
 class PTKState(Artifact):
     """One version of a PTK from the lake: ``state.json`` (the DP state) and ``lineage.json``
-    (window, blocks, ε, δ, grant id, run id). Properties: ``ptk_id``, ``version``, ``grant_id``."""
+    (window, blocks, ε, δ, grant id, run id). Custom properties: ``ptk_id``, ``version`` (int),
+    ``grant_id``; the type declares no PROPERTIES, which KFP v2 IR cannot carry for a custom type."""
 
     TYPE_NAME = "sage_tfx.PTKState"
-    PROPERTIES = {
-        PTK_ID_KEY: Property(type=PropertyType.STRING),
-        VERSION_KEY: Property(type=PropertyType.INT),
-        "grant_id": Property(type=PropertyType.STRING),
-    }
 
 
 class PTKTrainerSpec(ComponentSpec):
