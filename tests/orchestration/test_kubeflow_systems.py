@@ -92,5 +92,10 @@ def test_system_pipelines_compile_to_kfp_v2_ir(tmp_path):
             params = tasks[gate.id].inputs.parameters
             value = params[gate_spec.PIPELINE_RUN_ID_KEY].runtime_value.constant.string_value
             assert value == KFP_JOB_UUID, (system, gate.id)
+        # sage-tfx's own artifact types reach the IR with their metadata as custom properties.
+        custom = [a.artifact_type.instance_schema for c in spec.components.values()
+                  for a in c.output_definitions.artifacts.values()
+                  if a.artifact_type.instance_schema.startswith("title: sage_tfx.")]
+        assert custom and all("properties" not in s for s in custom), system
         for executor in deployment(spec).executors.values():
             assert executor.container.image == IMAGE
