@@ -181,6 +181,20 @@ def write_grant(artifact: SageGrant, grant: Optional[Grant], *, stream: str, run
     artifact.set_int_custom_property(GRANTED_KEY, GRANTED_VALUE)
 
 
+def single_artifact(artifacts_dict, key: str, *, component: str, what: str) -> Artifact:
+    """The one artifact under ``key`` of an executor's input or output dict.
+
+    Raises:
+      MissingGrantError: for the grant channel (nothing was charged for this run);
+      ValueError: for any other channel with zero or several artifacts.
+    """
+    items = artifacts_dict.get(key) or []
+    if len(items) != 1:
+        error = MissingGrantError if "SageGrant" in what else ValueError
+        raise error(f"{component} needs exactly one {what} in '{key}', got {len(items)}")
+    return items[0]
+
+
 def is_granted(artifact: Artifact) -> bool:
     """Whether a SageGrant artifact holds a grant (GRANTED marker and ``granted`` == 1)."""
     return (artifact.has_custom_property(GRANTED_KEY)

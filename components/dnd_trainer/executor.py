@@ -12,6 +12,7 @@ leave: no instance, draw, slot or per-client value is written or logged.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from typing import Any, Dict, List
@@ -45,12 +46,6 @@ def settings_from_exec_properties(props: Dict[str, Any]) -> tuple:
             raise InvalidRequestError(f"{name} must be a non-empty string")
     return settings, features
 
-
-def _single(input_dict, key, what) -> types.Artifact:
-    items = input_dict.get(key) or []
-    if len(items) != 1:
-        raise MissingGrantError(f"DnDTrainer needs exactly one {what} in '{key}', got {len(items)}")
-    return items[0]
 
 
 def _train_charge(grant_artifact, grant):
@@ -107,19 +102,21 @@ def read_rows(files, features, label_key: str, client_key: str):
     return np.asarray(xs, dtype=np.float64).reshape(len(xs), len(features)), np.asarray(ys), units
 
 
+# The one artifact of a channel; zero or several is a clear error.
+_one = functools.partial(artifacts.single_artifact, component="DnDTrainer")
+
+
 class Executor(base_executor.BaseExecutor):
     """Checks the charge, runs Draw-and-Discard over the window, exports the average."""
 
     def Do(self, input_dict: Dict[str, List[types.Artifact]], output_dict: Dict[str, List[types.Artifact]],
            exec_properties: Dict[str, Any]) -> None:
-        grant_artifact = _single(input_dict, spec.GRANT_INPUT_KEY, "SageGrant (from SageGate)")
-        if not artifacts.is_granted(grant_artifact):
-            artifacts.read_grant(grant_artifact)     # raises with the ledger's reason
-        grant = artifacts.read_grant(grant_artifact)
+        grant_artifact = _one(input_dict, spec.GRANT_INPUT_KEY, what="SageGrant (from SageGate)")
+        grant = artifacts.read_grant(grant_artifact)  # a denial raises with the ledger's reason
         settings, features = settings_from_exec_properties(exec_properties)
         eps, dlt, event, what = _train_charge(grant_artifact, grant)
         charge = protocol.check_train_cost(eps, dlt, event, settings, what)
-        examples = _single(input_dict, spec.EXAMPLES_KEY, "Examples")
+        examples = _one(input_dict, spec.EXAMPLES_KEY, what="Examples")
         recorded = (examples.get_string_custom_property(EXAMPLES_GRANT_ID)
                     if examples.has_custom_property(EXAMPLES_GRANT_ID) else "")
         if recorded != grant.grant_id:
@@ -135,7 +132,7 @@ class Executor(base_executor.BaseExecutor):
         spam = exec_properties.get(spec.SPAM_CHECK_KEY, 1) != 0
         result = protocol.run_protocol(settings, x01, y, units, budget, spam_check=spam)
         del x, x01, y, units
-        model = _single(output_dict, spec.MODEL_KEY, "Model output")
+        model = _one(output_dict, spec.MODEL_KEY, what="Model output")
         export.export_glm(settings.family, result.weights, features,
                           path_utils.serving_model_path(model.uri))
         client = settings.client

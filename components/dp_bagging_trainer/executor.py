@@ -12,6 +12,7 @@ written or logged. Feature scaling uses the public examples' statistics only.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -102,12 +103,6 @@ def _train_cost(grant_artifact, grant):
     return grant.epsilon, grant.delta, grant.event
 
 
-def _single(input_dict, key, what) -> types.Artifact:
-    items = input_dict.get(key) or []
-    if len(items) != 1:
-        raise MissingGrantError(f"DPBaggingTrainer needs exactly one {what} in '{key}', got {len(items)}")
-    return items[0]
-
 
 def export_student(student, mean, std, feature_keys, path: str) -> None:
     """The student as a SavedModel: serialized tf.Examples in, P(class 1) out ('probabilities')."""
@@ -138,21 +133,23 @@ def export_student(student, mean, std, feature_keys, path: str) -> None:
     tf.saved_model.save(module, path, signatures={"serving_default": module.serve})
 
 
+# The one artifact of a channel; zero or several is a clear error.
+_one = functools.partial(artifacts.single_artifact, component="DPBaggingTrainer")
+
+
 class Executor(base_beam_executor.BaseBeamExecutor):
     """Runs the Beam teacher flow, labels public points, exports the student."""
 
     def Do(self, input_dict: Dict[str, List[types.Artifact]], output_dict: Dict[str, List[types.Artifact]],
            exec_properties: Dict[str, Any]) -> None:
-        grant_artifact = _single(input_dict, spec.GRANT_INPUT_KEY, "SageGrant (from SageGate)")
-        if not artifacts.is_granted(grant_artifact):
-            artifacts.read_grant(grant_artifact)     # raises with the ledger's reason
-        grant = artifacts.read_grant(grant_artifact)
+        grant_artifact = _one(input_dict, spec.GRANT_INPUT_KEY, what="SageGrant (from SageGate)")
+        grant = artifacts.read_grant(grant_artifact)  # a denial raises with the ledger's reason
         config = config_from_exec_properties(exec_properties)
         keys = feature_keys_of(exec_properties)
         if exec_properties.get(spec.PUBLIC_DECLARED_KEY) != 1:
             raise InvalidRequestError("public_examples are not declared public (public_declared=1)")
-        private = _single(input_dict, spec.EXAMPLES_KEY, "private Examples")
-        public = _single(input_dict, spec.PUBLIC_EXAMPLES_KEY, "public Examples")
+        private = _one(input_dict, spec.EXAMPLES_KEY, what="private Examples")
+        public = _one(input_dict, spec.PUBLIC_EXAMPLES_KEY, what="public Examples")
         if public.has_custom_property(EXAMPLES_GRANT_ID):
             raise InvalidRequestError("public_examples were read from a gated private stream "
                                       f"(grant {public.get_string_custom_property(EXAMPLES_GRANT_ID)}): "
@@ -191,7 +188,7 @@ class Executor(base_beam_executor.BaseBeamExecutor):
         if cache:
             cache.advance(key, result.queries)
         student = train_student(pool[:result.queries], result.labels, l2=config.l2)
-        model = _single(output_dict, spec.MODEL_KEY, "Model output")
+        model = _one(output_dict, spec.MODEL_KEY, what="Model output")
         export_student(student, mean, std, keys, path_utils.serving_model_path(model.uri))
         report = {**result.report(), "grant_id": grant.grant_id, "stream": grant.stream,
                   "k": config.k, "n": config.n, "teacher": config.teacher, "public_start": start,

@@ -23,7 +23,6 @@ from sage_tfx.components import artifacts, pyramid_artifacts as pa
 from sage_tfx.components.block_example_gen.executor import (granted_files, read_gzip_tfrecords,
                                                             verify_grant)
 from sage_tfx.components.pyramid_counts import spec as s
-from sage_tfx.errors import MissingGrantError
 from sage_tfx.ledger import open_ledger
 from sage_tfx.pyramid import CountSpec, PyramidStore
 
@@ -71,10 +70,7 @@ class Executor(base_beam_executor.BaseBeamExecutor):
     def Do(self, input_dict: Dict[str, List[types.Artifact]],
            output_dict: Dict[str, List[types.Artifact]], exec_properties: Dict[str, Any]) -> None:
         grant_artifact = artifact_utils.get_single_instance(input_dict[s.GRANT_INPUT_KEY])
-        if not artifacts.is_granted(grant_artifact):
-            raise MissingGrantError(f"PyramidCountTable needs a granted SageGrant, got "
-                                    f"{grant_artifact.uri}")
-        grant = artifacts.read_grant(grant_artifact)
+        grant = artifacts.read_grant(grant_artifact)  # a denial raises with the ledger's reason
         spec = CountSpec.from_json(json.loads(exec_properties[s.SPEC_JSON_KEY]))
         window = int(exec_properties[s.WINDOW_KEY])
         url = exec_properties[s.LEDGER_URL_KEY]
