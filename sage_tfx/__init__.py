@@ -75,6 +75,7 @@ PUBLIC_API: dict[str, tuple[str, ...]] = {
         "CountSpec", "Featurization", "PyramidStore", "SealResult", "WindowSealedError",
         "RetentionError", "BudgetDeniedError", "UnknownFeatureError", "NonCategoricalError",
         "select_groups", "select_noise_weights", "exact_noise_weights", "pyramid_run_id"),
+    "sage_tfx.pyramid.graph": ("featurizer_module", "save_featurizer", "example_feature_kinds"),
     "sage_tfx.bagging": (
         "BaggingConfig", "plan_labels", "labels_from_grant", "fit_dp_bagging", "chunk_assignment",
         "train_teachers", "vote_counts", "noisy_argmax", "label_public", "train_student",
