@@ -65,6 +65,11 @@ def _check(feat: Featurization, feature_kinds: Mapping[str, str]) -> None:
         raise NonCategoricalError(f"counted features must be {INT!r} or {BYTES!r}, got {bad}")
 
 
+def _cells(cells) -> np.ndarray:
+    c = np.asarray(cells)
+    return c.astype(np.float64) if c.dtype.kind == "f" else c.astype(np.int64)
+
+
 def featurizer_module(feat: Featurization, feature_kinds: Mapping[str, str]) -> Any:
     """A ``tf.Module`` computing ``feat``'s count features in-graph (see the module docstring).
 
@@ -80,7 +85,8 @@ def featurizer_module(feat: Featurization, feature_kinds: Mapping[str, str]) -> 
     class PyramidFeaturizer(tf.Module):
         def __init__(self):
             super().__init__(name="pyramid_featurizer")
-            self.cells = [tf.Variable(np.asarray(feat.cells[name], np.int64), trainable=False,
+            # int64 cells (discrete Laplace, basic streams) or float64 (Laplace, rdp streams)
+            self.cells = [tf.Variable(_cells(feat.cells[name]), trainable=False,
                                       name=f"cells_{i}") for i, (name, _) in enumerate(groups)]
             self.prior = tf.constant(feat.prior, tf.float64)
             self.noise_var = [tf.constant(float(feat.noise_var.get(name, 0.0)), tf.float64)

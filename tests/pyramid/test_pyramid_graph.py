@@ -66,12 +66,16 @@ def test_text_encoding_is_unambiguous_and_tf_expressible():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind,depth", [("count_median", 5), ("count_median", 4),
-                                        ("count_min", 5)])
-def test_in_graph_features_equal_the_python_featurizer(tmp_path, kind, depth):
+@pytest.mark.parametrize("kind,depth,continuous", [
+    ("count_median", 5, False), ("count_median", 4, False), ("count_min", 5, False),
+    ("count_median", 5, True)])
+def test_in_graph_features_equal_the_python_featurizer(tmp_path, kind, depth, continuous):
     import tensorflow as tf
     from sage_tfx.pyramid.graph import featurizer_module
     feat = snapshot(tmp_path, kind=kind, depth=depth)
+    if continuous:                  # float cells, as sealed on an rdp stream (Laplace noise)
+        rng = np.random.default_rng(5)
+        feat.cells = {k: v + rng.laplace(0, 0.5, v.shape) for k, v in feat.cells.items()}
     df = frame(n=300, seed=9)
     df.loc[::7, "user"] = None                  # missing values hash as the "N" key
     expected = feat.featurize(df)
