@@ -54,7 +54,8 @@ from sage_tfx.pyramid.featurize import CountSpec, Featurization, check_frame, gr
 from sage_tfx.pyramid.weights import select_noise_weights
 
 __all__ = ["PyramidStore", "SealResult", "WindowSealedError", "RetentionError",
-           "BudgetDeniedError", "discrete_laplace_variance", "PRIOR", "pyramid_run_id"]
+           "BudgetDeniedError", "discrete_laplace_variance", "PRIOR", "pyramid_run_id",
+           "window_event"]
 
 PRIOR = "__prior__"
 
@@ -74,6 +75,17 @@ class BudgetDeniedError(SageError):
 def pyramid_run_id(stream: str, spec: CountSpec, window: int) -> str:
     """The idempotent ledger run id of one window's tables: (stream, count spec, window)."""
     return f"pyramid-{stream}-{spec.digest()}-w{int(window)}"
+
+
+def window_event(spec: CountSpec, weights: Optional[Sequence[float]] = None
+                 ) -> dp_accounting.DpEvent:
+    """The DpEvent one window's tables cost on an rdp stream (what :meth:`PyramidStore.seal`
+    charges there, and what a pipeline's gate must charge): one
+    :func:`~sage_tfx.dp.counts.table_event` per group table (depth rows) and one for the label
+    prior (one row), at the ε shares of ``weights`` (even split if None)."""
+    eps = table_epsilons(spec.epsilon, weights, n_tables=spec.n_tables)
+    depths = [spec.depth] * len(spec.groups) + [1]
+    return dp_accounting.ComposedDpEvent([table_event(float(e), d) for e, d in zip(eps, depths)])
 
 
 def discrete_laplace_variance(scale: float) -> float:
@@ -269,8 +281,7 @@ class PyramidStore:
                 raise InvalidRequestError(
                     "noise-weight selection has no dp_accounting event: not available on an "
                     "rdp stream (give weights, or use a basic stream)")
-            event = dp_accounting.ComposedDpEvent(
-                [table_event(float(e), d) for e, d in zip(eps_tables, depths)])
+            event = window_event(self.spec, weights)
             scales = np.array([secure_laplace_scale(float(e) / d, self.spec.k)
                                for e, d in zip(eps_tables, depths)])
         else:

@@ -12,6 +12,7 @@ from sage_tfx.errors import InvalidRequestError
 from sage_tfx.ledger import accounting, open_ledger
 from sage_tfx.pyramid import CountSpec, PyramidStore
 from sage_tfx.pyramid.featurize import group_keys
+from sage_tfx.pyramid.windows import window_event
 
 SPEC = CountSpec(groups=("user", "item"), label="y", width=256, depth=5, epsilon=2.0)
 DELTA_G = 1e-5
@@ -54,7 +55,8 @@ def test_rdp_seal_charges_the_laplace_event_and_runs_that_noise(tmp_path, ledger
     res = store.seal()
     grant = ledger.grant_for_run("obs", res.run_id)
     assert grant.mode == accounting.RDP and grant.epsilon is None
-    assert accounting.event_to_json(grant.event) == accounting.event_to_json(res.event)
+    assert accounting.event_to_json(grant.event) == accounting.event_to_json(res.event) \
+        == accounting.event_to_json(window_event(SPEC))          # what a pipeline's gate charges
     # Against dp_accounting: the ledger's spent ε at δ_g is the composed mechanism's.
     stream = ledger.stream("obs")
     want = expected_accountant(stream.orders).get_epsilon(DELTA_G)
@@ -97,10 +99,7 @@ def test_rdp_grants_and_refusals(tmp_path, ledger):
         store.seal(grant=wrong.grant)
     assert store.hot_window == 0
     # The right event, charged by a gate beforehand: sealing charges nothing more.
-    eps_i = SPEC.epsilon / SPEC.n_tables
-    from sage_tfx.dp.counts import table_event
-    event = dp_accounting.ComposedDpEvent([table_event(eps_i, 5), table_event(eps_i, 5),
-                                           table_event(eps_i, 1)])
+    event = window_event(SPEC)
     store2 = PyramidStore(SPEC, str(tmp_path / "pyr2"), retention=2, ledger=ledger, stream="obs")
     store2.open_window(1, ["b2"])
     store2.observe(frame(seed=1))
