@@ -70,13 +70,10 @@ class Executor(base_beam_executor.BaseBeamExecutor):
         kinds = exec_properties.get(s.FEATURE_KINDS_KEY)
         if kinds:
             kinds = json.loads(kinds)
-        else:
-            first = next((r for split in splits for path in files[split]
-                          for r in read_gzip_tfrecords(path)), None)
-            if first is None:
-                raise ValueError("no example to read the counted features' types from; "
-                                 "give feature_kinds")
-            kinds = example_feature_kinds(first, feat.spec.features)
+        else:    # the first examples that carry each counted feature give its type
+            records = (r for split in splits for path in files[split]
+                       for r in read_gzip_tfrecords(path))
+            kinds = example_feature_kinds(records, feat.spec.features)
         model_dir = os.path.join(graph.uri, FEATURIZER_DIR)
         save_featurizer(feat, model_dir, kinds)     # refuses a spec a TF graph cannot hash
         batch = int(exec_properties.get(s.BATCH_SIZE_KEY) or 512)

@@ -34,20 +34,25 @@ INT, BYTES = "int64", "bytes"
 FEATURES_OUTPUT = "features"
 
 
-def example_feature_kinds(record: bytes, features) -> dict[str, str]:
-    """``{feature: "int64" | "bytes"}`` read off one serialized tf.Example (its value lists)."""
+def example_feature_kinds(records, features) -> dict[str, str]:
+    """``{feature: "int64" | "bytes"}`` read off serialized tf.Examples (one, or an iterable:
+    the first example that carries a feature gives its type)."""
     import tensorflow as tf
-    ex = tf.train.Example.FromString(record)
-    kinds = {}
-    for f in features:
-        feat = ex.features.feature.get(f)
-        kind = feat.WhichOneof("kind") if feat is not None else None
-        if kind is None:
-            raise UnknownFeatureError(f"feature {f!r} is not in the example: cannot tell its type")
-        if kind == "float_list":
-            raise NonCategoricalError(f"feature {f!r} is a float: bin it first")
-        kinds[f] = INT if kind == "int64_list" else BYTES
-    return kinds
+    kinds: dict[str, str] = {}
+    for record in ([records] if isinstance(records, bytes) else records):
+        ex = tf.train.Example.FromString(record)
+        for f in features:
+            feat = ex.features.feature.get(f)
+            kind = feat.WhichOneof("kind") if feat is not None else None
+            if f in kinds or kind is None:
+                continue
+            if kind == "float_list":
+                raise NonCategoricalError(f"feature {f!r} is a float: bin it first")
+            kinds[f] = INT if kind == "int64_list" else BYTES
+        if len(kinds) == len(set(features)):
+            return kinds
+    missing = [f for f in features if f not in kinds]
+    raise UnknownFeatureError(f"feature(s) {missing} are in no example: cannot tell their type")
 
 
 def _check(feat: Featurization, feature_kinds: Mapping[str, str]) -> None:

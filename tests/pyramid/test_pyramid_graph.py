@@ -117,6 +117,8 @@ def test_saved_featurizer_in_another_process_matches(tmp_path):
     df = frame(n=200, seed=11)
     recs = examples(df)
     assert example_feature_kinds(recs[0], ["user", "item"]) == KINDS
+    no_user = examples(df.iloc[:1], drop=("user",))[0]      # row 0: its user is dropped
+    assert example_feature_kinds(iter([no_user, recs[1]]), ["user", "item"]) == KINDS
     with pytest.raises(NonCategoricalError):
         import tensorflow as tf
         ex = tf.train.Example()
