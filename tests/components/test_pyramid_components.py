@@ -139,6 +139,41 @@ def test_count_snapshot_transform(tmp_path, setup):
     assert not os.path.exists(graph_b.uri)
 
 
+def test_count_table_on_an_rdp_stream(tmp_path):
+    """The gate's event pays for the window; sealing adds no charge; a retry re-emits."""
+    from sage_tfx.components import artifacts
+    from sage_tfx.components.pyramid_artifacts import PyramidWindowTable
+    from sage_tfx.components.pyramid_counts import executor as counts, spec as cs
+    from sage_tfx.ledger import accounting, open_ledger
+    from sage_tfx.pyramid import CountSpec, pyramid_run_id, window_event
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    spec = CountSpec(groups=("user",), label="y", width=64, epsilon=1.0)
+    run_id = pyramid_run_id(STREAM, spec, 0)
+    with open_ledger(url) as led:
+        led.create_stream(STREAM, epsilon_g=10.0, delta_g=1e-5, mode=accounting.RDP)
+        loc = block_location(str(tmp_path / "blocks"), STREAM, "d0")
+        write_block_file(loc, [make_example(r) for r in rows("d0")])
+        led.add_block(STREAM, "d0", location=loc, records=60)
+        d = led.request(STREAM, run_id=run_id, blocks=["d0"], event=window_event(spec))
+        spent = led.block(STREAM, "d0").epsilon_spent
+    grant = artifacts.SageGrant()
+    grant.uri = str(tmp_path / "grant")
+    artifacts.write_grant(grant, d.grant, stream=STREAM, run_id=run_id, context="default",
+                          ledger_url=url, reason=d.reason)
+    props = {cs.LEDGER_URL_KEY: url, cs.STORE_DIR_KEY: str(tmp_path / "store"), cs.WINDOW_KEY: 0,
+             cs.RETENTION_KEY: 2, cs.SPEC_JSON_KEY: json.dumps(spec.to_json())}
+    for name in ("wt", "wt2"):
+        out = PyramidWindowTable()
+        out.uri = str(tmp_path / name)
+        os.makedirs(out.uri)
+        counts.Executor().Do({cs.GRANT_INPUT_KEY: [grant]}, {cs.WINDOW_TABLE_KEY: [out]}, props)
+        meta = json.load(open(os.path.join(out.uri, "window.json")))
+        assert meta["epsilon"] == 1.0 and meta.get("replayed", False) == (name == "wt2")
+    with open_ledger(url) as led:
+        assert led.block(STREAM, "d0").epsilon_spent == spent > 0
+        assert len(led.grants(STREAM)) == 1
+
+
 def test_components_validate_arguments():
     from tfx import types
     from sage_tfx.components.artifacts import SageGrant
