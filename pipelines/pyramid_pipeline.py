@@ -2,7 +2,13 @@
 
     SageGate(count window, run id = pyramid_run_id, ε = spec.epsilon) -> PyramidCountTable
         -> PyramidSnapshot ─┐
-    SageGate(hot window)    -> BlockExampleGen -> PyramidTransform -> Trainer (stock)
+    SageGate(hot window)    -> BlockExampleGen -> PyramidTransform -> Trainer -> Pusher (stock)
+
+PyramidTransform writes the snapshot's featurizer as a TF graph (``transform_graph``) and the
+hot window's Examples featurized by it; the stock Trainer trains on those features and exports
+one SavedModel holding the featurizer and the model (``pyramid_module.py``), which the stock
+Pusher copies to ``serving_dir``: it serves raw tf.Examples, no snapshot beside it. The count
+spec must use ``hash_family="tf_siphash"`` (a hash the graph computes too).
 
 The count window's gate charges exactly the tables' ε under the idempotent run id of (stream,
 count spec, window); PyramidCountTable seals with that grant and charges nothing more. The hot
@@ -25,7 +31,11 @@ from sage_tfx.components.gate.component import SageGate
 from sage_tfx.components.pyramid_counts.component import PyramidCountTable
 from sage_tfx.components.pyramid_snapshot.component import PyramidSnapshot
 from sage_tfx.components.pyramid_transform.component import PyramidTransform
+from sage_tfx.dp.counts import HASH_TF_SIPHASH
+from sage_tfx.errors import InvalidRequestError
+from sage_tfx.ledger import accounting
 from sage_tfx.pyramid import CountSpec, pyramid_run_id
+from sage_tfx.pyramid.windows import window_event
 
 MODULE_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pyramid_module.py")
 
@@ -43,28 +53,46 @@ def create_pipeline(pipeline_name: str, pipeline_root: str, metadata_path: str, 
                     stream: str, spec: CountSpec, *, store_dir: str, count_window: int,
                     count_blocks: Sequence[str], hot_blocks: Sequence[str], hot_epsilon: float,
                     retention: int = 12, train_steps: int = 50, eval_steps: int = 5,
+                    serving_dir: Optional[str] = None, rdp: bool = False,
                     beam_pipeline_args: Optional[Sequence[str]] = None) -> tfx.dsl.Pipeline:
+    if spec.hash_family != HASH_TF_SIPHASH:
+        raise InvalidRequestError(f"the Pyramid pipeline featurizes in the TF graph: the count "
+                                  f"spec needs hash_family={HASH_TF_SIPHASH!r}")
+    # The count window's cost: (ε, 0) on a basic stream; on an rdp stream (rdp=True) the
+    # composed Laplace event of its tables, which the sealing component runs and verifies.
+    cost = ({"event_json": accounting.event_to_json(window_event(spec))} if rdp
+            else {"epsilon": spec.epsilon})
     count_gate = SageGate(ledger_url=ledger_url, stream=stream, blocks=list(count_blocks),
-                          epsilon=spec.epsilon, run_id=pyramid_run_id(stream, spec, count_window)
+                          run_id=pyramid_run_id(stream, spec, count_window), **cost
                           ).with_id("SageGate.counts")
     counts = PyramidCountTable(grant=count_gate.outputs["grant"], ledger_url=ledger_url,
                                store_dir=store_dir, spec=spec, window=count_window,
                                retention=retention)
     snapshot = PyramidSnapshot(window_table=counts.outputs["window_table"], store_dir=store_dir,
                                spec=spec, retention=retention)
+    # The hot rows are raw (not protected by DP in Pyramid's threat model); the gate records
+    # their read at hot_epsilon, as a Laplace event on an rdp stream.
+    hot_cost = ({"event_json": accounting.event_to_json(accounting.laplace_event(hot_epsilon))}
+                if rdp else {"epsilon": hot_epsilon})
     hot_gate = SageGate(ledger_url=ledger_url, stream=stream, blocks=list(hot_blocks),
-                        epsilon=hot_epsilon).with_id("SageGate.hot")
+                        **hot_cost).with_id("SageGate.hot")
     example_gen = BlockExampleGen(grant=hot_gate.outputs["grant"], ledger_url=ledger_url)
     transform = PyramidTransform(examples=example_gen.outputs["examples"],
                                  featurization=snapshot.outputs["featurization"])
     trainer = tfx.components.Trainer(
         module_file=MODULE_FILE, examples=transform.outputs["transformed_examples"],
+        transform_graph=transform.outputs["transform_graph"],
         train_args=tfx.proto.TrainArgs(num_steps=train_steps),
         eval_args=tfx.proto.EvalArgs(num_steps=eval_steps),
         custom_config={"feature_names": feature_names(spec), "label": spec.label})
+    components = [count_gate, counts, snapshot, hot_gate, example_gen, transform, trainer]
+    if serving_dir is not None:
+        components.append(tfx.components.Pusher(
+            model=trainer.outputs["model"], push_destination=tfx.proto.PushDestination(
+                filesystem=tfx.proto.PushDestination.Filesystem(base_directory=serving_dir))))
     return tfx.dsl.Pipeline(
         pipeline_name=pipeline_name, pipeline_root=pipeline_root,
-        components=[count_gate, counts, snapshot, hot_gate, example_gen, transform, trainer],
+        components=components,
         enable_cache=False,
         metadata_connection_config=tfx.orchestration.metadata.sqlite_metadata_connection_config(
             metadata_path),

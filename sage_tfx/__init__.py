@@ -74,7 +74,9 @@ PUBLIC_API: dict[str, tuple[str, ...]] = {
     "sage_tfx.pyramid": (
         "CountSpec", "Featurization", "PyramidStore", "SealResult", "WindowSealedError",
         "RetentionError", "BudgetDeniedError", "UnknownFeatureError", "NonCategoricalError",
-        "select_groups", "select_noise_weights", "exact_noise_weights", "pyramid_run_id"),
+        "select_groups", "select_noise_weights", "exact_noise_weights", "pyramid_run_id",
+        "window_event"),
+    "sage_tfx.pyramid.graph": ("featurizer_module", "save_featurizer", "example_feature_kinds"),
     "sage_tfx.bagging": (
         "BaggingConfig", "plan_labels", "labels_from_grant", "fit_dp_bagging", "chunk_assignment",
         "train_teachers", "vote_counts", "noisy_argmax", "label_public", "train_student",

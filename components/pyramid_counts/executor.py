@@ -1,7 +1,8 @@
 """PyramidCountTable executor: verify the grant, read its blocks with Beam, seal the window.
 
 The grant must be the window's Pyramid charge: run id ``pyramid_run_id(stream, spec, window)``,
-cost (spec.epsilon, 0), the window's blocks; :meth:`sage_tfx.pyramid.PyramidStore.seal` checks it
+cost (spec.epsilon, 0) on a basic stream or ``window_event(spec)`` on an rdp stream, the
+window's blocks; :meth:`sage_tfx.pyramid.PyramidStore.seal` checks it
 against the ledger and makes no second charge. A retried node whose window is already sealed
 re-emits the sealed window (no new noise, no new charge).
 """
@@ -81,8 +82,10 @@ class Executor(base_beam_executor.BaseBeamExecutor):
                                  retention=int(exec_properties[s.RETENTION_KEY]), ledger=ledger,
                                  stream=recorded.stream)
             if window in store.live_windows and recorded.run_id == store.run_id(window):
+                # an rdp grant holds an event, not ε: report the tables' pure ε (spec.epsilon)
+                eps = spec.epsilon if recorded.epsilon is None else recorded.epsilon
                 write_window(out, {"window": window, "run_id": recorded.run_id,
-                                   "grant_id": recorded.grant_id, "epsilon": recorded.epsilon,
+                                   "grant_id": recorded.grant_id, "epsilon": eps,
                                    "replayed": True}, spec)
                 return
             files = granted_files(recorded, ledger)

@@ -7,13 +7,17 @@ from sage_tfx.components.pyramid_artifacts import PyramidFeaturization
 EXAMPLES_KEY = standard_component_specs.EXAMPLES_KEY                        # "examples"
 FEATURIZATION_KEY = "featurization"
 TRANSFORMED_EXAMPLES_KEY = standard_component_specs.TRANSFORMED_EXAMPLES_KEY  # "transformed_examples"
+TRANSFORM_GRAPH_KEY = standard_component_specs.TRANSFORM_GRAPH_KEY          # "transform_graph"
 BATCH_SIZE_KEY = "batch_size"
+FEATURE_KINDS_KEY = "feature_kinds"
 
 
 class PyramidTransformSpec(ComponentSpec):
-    PARAMETERS = {BATCH_SIZE_KEY: ExecutionParameter(type=int)}
+    PARAMETERS = {BATCH_SIZE_KEY: ExecutionParameter(type=int),
+                  FEATURE_KINDS_KEY: ExecutionParameter(type=str, optional=True)}
     INPUTS = {
         EXAMPLES_KEY: ChannelParameter(type=standard_artifacts.Examples),
         FEATURIZATION_KEY: ChannelParameter(type=PyramidFeaturization),
     }
-    OUTPUTS = {TRANSFORMED_EXAMPLES_KEY: ChannelParameter(type=standard_artifacts.Examples)}
+    OUTPUTS = {TRANSFORMED_EXAMPLES_KEY: ChannelParameter(type=standard_artifacts.Examples),
+               TRANSFORM_GRAPH_KEY: ChannelParameter(type=standard_artifacts.TransformGraph)}

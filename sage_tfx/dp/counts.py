@@ -22,11 +22,19 @@ OpenDP's discrete Laplace noise of scale ``h k / ε_i`` in table ``i``; the rele
 ``Σ ε_i``-DP by sequential composition (:func:`table_epsilons`), which with an even split
 ``ε_i = ε / n`` is the paper's ``b = n h k / ε``.
 
-**Hashing** is keyed BLAKE2b over a canonical encoding of the key, salted per sketch: stable
-across processes, restarts and machines (never Python's ``hash()``, which is randomised per
-process). One 64-byte digest per key gives the ``h ≤ 8`` row buckets and signs.
+**Hashing** is stable across processes, restarts and machines (never Python's ``hash()``, which
+is randomised per process), in one of two families (``hash_family``):
 
-This module imports no TensorFlow.
+* ``"blake2b"`` (default): keyed BLAKE2b over :func:`encode_key`, salted per sketch. One 64-byte
+  digest per key gives the ``h ≤ 8`` row buckets and signs. Python only.
+* ``"tf_siphash"``: TensorFlow's keyed SipHash-2-4 (``tf.strings.to_hash_bucket_strong``) over
+  :func:`encode_key_text`, one key ``(k0, k1)`` per row derived from the salt
+  (:func:`siphash_keys`). A TF graph computes the same buckets from raw ``tf.Example`` values, so
+  a served model can featurize in-graph (:mod:`sage_tfx.pyramid.graph`); the count-building
+  side calls the same TF op eagerly, so both sides agree by construction.
+
+This module imports no TensorFlow at import time (the ``"tf_siphash"`` family imports it when
+it hashes).
 """
 from __future__ import annotations
 
@@ -34,6 +42,7 @@ import hashlib
 import math
 from typing import Any, Iterable, Optional, Sequence
 
+import dp_accounting
 import numpy as np
 
 from sage_tfx.errors import InvalidPrivacyParameterError, InvalidRequestError
@@ -43,10 +52,21 @@ COUNT_MIN = "count_min"
 COUNT_MEDIAN = "count_median"
 SKETCH_KINDS = (COUNT_MIN, COUNT_MEDIAN)
 MAX_DEPTH = 8            # 64-byte digest = 8 rows × (bucket: 7 bytes, sign: 1 byte)
+HASH_BLAKE2B = "blake2b"
+HASH_TF_SIPHASH = "tf_siphash"
+HASH_FAMILIES = (HASH_BLAKE2B, HASH_TF_SIPHASH)
 
 __all__ = ["COUNT_MIN", "COUNT_MEDIAN", "SKETCH_KINDS", "encode_key", "key_hashes",
            "CountTable", "CountSketch", "l1_sensitivity", "table_epsilons", "noise_scales",
-           "check_width", "check_depth"]
+           "check_width", "check_depth", "HASH_BLAKE2B", "HASH_TF_SIPHASH", "HASH_FAMILIES",
+           "check_hash_family", "encode_key_text", "siphash_keys", "table_event"]
+
+
+def check_hash_family(family: Any) -> str:
+    """Returns ``family`` if it is one of :data:`HASH_FAMILIES`, else raises InvalidRequestError."""
+    if family not in HASH_FAMILIES:
+        raise InvalidRequestError(f"hash family must be one of {HASH_FAMILIES}, got {family!r}")
+    return family
 
 
 def check_width(width: Any) -> int:
@@ -87,14 +107,73 @@ def encode_key(key: Any) -> bytes:
     return b"S" + str(key).encode("utf-8")
 
 
-def key_hashes(keys: Sequence[Any], salt: bytes, depth: int, width: int
-               ) -> tuple[np.ndarray, np.ndarray]:
+def encode_key_text(key: Any) -> bytes:
+    """Canonical bytes of a key that a TF graph can also build from ``tf.Example`` values.
+
+    ``tf.Example`` knows only int64, float and bytes lists, so this encoding (of the
+    ``"tf_siphash"`` family) has one tag per kind it can carry: ``b"I<decimal>"`` for integers
+    (bools and integer-valued floats included), ``b"S<bytes>"`` for strings (UTF-8) and bytes
+    alike, ``b"N"`` for a missing value (None / NaN), and ``b"T" + Σ b"<len>:" + part`` for a
+    tuple (a feature group; decimal byte lengths keep it unambiguous). Other floats are refused:
+    bin them first.
+    """
+    if isinstance(key, tuple):
+        return b"T" + b"".join(str(len(p)).encode() + b":" + p for p in map(encode_key_text, key))
+    if key is None or (isinstance(key, float) and math.isnan(key)):
+        return b"N"
+    if isinstance(key, (bool, np.bool_, int, np.integer)):
+        return b"I" + str(int(key)).encode()
+    if isinstance(key, (float, np.floating)):
+        if not float(key).is_integer():
+            raise InvalidRequestError(f"cannot hash the non-integer float {key!r}: bin it first")
+        return b"I" + str(int(key)).encode()
+    if isinstance(key, (bytes, np.bytes_)):
+        return b"S" + bytes(key)
+    return b"S" + str(key).encode("utf-8")
+
+
+def siphash_keys(salt: bytes, depth: int) -> list[tuple[int, int]]:
+    """The SipHash key ``(k0, k1)`` of each of ``depth`` rows under ``salt`` (signed int64s, the
+    type of ``tf.strings.to_hash_bucket_strong``'s ``key`` attribute): keyed BLAKE2b of the row
+    index, so rows hash independently and every process derives the same keys."""
+    depth = check_depth(depth)
+    out = []
+    for r in range(depth):
+        d = hashlib.blake2b(bytes([r]), digest_size=16, key=bytes(salt)[:64]).digest()
+        out.append((int.from_bytes(d[:8], "big", signed=True),
+                    int.from_bytes(d[8:], "big", signed=True)))
+    return out
+
+
+def _siphash_hashes(encoded: list[bytes], salt: bytes, depth: int, width: int
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """Unique keys' buckets and signs with TF's keyed SipHash-2-4: row ``r`` hashes into
+    ``2 · width`` buckets under key ``siphash_keys(salt)[r]``; bit 0 is the sign (1 → +1), the
+    bits above it the bucket. The graph side (:mod:`sage_tfx.pyramid.graph`) does the same."""
+    if not encoded:
+        return np.zeros((0, depth), np.int64), np.zeros((0, depth), np.int64)
+    import tensorflow as tf  # the "tf_siphash" family only
+    t = tf.constant(encoded, dtype=tf.string)
+    hs = np.stack([tf.strings.to_hash_bucket_strong(t, 2 * width, key=list(k)).numpy()
+                   for k in siphash_keys(salt, depth)], axis=1).astype(np.int64)
+    return hs >> 1, np.where(hs & 1, 1, -1).astype(np.int64)
+
+
+def key_hashes(keys: Sequence[Any], salt: bytes, depth: int, width: int,
+               family: str = HASH_BLAKE2B) -> tuple[np.ndarray, np.ndarray]:
     """Buckets (``len(keys) × depth`` in [0, width)) and signs (±1) of keys under ``salt``.
 
-    Each distinct key is hashed once (keyed BLAKE2b, 64-byte digest); row ``r`` uses digest
-    bytes ``8r .. 8r+6`` for its bucket and the low bit of byte ``8r+7`` for its sign.
+    Each distinct key is hashed once. ``"blake2b"``: keyed BLAKE2b, 64-byte digest; row ``r``
+    uses digest bytes ``8r .. 8r+6`` for its bucket and the low bit of byte ``8r+7`` for its
+    sign. ``"tf_siphash"``: see :func:`_siphash_hashes`.
     """
     depth, width = check_depth(depth), check_width(width)
+    if check_hash_family(family) == HASH_TF_SIPHASH:
+        memo_t: dict[bytes, int] = {}
+        idx = np.array([memo_t.setdefault(encode_key_text(k), len(memo_t)) for k in keys],
+                       dtype=np.int64)
+        ub, us = _siphash_hashes(list(memo_t), salt, depth, width)
+        return ub[idx].reshape(len(keys), depth), us[idx].reshape(len(keys), depth)
     salt = bytes(salt)[:64]
     n = len(keys)
     buckets = np.empty((n, depth), dtype=np.int64)
@@ -176,9 +255,11 @@ class CountSketch:
       width: columns per row, a power of two.
       n_labels: label cardinality.
       salt: hashing salt (bytes); the same salt gives the same buckets in every process.
+      hash_family: ``"blake2b"`` (default) or ``"tf_siphash"`` (computable inside a TF graph).
     """
 
-    def __init__(self, kind: str, depth: int, width: int, n_labels: int, salt: bytes):
+    def __init__(self, kind: str, depth: int, width: int, n_labels: int, salt: bytes,
+                 hash_family: str = HASH_BLAKE2B):
         if kind not in SKETCH_KINDS:
             raise InvalidRequestError(f"sketch kind must be one of {SKETCH_KINDS}, got {kind!r}")
         self.kind = kind
@@ -188,6 +269,7 @@ class CountSketch:
         if not isinstance(salt, (bytes, bytearray)) or not salt:
             raise InvalidRequestError("salt must be non-empty bytes")
         self.salt = bytes(salt)
+        self.hash_family = check_hash_family(hash_family)
         self.cells = np.zeros((self.depth, self.width, self.n_labels), dtype=np.int64)
 
     @property
@@ -196,7 +278,7 @@ class CountSketch:
         return self.depth
 
     def _hash(self, keys: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
-        b, s = key_hashes(keys, self.salt, self.depth, self.width)
+        b, s = key_hashes(keys, self.salt, self.depth, self.width, self.hash_family)
         return b, (s if self.kind == COUNT_MEDIAN else np.ones_like(s))
 
     def add(self, keys: Sequence[Any], labels: Any, *, hashed=None) -> None:
@@ -209,6 +291,11 @@ class CountSketch:
     def add_noise(self, scale: float, noise) -> None:
         """Adds independent integer (discrete) Laplace noise of ``scale`` to every cell."""
         self.cells = np.asarray(noise.discrete_laplace(self.cells, scale), dtype=np.int64)
+
+    def add_laplace_noise(self, scale: float, noise) -> None:
+        """Adds independent continuous Laplace noise of ``scale`` to every cell (float cells):
+        the mechanism :func:`table_event` describes, for RDP accounting."""
+        self.cells = np.asarray(noise.laplace(self.cells, scale), dtype=np.float64)
 
     def estimate(self, keys: Sequence[Any], *, hashed=None) -> np.ndarray:
         """``len(keys) × n_labels`` float estimates: min (count-min) or median of signed cells."""
@@ -226,10 +313,12 @@ class CountSketch:
 
     def merge(self, other: "CountSketch") -> "CountSketch":
         """Cell-wise sum with a sketch of the same shape, kind and salt (a new sketch)."""
-        if (other.kind, other.depth, other.width, other.n_labels, other.salt) != \
-                (self.kind, self.depth, self.width, self.n_labels, self.salt):
-            raise InvalidRequestError("only sketches of the same kind, shape and salt can be summed")
-        out = CountSketch(self.kind, self.depth, self.width, self.n_labels, self.salt)
+        if (other.kind, other.depth, other.width, other.n_labels, other.salt, other.hash_family) \
+                != (self.kind, self.depth, self.width, self.n_labels, self.salt, self.hash_family):
+            raise InvalidRequestError(
+                "only sketches of the same kind, shape, salt and hash family can be summed")
+        out = CountSketch(self.kind, self.depth, self.width, self.n_labels, self.salt,
+                          self.hash_family)
         out.cells = self.cells + other.cells
         return out
 
@@ -263,6 +352,27 @@ def table_epsilons(epsilon: float, weights: Optional[Sequence[float]] = None,
         raise InvalidRequestError(f"{w.size} weights for {n_tables} tables")
     inv = 1.0 / w
     return epsilon * inv / inv.sum()
+
+
+def table_event(epsilon: float, depth: int) -> dp_accounting.DpEvent:
+    """The dp_accounting event of one table released with *continuous* Laplace noise of scale
+    ``depth · k / epsilon`` per cell, for neighbours that differ in ``k`` observations.
+
+    Each of the ``depth`` rows is a disjoint set of cells whose L1 change is at most ``k``, so a
+    row is one Laplace mechanism with noise multiplier ``scale / k = depth / epsilon``; the rows'
+    noise is independent: ``SelfComposedDpEvent(LaplaceDpEvent(depth / epsilon), depth)`` (its
+    pure ε is ``epsilon``; its RDP is lower than one Laplace of L1 sensitivity ``depth · k``).
+
+    Charge it for *continuous* Laplace cells (:meth:`CountSketch.add_laplace_noise`), the
+    mechanism it describes exactly. dp_accounting has no discrete-Laplace event; numerically,
+    a unit shift of a discrete Laplace has a Rényi divergence at or below the continuous one's of
+    the same scale at the orders we checked, but that is not a library guarantee, so an RDP
+    charge runs the continuous mechanism rather than lean on it.
+    """
+    epsilon = check_epsilon(epsilon)
+    depth = check_depth(depth)
+    return dp_accounting.SelfComposedDpEvent(
+        dp_accounting.LaplaceDpEvent(noise_multiplier=depth / epsilon), depth)
 
 
 def noise_scales(epsilons: Iterable[float], depth: int, k: int = 1) -> np.ndarray:

@@ -7,15 +7,20 @@
 * :mod:`~sage_tfx.pyramid.weights` — weighted noise infusion with DP weights.
 * :mod:`~sage_tfx.pyramid.selection` — DP count selection by mutual information.
 
-The count-table and sketch kernel is the shared :mod:`sage_tfx.dp.counts`. No TensorFlow here.
+* :mod:`~sage_tfx.pyramid.graph` — the featurization as a TF graph (SavedModel over raw
+  tf.Examples; TensorFlow imported inside its functions only).
+
+The count-table and sketch kernel is the shared :mod:`sage_tfx.dp.counts`. No TensorFlow at
+import time.
 """
 from sage_tfx.pyramid.featurize import (CountSpec, Featurization, NonCategoricalError,
                                         UnknownFeatureError)
 from sage_tfx.pyramid.selection import select_groups
 from sage_tfx.pyramid.weights import exact_noise_weights, select_noise_weights
 from sage_tfx.pyramid.windows import (BudgetDeniedError, PyramidStore, RetentionError, SealResult,
-                                      WindowSealedError, pyramid_run_id)
+                                      WindowSealedError, pyramid_run_id, window_event)
 
 __all__ = ["CountSpec", "Featurization", "PyramidStore", "SealResult", "WindowSealedError",
            "RetentionError", "BudgetDeniedError", "UnknownFeatureError", "NonCategoricalError",
-           "select_groups", "pyramid_run_id", "select_noise_weights", "exact_noise_weights"]
+           "select_groups", "pyramid_run_id", "select_noise_weights", "exact_noise_weights",
+           "window_event"]

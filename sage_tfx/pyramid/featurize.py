@@ -23,8 +23,8 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from sage_tfx.dp.counts import (COUNT_MEDIAN, SKETCH_KINDS, CountSketch, check_depth, check_width,
-                                key_hashes)
+from sage_tfx.dp.counts import (COUNT_MEDIAN, HASH_BLAKE2B, SKETCH_KINDS, CountSketch,
+                                check_depth, check_hash_family, check_width, key_hashes)
 from sage_tfx.errors import InvalidRequestError
 from sage_tfx.ledger.accounting import check_epsilon
 
@@ -65,6 +65,8 @@ class CountSpec:
       epsilon: ε of one window's tables together (split over the tables and the label prior).
       k: number of observations hidden together (group privacy; noise ∝ k / ε).
       salt: hashing salt, part of the spec so every process hashes alike.
+      hash_family: ``"blake2b"`` (default) or ``"tf_siphash"``, which a TF graph computes too:
+        needed to featurize inside the graph (:mod:`sage_tfx.pyramid.graph`).
     """
 
     groups: tuple
@@ -76,6 +78,7 @@ class CountSpec:
     epsilon: float = 1.0
     k: int = 1
     salt: str = "sage-tfx-pyramid"
+    hash_family: str = HASH_BLAKE2B
 
     def __post_init__(self):
         object.__setattr__(self, "groups", _groups(self.groups))
@@ -94,6 +97,7 @@ class CountSpec:
             raise InvalidRequestError(f"n_labels must be an int >= 2, got {self.n_labels!r}")
         if not isinstance(self.salt, str) or not self.salt:
             raise InvalidRequestError("salt must be a non-empty string")
+        check_hash_family(self.hash_family)
 
     @property
     def features(self) -> tuple[str, ...]:
@@ -114,6 +118,8 @@ class CountSpec:
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
         d["groups"] = [list(g) for g in self.groups]
+        if d["hash_family"] == HASH_BLAKE2B:   # the default is left out: digests, run ids and
+            del d["hash_family"]               # stores of earlier specs stay valid
         return d
 
     @classmethod
@@ -126,7 +132,8 @@ class CountSpec:
         return hashlib.blake2b(text.encode(), digest_size=6).hexdigest()
 
     def new_sketch(self, group: tuple[str, ...]) -> CountSketch:
-        return CountSketch(self.kind, self.depth, self.width, self.n_labels, self.group_salt(group))
+        return CountSketch(self.kind, self.depth, self.width, self.n_labels, self.group_salt(group),
+                           self.hash_family)
 
 
 def check_frame(frame: Any, features: Sequence[str], label: Optional[str] = None,
@@ -196,13 +203,13 @@ class Featurization:
         return names
 
     def _hashes(self, group, keys, cache: bool):
-        salt = self.spec.group_salt(group)
+        salt, fam = self.spec.group_salt(group), self.spec.hash_family
         if not cache:
-            return key_hashes(keys, salt, self.spec.depth, self.spec.width)
+            return key_hashes(keys, salt, self.spec.depth, self.spec.width, fam)
         memo = self._hash_cache.setdefault(self.spec.group_name(group), {})
         miss = [k for k in dict.fromkeys(keys) if k not in memo]
         if miss:
-            b, s = key_hashes(miss, salt, self.spec.depth, self.spec.width)
+            b, s = key_hashes(miss, salt, self.spec.depth, self.spec.width, fam)
             for i, k in enumerate(miss):
                 memo[k] = (b[i], s[i])
         pairs = [memo[k] for k in keys]

@@ -19,6 +19,15 @@ data and non-DP artifacts; (5) retention: windows older than the newest ``retent
 ones are dropped (file deleted) and the retrain callbacks run (§III.B.3: "drops the oldest
 window and invokes retraining of all models").
 
+**Accounting mode.** On a basic stream the charge is ``(ε, 0)`` and the cells get OpenDP discrete
+Laplace noise. On an rdp stream the charge is the DpEvent of the mechanism that runs:
+``ComposedDpEvent`` of one :func:`~sage_tfx.dp.counts.table_event` per table (each row of a
+table one Laplace mechanism of L1 sensitivity ``k``), and the cells get OpenDP *continuous*
+Laplace noise of that scale (raised by the few ulps OpenDP's own map needs): the mechanism the
+``LaplaceDpEvent`` describes, since dp_accounting has no discrete-Laplace event (see
+``table_event``). Noise-weight selection (exponential-mechanism quantiles, no dp_accounting
+event) is refused on rdp streams.
+
 Bad input (a window already sealed, a window outside the retention horizon, a second hot
 window, unknown or non-categorical features) raises a ``ValueError`` subclass and changes
 nothing. A denied ledger charge raises :class:`BudgetDeniedError` and leaves the hot window open.
@@ -32,17 +41,21 @@ import os
 import shutil
 from typing import Any, Callable, Optional, Sequence
 
+import dp_accounting
 import numpy as np
 import pandas as pd
 
 from sage_tfx.dp import noise as dp_noise
-from sage_tfx.dp.counts import noise_scales, table_epsilons
+from sage_tfx.dp.counts import noise_scales, table_epsilons, table_event
+from sage_tfx.dp.mechanisms import secure_laplace_scale
 from sage_tfx.errors import InvalidRequestError, SageError
+from sage_tfx.ledger import accounting
 from sage_tfx.pyramid.featurize import CountSpec, Featurization, check_frame, group_keys
 from sage_tfx.pyramid.weights import select_noise_weights
 
 __all__ = ["PyramidStore", "SealResult", "WindowSealedError", "RetentionError",
-           "BudgetDeniedError", "discrete_laplace_variance", "PRIOR", "pyramid_run_id"]
+           "BudgetDeniedError", "discrete_laplace_variance", "PRIOR", "pyramid_run_id",
+           "window_event"]
 
 PRIOR = "__prior__"
 
@@ -64,10 +77,26 @@ def pyramid_run_id(stream: str, spec: CountSpec, window: int) -> str:
     return f"pyramid-{stream}-{spec.digest()}-w{int(window)}"
 
 
+def window_event(spec: CountSpec, weights: Optional[Sequence[float]] = None
+                 ) -> dp_accounting.DpEvent:
+    """The DpEvent one window's tables cost on an rdp stream (what :meth:`PyramidStore.seal`
+    charges there, and what a pipeline's gate must charge): one
+    :func:`~sage_tfx.dp.counts.table_event` per group table (depth rows) and one for the label
+    prior (one row), at the ε shares of ``weights`` (even split if None)."""
+    eps = table_epsilons(spec.epsilon, weights, n_tables=spec.n_tables)
+    depths = [spec.depth] * len(spec.groups) + [1]
+    return dp_accounting.ComposedDpEvent([table_event(float(e), d) for e, d in zip(eps, depths)])
+
+
 def discrete_laplace_variance(scale: float) -> float:
     """Variance of discrete Laplace P(z) ∝ exp(-|z|/scale): 2 e^{-1/s} / (1 - e^{-1/s})²."""
     q = math.exp(-1.0 / scale)
     return 2.0 * q / (1.0 - q) ** 2
+
+
+def _variance(scale: float, continuous: bool) -> float:
+    """Noise variance of one cell: Laplace 2 s², or the discrete Laplace's."""
+    return 2.0 * scale ** 2 if continuous else discrete_laplace_variance(scale)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +113,7 @@ class SealResult:
     deleted: tuple[str, ...]
     retrain: bool
     next_weights: Optional[tuple[float, ...]] = None
+    event: Optional[dp_accounting.DpEvent] = None     # the charge on an rdp stream
 
 
 class PyramidStore:
@@ -243,16 +273,29 @@ class PyramidStore:
                                       f"quantile in (0, 1), got {max_count!r}, {weight_quantile!r}")
         eps_total = self.spec.epsilon + (0.0 if weight_epsilon is None else
                                          float(table_epsilons(weight_epsilon, n_tables=1)[0]))
-        scales = np.append(noise_scales(eps_tables[:-1], self.spec.depth, self.spec.k),
-                           noise_scales(eps_tables[-1:], 1, self.spec.k))
+        rdp = self._rdp_mode()
+        depths = [self.spec.depth] * len(self.spec.groups) + [1]      # groups, then the prior
+        event = None
+        if rdp:
+            if weight_epsilon is not None:
+                raise InvalidRequestError(
+                    "noise-weight selection has no dp_accounting event: not available on an "
+                    "rdp stream (give weights, or use a basic stream)")
+            event = window_event(self.spec, weights)
+            scales = np.array([secure_laplace_scale(float(e) / d, self.spec.k)
+                               for e, d in zip(eps_tables, depths)])
+        else:
+            scales = np.append(noise_scales(eps_tables[:-1], self.spec.depth, self.spec.k),
+                               noise_scales(eps_tables[-1:], 1, self.spec.k))
         frame = self.hot_frame()
         run_id = self.run_id(window)
         grant_id = None
         if grant is not None:
-            grant_id = self._check_grant(grant, run_id, hot["blocks"], eps_total)
+            grant_id = self._check_grant(grant, run_id, hot["blocks"], eps_total, event)
         elif self.ledger is not None:
+            cost = {"event": event} if rdp else {"epsilon": eps_total, "delta": 0.0}
             decision = self.ledger.request(self.stream, run_id=run_id, blocks=hot["blocks"],
-                                           epsilon=eps_total, delta=0.0)
+                                           **cost)
             if not decision.granted:
                 raise BudgetDeniedError(f"ledger refused window {window}: {decision.reason}")
             if decision.replayed:
@@ -265,17 +308,22 @@ class PyramidStore:
         for g, scale in zip(self.spec.groups, scales[:-1]):
             sketch = self.spec.new_sketch(g)
             sketch.add(group_keys(frame, g), labels)
-            sketch.add_noise(float(scale), self.noise)
+            if rdp:
+                sketch.add_laplace_noise(float(scale), self.noise)
+            else:
+                sketch.add_noise(float(scale), self.noise)
             arrays[f"cells__{self.spec.group_name(g)}"] = sketch.cells
-            noise_var[self.spec.group_name(g)] = discrete_laplace_variance(float(scale))
-        prior = np.asarray(self.noise.discrete_laplace(
-            np.bincount(labels, minlength=self.spec.n_labels), float(scales[-1])))
-        noise_var[PRIOR] = discrete_laplace_variance(float(scales[-1]))
+            noise_var[self.spec.group_name(g)] = _variance(float(scale), rdp)
+        counts = np.bincount(labels, minlength=self.spec.n_labels)
+        prior = np.asarray(self.noise.laplace(counts, float(scales[-1])) if rdp else
+                           self.noise.discrete_laplace(counts, float(scales[-1])))
+        noise_var[PRIOR] = _variance(float(scales[-1]), rdp)
         next_weights = None
         if weight_epsilon is not None:
             next_weights = select_noise_weights(frame, self.spec, weight_epsilon,
                                                 quantile=weight_quantile, max_count=max_count)
         meta = {"window": window, "run_id": run_id, "noise_var": noise_var,
+                "mechanism": "laplace" if rdp else "discrete_laplace",
                 "epsilons": eps_tables.tolist(), "scales": scales.tolist()}
         tmp = self._sealed_path(window) + ".tmp.npz"
         np.savez(tmp, prior=prior, meta=np.array(json.dumps(meta)), **arrays)
@@ -295,9 +343,15 @@ class PyramidStore:
             cb(dropped)
         return SealResult(window, run_id, eps_total, tuple(eps_tables.tolist()),
                           tuple(scales.tolist()), grant_id, dropped, tuple(deleted), bool(dropped),
-                          None if next_weights is None else tuple(next_weights.tolist()))
+                          None if next_weights is None else tuple(next_weights.tolist()), event)
 
-    def _check_grant(self, grant, run_id: str, blocks: Sequence[str], epsilon: float) -> str:
+    def _rdp_mode(self) -> bool:
+        if self.ledger is None:
+            return False
+        return self.ledger.stream(self.stream).mode == accounting.RDP
+
+    def _check_grant(self, grant, run_id: str, blocks: Sequence[str], epsilon: float,
+                     event=None) -> str:
         if self.ledger is None:
             raise InvalidRequestError("a grant can only be used by a store on a ledger")
         from sage_tfx.ledger import RELEASED
@@ -311,7 +365,11 @@ class PyramidStore:
             problems.append(f"stream {recorded.stream!r}")
         if sorted(b.block_id for b in recorded.blocks) != sorted(blocks):
             problems.append("blocks differ from the window's")
-        if recorded.epsilon is None or not math.isclose(recorded.epsilon, epsilon, rel_tol=1e-12) \
+        if event is not None:
+            if recorded.event is None or \
+                    accounting.event_to_json(recorded.event) != accounting.event_to_json(event):
+                problems.append(f"event {recorded.event} is not the tables' {event}")
+        elif recorded.epsilon is None or not math.isclose(recorded.epsilon, epsilon, rel_tol=1e-12) \
                 or (recorded.delta or 0.0) != 0.0:
             problems.append(f"cost ({recorded.epsilon}, {recorded.delta}) is not ({epsilon}, 0)")
         if problems:
@@ -337,7 +395,7 @@ class PyramidStore:
                 for k in z.files:
                     if k.startswith("cells__"):
                         name = k[len("cells__"):]
-                        cells[name] = cells[name] + z[k] if name in cells else z[k].astype(np.int64)
+                        cells[name] = cells[name] + z[k] if name in cells else z[k].copy()
                 prior = prior + z["prior"]
             for name, v in meta["noise_var"].items():
                 noise_var[name] = noise_var.get(name, 0.0) + v

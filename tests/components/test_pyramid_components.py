@@ -58,7 +58,8 @@ def test_count_snapshot_transform(tmp_path, setup):
     from sage_tfx.pyramid import CountSpec, Featurization, pyramid_run_id
 
     url = setup
-    spec = CountSpec(groups=("user", "item"), label="y", width=64, epsilon=1.0)
+    spec = CountSpec(groups=("user", "item"), label="y", width=64, epsilon=1.0,
+                     hash_family="tf_siphash")
     store = str(tmp_path / "store")
     props = {cs.LEDGER_URL_KEY: url, cs.STORE_DIR_KEY: store, cs.WINDOW_KEY: 0,
              cs.RETENTION_KEY: 2, cs.SPEC_JSON_KEY: json.dumps(spec.to_json())}
@@ -106,8 +107,12 @@ def test_count_snapshot_transform(tmp_path, setup):
     examples.split_names = '["train"]'
     outex = standard_artifacts.Examples()
     outex.uri = str(tmp_path / "tex")
+    graph = standard_artifacts.TransformGraph()
+    graph.uri = str(tmp_path / "graph")
     tr.Executor().Do({ts.EXAMPLES_KEY: [examples], ts.FEATURIZATION_KEY: [feat_art]},
-                     {ts.TRANSFORMED_EXAMPLES_KEY: [outex]}, {ts.BATCH_SIZE_KEY: 16})
+                     {ts.TRANSFORMED_EXAMPLES_KEY: [outex], ts.TRANSFORM_GRAPH_KEY: [graph]},
+                     {ts.BATCH_SIZE_KEY: 16})
+    assert os.path.exists(os.path.join(graph.uri, "pyramid_featurizer", "saved_model.pb"))
     got = read_examples(os.path.join(outex.uri, "Split-train", "*.gz"))
     assert len(got) == 60
     names = feat.feature_names()
@@ -117,6 +122,56 @@ def test_count_snapshot_transform(tmp_path, setup):
     assert np.allclose(np.sort(x, axis=0), np.sort(expected, axis=0), atol=1e-6)
     assert sorted(e.features.feature["y"].int64_list.value[0] for e in got) == \
         sorted(r["y"] for r in rows("d2"))
+
+    # A BLAKE2b-hashed snapshot cannot be read by a TF graph: refused, nothing written.
+    blake = CountSpec(groups=("user", "item"), label="y", width=64, epsilon=1.0)
+    feat_b = PyramidFeaturization()
+    feat_b.uri = str(tmp_path / "feat_b")
+    os.makedirs(feat_b.uri)
+    Featurization(blake, {n: c for n, c in feat.cells.items()}, feat.prior_counts,
+                  feat.noise_var, (0,)).save(os.path.join(feat_b.uri, "featurization.npz"))
+    graph_b = standard_artifacts.TransformGraph()
+    graph_b.uri = str(tmp_path / "graph_b")
+    with pytest.raises(InvalidRequestError, match="tf_siphash"):
+        tr.Executor().Do({ts.EXAMPLES_KEY: [examples], ts.FEATURIZATION_KEY: [feat_b]},
+                         {ts.TRANSFORMED_EXAMPLES_KEY: [outex], ts.TRANSFORM_GRAPH_KEY: [graph_b]},
+                         {ts.BATCH_SIZE_KEY: 16})
+    assert not os.path.exists(graph_b.uri)
+
+
+def test_count_table_on_an_rdp_stream(tmp_path):
+    """The gate's event pays for the window; sealing adds no charge; a retry re-emits."""
+    from sage_tfx.components import artifacts
+    from sage_tfx.components.pyramid_artifacts import PyramidWindowTable
+    from sage_tfx.components.pyramid_counts import executor as counts, spec as cs
+    from sage_tfx.ledger import accounting, open_ledger
+    from sage_tfx.pyramid import CountSpec, pyramid_run_id, window_event
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    spec = CountSpec(groups=("user",), label="y", width=64, epsilon=1.0)
+    run_id = pyramid_run_id(STREAM, spec, 0)
+    with open_ledger(url) as led:
+        led.create_stream(STREAM, epsilon_g=10.0, delta_g=1e-5, mode=accounting.RDP)
+        loc = block_location(str(tmp_path / "blocks"), STREAM, "d0")
+        write_block_file(loc, [make_example(r) for r in rows("d0")])
+        led.add_block(STREAM, "d0", location=loc, records=60)
+        d = led.request(STREAM, run_id=run_id, blocks=["d0"], event=window_event(spec))
+        spent = led.block(STREAM, "d0").epsilon_spent
+    grant = artifacts.SageGrant()
+    grant.uri = str(tmp_path / "grant")
+    artifacts.write_grant(grant, d.grant, stream=STREAM, run_id=run_id, context="default",
+                          ledger_url=url, reason=d.reason)
+    props = {cs.LEDGER_URL_KEY: url, cs.STORE_DIR_KEY: str(tmp_path / "store"), cs.WINDOW_KEY: 0,
+             cs.RETENTION_KEY: 2, cs.SPEC_JSON_KEY: json.dumps(spec.to_json())}
+    for name in ("wt", "wt2"):
+        out = PyramidWindowTable()
+        out.uri = str(tmp_path / name)
+        os.makedirs(out.uri)
+        counts.Executor().Do({cs.GRANT_INPUT_KEY: [grant]}, {cs.WINDOW_TABLE_KEY: [out]}, props)
+        meta = json.load(open(os.path.join(out.uri, "window.json")))
+        assert meta["epsilon"] == 1.0 and meta.get("replayed", False) == (name == "wt2")
+    with open_ledger(url) as led:
+        assert led.block(STREAM, "d0").epsilon_spent == spent > 0
+        assert len(led.grants(STREAM)) == 1
 
 
 def test_components_validate_arguments():

@@ -35,7 +35,7 @@ def _pyramid(tmp_path):
     from sage_tfx.pipelines import pyramid_pipeline
     from sage_tfx.pyramid import CountSpec
 
-    spec = CountSpec(groups=("user",), label="y", width=64, epsilon=1.0)
+    spec = CountSpec(groups=("user",), label="y", width=64, epsilon=1.0, hash_family="tf_siphash")
     return pyramid_pipeline.create_pipeline(
         "sage-pyramid", str(tmp_path / "pyr"), str(tmp_path / "pyr.db"), "sqlite:////tmp/x.db",
         "obs", spec, store_dir=str(tmp_path / "store"), count_window=0,

@@ -104,3 +104,50 @@ def make_spec(features, pairs, *, epsilon: float, kind: str = COUNT_MEDIAN,
               width: int = 2 ** 14) -> CountSpec:
     return CountSpec(groups=tuple(features) + tuple(pairs), label="y", kind=kind, width=width,
                      epsilon=epsilon)
+
+
+def run_grid(train: pd.DataFrame, test: pd.DataFrame, features, pairs, *, base: float,
+             fractions: Sequence[float], configs: Sequence[tuple], seeds: Sequence[int],
+             models: Sequence[str] = ("lr", "gbt"), width: int = 2 ** 14, on_row=None
+             ) -> list[dict]:
+    """Normalised losses of count models over ``fractions × configs × seeds``.
+
+    ``configs``: ``(epsilon, weights, kind)`` triples (``NO_NOISE_EPSILON`` for no noise).
+    A seed draws the count noise (and, for ``"dp"``, OpenDP's weights, which are not seedable);
+    noise-free configs run once (seed 0). Raw LR on the same hot window is one row per fraction.
+    """
+    rows = []
+
+    def add(row):
+        rows.append(row)
+        if on_row is not None:
+            on_row(row)
+
+    for fraction in fractions:
+        hot = hot_window(train, fraction)
+        months = history_months(train, hot)
+        loss = raw_lr_loss(hot, test, features)
+        add(dict(fraction=fraction, n_hot=len(hot), epsilon=float("inf"), weights="-",
+                 sketch="-", seed=0, model="raw lr", loss=loss, normalized=loss / base))
+        for eps, weights, kind in configs:
+            for seed in (seeds if eps < NO_NOISE_EPSILON else seeds[:1]):
+                spec = make_spec(features, pairs, epsilon=eps, kind=kind, width=width)
+                feat = build_featurization(train, months, spec,
+                                           weights_for(train, spec, weights, eps, seed), seed)
+                for model, loss in count_losses(feat, hot, test, models).items():
+                    add(dict(fraction=fraction, n_hot=len(hot), epsilon=eps, weights=weights,
+                             sketch=kind, seed=seed, model=f"count {model}", loss=loss,
+                             normalized=loss / base))
+    return rows
+
+
+def mean_std_table(rows: pd.DataFrame, index, columns) -> pd.DataFrame:
+    """``mean ± std`` (over seeds) of the normalised loss, as ``+x.x ± y.y %`` strings."""
+    g = rows.groupby(list(index) + list(columns))["normalized"]
+    stats = pd.DataFrame({"mean": g.mean(), "std": g.std(ddof=1), "n": g.size()})
+
+    def fmt(r):
+        if r["n"] < 2 or not np.isfinite(r["std"]):
+            return f"{(r['mean'] - 1) * 100:+.1f} %"
+        return f"{(r['mean'] - 1) * 100:+.1f} ± {r['std'] * 100:.1f} %"
+    return stats.apply(fmt, axis=1).unstack(list(columns))
