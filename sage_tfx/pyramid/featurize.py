@@ -167,6 +167,14 @@ def group_keys(frame: pd.DataFrame, group: tuple[str, ...]) -> list:
     return list(zip(*(frame[f].tolist() for f in group)))
 
 
+def _memo_key(key: Any):
+    """The hash memo's key of a feature key: the value, with bools told apart from the equal
+    ints (``True == 1`` in Python, but the two encode, so hash, differently)."""
+    if isinstance(key, tuple):
+        return tuple(map(_memo_key, key))
+    return (key, True) if isinstance(key, (bool, np.bool_)) else key
+
+
 class Featurization:
     """Summed count tables of the live windows, ready to featurize (a cacheable snapshot).
 
@@ -207,12 +215,15 @@ class Featurization:
         if not cache:
             return key_hashes(keys, salt, self.spec.depth, self.spec.width, fam)
         memo = self._hash_cache.setdefault(self.spec.group_name(group), {})
-        miss = [k for k in dict.fromkeys(keys) if k not in memo]
+        mkeys = [_memo_key(k) for k in keys]
+        first = dict(zip(mkeys, keys))
+        miss = [m for m in first if m not in memo]
         if miss:
-            b, s = key_hashes(miss, salt, self.spec.depth, self.spec.width, fam)
-            for i, k in enumerate(miss):
-                memo[k] = (b[i], s[i])
-        pairs = [memo[k] for k in keys]
+            b, s = key_hashes([first[m] for m in miss], salt, self.spec.depth, self.spec.width,
+                              fam)
+            for i, m in enumerate(miss):
+                memo[m] = (b[i], s[i])
+        pairs = [memo[m] for m in mkeys]
         return np.array([p[0] for p in pairs]).reshape(len(keys), -1), \
             np.array([p[1] for p in pairs]).reshape(len(keys), -1)
 

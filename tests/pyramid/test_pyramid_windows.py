@@ -235,3 +235,21 @@ def test_rare_keys_back_off_even_when_their_raw_rate_is_extreme(tmp_path):
     x = s.featurization().featurize(pd.DataFrame({"user": ["once", "many"]}))
     assert x[0, 0] == pytest.approx(401 / 801, abs=1e-3)     # the prior, not P = 1
     assert x[1, 0] == pytest.approx(1.0)                       # 400 observations: kept
+
+
+def test_the_hash_memo_tells_bools_from_equal_ints(tmp_path):
+    """``True == 1`` in Python but the two keys hash differently: the cached featurization
+    must give each its own counts, as the uncached one does."""
+    spec = CountSpec(groups=("flag",), label="y", width=1024, epsilon=1e6)
+    s = PyramidStore(spec, str(tmp_path / "p"), retention=3, noise=SeededNoise(0))
+    s.open_window(0)
+    s.observe(pd.DataFrame({"flag": [True] * 300 + [1] * 300, "y": [1] * 300 + [0] * 300}))
+    s.seal()
+    f = s.featurization()
+    for keys in ([True, 1], [1, True], [True, 1, 1, True]):
+        frame_ = pd.DataFrame({"flag": pd.Series(keys, dtype=object)})
+        cached, uncached = f.featurize(frame_), f.featurize(frame_, cache=False)
+        assert np.allclose(cached, uncached)
+        rates = dict(zip(map(repr, keys), cached[:, 0]))
+        assert rates["True"] == pytest.approx(1.0, abs=1e-3)
+        assert rates["1"] == pytest.approx(0.0, abs=1e-3)
