@@ -34,9 +34,14 @@ Two audits of trained models complete the black-box tester:
 
 * :func:`membership_inference` — the loss-threshold membership-inference attack of TF Privacy's
   ``privacy_tests.membership_inference_attack`` (``AttackType.THRESHOLD_ATTACK``: a lower loss
-  means "member"; AUC and attacker advantage ``max(TPR − FPR)`` on train vs held-out). The
-  ``tensorflow-privacy`` 0.9.0 wheel ships without ``privacy_tests`` (tensorflow/privacy#555),
-  so the same ROC is computed with scikit-learn's ``roc_curve`` / ``roc_auc_score``.
+  means "member"; AUC and attacker advantage ``max |TPR − FPR|`` on train vs held-out). The
+  pinned ``tensorflow-privacy`` 0.9.0 wheel ships without ``privacy_tests`` (its old
+  ``privacy/membership_inference_attack/*`` shims import the missing package and fail;
+  tensorflow/privacy#555). The 0.8.12 wheel on PyPI still has it, but installing it means
+  downgrading the pinned 0.9.0 (and a second copy of one distribution cannot be installed), so
+  this function computes what 0.8.12's ``_run_threshold_attack`` and ``RocCurve`` compute, with
+  the same scikit-learn calls: ``roc_curve(1 for train / 0 for held-out, −loss)``, AUC of that
+  curve, advantage ``max |TPR − FPR|``. (Its ε lower bounds and slicing are not reproduced.)
   The report is computed from the private training data and is *not* DP: it is an audit for the
   data owner, never a release.
 * :func:`one_run_epsilon_lower_bound` — auditing in one training run (Steinke, Nasr & Jagielski,
@@ -319,7 +324,8 @@ class MembershipInference:
 
     Attributes:
       auc: ROC AUC of "member" scored by the negated loss (0.5: no better than chance).
-      attacker_advantage: ``max(TPR − FPR)`` over thresholds (Yeom et al. 2018).
+      attacker_advantage: ``max |TPR − FPR|`` over thresholds (Yeom et al. 2018; TF Privacy's
+        ``RocCurve.get_attacker_advantage``).
       num_train, num_heldout: examples attacked on each side.
     """
 
@@ -349,8 +355,8 @@ def membership_inference(loss_train: Any, loss_heldout: Any) -> MembershipInfere
     labels = np.concatenate([np.ones(train.size), np.zeros(heldout.size)])
     scores = -np.concatenate([train, heldout])
     fpr, tpr, _ = metrics.roc_curve(labels, scores)
-    return MembershipInference(float(metrics.roc_auc_score(labels, scores)),
-                               float(np.max(tpr - fpr)), int(train.size), int(heldout.size))
+    return MembershipInference(float(metrics.auc(fpr, tpr)), float(np.max(np.abs(tpr - fpr))),
+                               int(train.size), int(heldout.size))
 
 
 def one_run_epsilon_lower_bound(correct: int, guesses: int, beta: float = 0.05) -> float:
