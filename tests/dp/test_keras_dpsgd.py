@@ -277,6 +277,7 @@ def test_poisson_step_divides_by_the_expected_batch_size(tf):
                                  np.zeros((padded, 1), np.float32), sample_weight=mask)
             samples.append(np.concatenate([w.ravel() for w in noisy.get_weights()]))
         assert np.std(samples) == pytest.approx(lr * sigma * clip / 40, rel=0.05), realised
+        assert not np.allclose(samples[0], samples[1])   # fresh noise every step (XLA too)
 
 
 @pytest.mark.slow
