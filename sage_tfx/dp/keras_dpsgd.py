@@ -7,9 +7,9 @@ add ``N(0, (noise_multiplier · C)²)`` per coordinate, divide by the batch size
 "ghost norm" trick (Goodfellow 2015; Li et al. 2022) instead of materialized per-example gradients:
 1.1–1.25x the non-private seconds per epoch for a 64-32-1 MLP, batch 256, on this 2-core machine
 (``benchmarks/sage/bench_dpsgd.py``; per-example-gradient optimizers were 9–17x). With Poisson
-sampling (below), fixed-shape masked batches and the step XLA-compiled, the same benchmark
-measures 0.7–0.9x the non-private CPU seconds per epoch (``benchmarks/results/audit/REPORT.md``):
-for a model this small an epoch is dominated by per-step overhead, which the fused step cuts.
+sampling (below) and fixed-shape masked batches, the same benchmark measures 0.9–1.1x the
+non-private CPU seconds per epoch (``benchmarks/results/audit/REPORT.md``): for a model this
+small an epoch is dominated by per-step overhead, not by the clipping pass.
 
 What TF Privacy 0.9 actually computes (read from ``dp_keras_model.py``, ``clip_grads.py`` and
 ``gradient_clipping_utils.add_aggregate_noise``), fast path, ``num_microbatches=None``:
@@ -186,8 +186,7 @@ def compile_dp(model: Any, *, loss: Any, optimizer: Any = None, learning_rate: f
     if "privacy" in type(optimizer).__module__ or type(optimizer).__name__.startswith(
             ("DP", "VectorizedDP")):
         raise ValueError("use a standard Keras optimizer: DPSequential already clips and noises")
-    model.compile(optimizer=optimizer, loss=loss, metrics=list(metrics or []),
-                  jit_compile=getattr(model, "step_jit_compile", None))
+    model.compile(optimizer=optimizer, loss=loss, metrics=list(metrics or []))
     return model
 
 
@@ -324,21 +323,20 @@ def _poisson_dp_class() -> Any:
     class PoissonDPSequential(dp_sequential):  # type: ignore[misc, valid-type]
         """DP-SGD on Poisson-sampled batches, normalised by the expected batch size."""
 
-        def __init__(self, *args: Any, expected_batch_size: float, jit_compile: bool = True,
+        def __init__(self, *args: Any, expected_batch_size: float, jit_compile: bool = False,
                      **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.expected_batch_size = float(expected_batch_size)
-            self.step_jit_compile = bool(jit_compile)
+            # XLA for the private part of the step only (predict / evaluate stay plain Keras)
+            self._noisy_gradients = (tf.function(self.noisy_gradients, jit_compile=True)
+                                     if jit_compile else self.noisy_gradients)
             self._noise_rng = tf.random.Generator.from_non_deterministic_state()
 
         def train_step(self, data: Any) -> Any:
             if self._clipping_loss is None:
                 self._make_clipping_loss()
             x, y, mask = tf.keras.utils.unpack_x_y_sample_weight(data)
-            summed, y_pred = self.clipped_sum(x, y, mask)
-            std = self._l2_norm_clip * self._noise_multiplier
-            grads = [(g + self._noise_rng.normal(tf.shape(g), stddev=std, dtype=g.dtype))
-                     / self.expected_batch_size for g in summed]
+            grads, y_pred = self._noisy_gradients(x, y, mask)
             if self.losses:  # weight regularizers: data-independent, no noise (as TF Privacy)
                 with tf.GradientTape() as tape:
                     regularization = tf.add_n(self.losses)
@@ -355,6 +353,13 @@ def _poisson_dp_class() -> Any:
             self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
             self.compiled_metrics.update_state(y, y_pred, sample_weight=mask)
             return {m.name: m.result() for m in self.metrics}
+
+        def noisy_gradients(self, x: Any, y: Any, mask: Any = None) -> tuple[list[Any], Any]:
+            """(clipped sum + N(0, (σC)²)) / expected batch size, and the predictions."""
+            summed, y_pred = self.clipped_sum(x, y, mask)
+            std = self._l2_norm_clip * self._noise_multiplier
+            return [(g + self._noise_rng.normal(tf.shape(g), stddev=std, dtype=g.dtype))
+                    / self.expected_batch_size for g in summed], y_pred
 
         def clipped_sum(self, x: Any, y: Any, mask: Any = None) -> tuple[list[Any], Any]:
             """The sum of per-example gradients clipped to C over the rows with mask 1, and
@@ -377,16 +382,18 @@ def _poisson_dp_class() -> Any:
 
 def make_poisson_dp_model(layers: LayersSpec, *, input_shape: Sequence[int], l2_norm_clip: float,
                           noise_multiplier: float, expected_batch_size: float,
-                          jit_compile: bool = True) -> Any:
+                          jit_compile: bool = False) -> Any:
     """A ``PoissonDPSequential`` (fast clipping required), not yet compiled.
 
     One example per microbatch, always: k microbatches would double the add-or-remove
     sensitivity of each microbatch mean (TF Privacy #620), which the accounting does not charge.
 
-    ``jit_compile`` (default) has :func:`compile_dp` XLA-compile the training step: with the
-    fixed-shape batches of :func:`poisson_batches` it compiles once, and the fused step (clip
-    norms, clipped sum, noise, update) costs about what the non-private step does
-    (``benchmarks/sage/bench_dpsgd.py``). The computation is the same either way.
+    ``jit_compile=True`` XLA-compiles the private part of the training step (forward pass,
+    ghost norms, clipped sum, noise, division); with the fixed-shape batches of
+    :func:`poisson_batches` it compiles once. The optimizer update, predict and evaluate stay
+    plain Keras, and the computation is the same either way. Off by default: for the small
+    MLPs measured (``benchmarks/results/audit/REPORT.md``) it changed the steady-state epoch by
+    less than the machine's noise and added ~0.6 CPU-seconds of compilation per model.
 
     Raises:
       InvalidPrivacyParameterError: l2_norm_clip, noise_multiplier or expected_batch_size not
@@ -420,7 +427,7 @@ def poisson_batches(features: np.ndarray, labels: np.ndarray, sampling_probabili
     Each element is ``(x, y, mask)``: the sampled rows first (mask 1), then padding rows (copies
     of row 0, mask 0) up to ``P`` = the largest realised size of the run rounded up to a multiple
     of ``pad_multiple``. Every batch of the run has the same shape, so the training step is
-    traced (and XLA-compiled) once instead of once per batch size; the mask is the sample
+    traced (and with ``jit_compile`` XLA-compiled) once, not once per batch size; the mask is the sample
     weight of :class:`PoissonDPSequential`, under which padding rows contribute exactly zero
     to the clipped sum (the step divides by the *expected* batch size, never by P or by the
     realised size). ``P`` depends on the sampling only, never on the data, and is not released.
