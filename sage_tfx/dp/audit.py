@@ -335,7 +335,9 @@ class MembershipInference:
     num_heldout: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "attack": "loss threshold (TF Privacy THRESHOLD_ATTACK)",
+        return {**dataclasses.asdict(self),
+                "attack": ("loss threshold: TF Privacy 0.8.12 THRESHOLD_ATTACK's ROC, AUC and "
+                           "advantage, computed with scikit-learn (0.9.0 lacks privacy_tests)"),
                 "differentially_private": False}
 
 
