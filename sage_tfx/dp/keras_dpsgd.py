@@ -432,13 +432,8 @@ def poisson_batches(features: np.ndarray, labels: np.ndarray, sampling_probabili
     to the clipped sum (the step divides by the *expected* batch size, never by P or by the
     realised size). ``P`` depends on the sampling only, never on the data, and is not released.
     """
+    indices, mask = poisson_masks(len(features), sampling_probability, int(steps), pad_multiple)
     tf, _, _ = import_tf_privacy()
-    q = float(sampling_probability)
-    if not 0.0 < q <= 1.0:
-        raise InvalidPrivacyParameterError(f"sampling probability must lie in (0, 1], got {q!r}")
-    if isinstance(pad_multiple, bool) or not isinstance(pad_multiple, int) or pad_multiple < 1:
-        raise ValueError(f"pad_multiple must be an int >= 1, got {pad_multiple!r}")
-    indices, mask = poisson_masks(len(features), q, int(steps), pad_multiple)
     x, y = tf.constant(features), tf.constant(labels)
     return (tf.data.Dataset.from_tensor_slices((indices, mask.astype(np.float32)))
             .map(lambda idx, m: (tf.gather(x, idx), tf.gather(y, idx), m))
@@ -458,8 +453,15 @@ def poisson_masks(n: int, sampling_probability: float, steps: int, pad_multiple:
     of that size (``Generator.choice`` without replacement) — 3 s → 0.1 s for the 336,776
     flights and 2,630 steps.
     """
+    q = float(sampling_probability)
+    if not 0.0 < q <= 1.0:
+        raise InvalidPrivacyParameterError(f"sampling probability must lie in (0, 1], got {q!r}")
+    if isinstance(pad_multiple, bool) or not isinstance(pad_multiple, int) or pad_multiple < 1:
+        raise ValueError(f"pad_multiple must be an int >= 1, got {pad_multiple!r}")
+    if n < 1 or steps < 0:
+        raise ValueError(f"need n >= 1 examples and steps >= 0, got n={n}, steps={steps}")
     gen = np.random.default_rng() if rng is None else rng
-    sizes = gen.binomial(n, sampling_probability, size=steps)
+    sizes = gen.binomial(n, q, size=steps)
     chosen = [np.sort(gen.choice(n, size=k, replace=False)) for k in sizes]
     longest = max((c.size for c in chosen), default=0)
     padded = max(pad_multiple, -(-longest // pad_multiple) * pad_multiple)

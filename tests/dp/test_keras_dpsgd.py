@@ -218,6 +218,11 @@ def test_poisson_masks_sample_each_example_independently():
     member[np.nonzero(mask)[0], indices[mask]] = True
     joint = (member[:, ::2] & member[:, 1::2]).mean()   # disjoint pairs of examples
     assert abs(joint - q * q) < 5 * math.sqrt(q * q / (steps * n / 2))
+    for bad_q in (0.0, 1.5, math.nan):
+        with pytest.raises(InvalidPrivacyParameterError):
+            keras_dpsgd.poisson_masks(n, bad_q, steps)
+    with pytest.raises(ValueError):
+        keras_dpsgd.poisson_masks(n, q, steps, pad_multiple=0)
 
 
 @pytest.mark.slow
