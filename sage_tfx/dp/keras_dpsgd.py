@@ -420,8 +420,8 @@ def poisson_batches(features: np.ndarray, labels: np.ndarray, sampling_probabili
                     steps: int, *, pad_multiple: int = 8) -> Any:
     """A ``tf.data.Dataset`` of ``steps`` Poisson-sampled batches, padded to one fixed size.
 
-    Every example joins every batch independently with probability q (``uniform < q``, numpy's
-    generator seeded from OS entropy, never from a user seed): the real batch sizes are
+    Every example joins every batch independently with probability q (:func:`poisson_masks`,
+    numpy's generator seeded from OS entropy, never from a user seed): the real batch sizes are
     Binomial(n, q), possibly 0. This is the sampling ``PoissonSampledDpEvent(q, ...)`` accounts.
 
     Each element is ``(x, y, mask)``: the sampled rows first (mask 1), then padding rows (copies
