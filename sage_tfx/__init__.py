@@ -114,7 +114,8 @@ PUBLIC_API: dict[str, tuple[str, ...]] = {
     # Trustworthy DP: Poisson DP-SGD, empirical privacy audits.
     "sage_tfx.dp.audit": (
         "audit_mechanism", "epsilon_lower_bound", "clopper_pearson", "membership_inference",
-        "one_run_audit", "one_run_epsilon_lower_bound", "textbook_laplace_reachable"),
+        "one_run_audit", "one_run_epsilon_lower_bound", "textbook_laplace_reachable",
+        "gaussian_shift_audit"),
     "sage_tfx.pipelines.lineage": ("open_store", "privacy_lineage", "GrantLineage"),
 }
 

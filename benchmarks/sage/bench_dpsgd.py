@@ -3,8 +3,9 @@
 Same MLP (64-32-1, ReLU), same data, same optimizer (Adam), same number of steps per epoch
 (``rows // batch``). Non-DP reads ``keras_dpsgd.shuffled_batches`` (shuffled batches of 256, last
 partial batch dropped); DP-SGD is what the DP Trainer runs: ``keras_dpsgd.poisson_batches``
-(every example independently with q = 256 / rows per step) and ``make_poisson_dp_model`` (fast
-clipping, noisy sum divided by the expected batch size). Steady
+(every example independently with q = 256 / rows per step, padded to one fixed shape with a
+0/1 mask) and ``make_poisson_dp_model`` (fast clipping, noisy sum divided by the expected batch
+size; ``--dp-xla`` compiles its private part with XLA). Steady
 state: the first epoch (tracing) is skipped. Rounds alternate non-DP / DP so that load from other
 processes hits both alike. Reported: wall medians and minima (least disturbed epochs), and
 process CPU seconds (the work done; robust to other load on a shared machine).
@@ -14,6 +15,7 @@ with missing values dropped, a random sample of ``--rows``. Standardized with ex
 this is a timing benchmark, not a private pipeline. ``--synthetic`` uses Gaussian data instead.
 
 Usage: python benchmarks/sage/bench_dpsgd.py [--rows 15000] [--epochs 6] [--rounds 3] [--synthetic]
+                                            [--dp-xla] [--non-dp-xla]
 Prints numbers; asserts nothing (target: DP / non-DP ≤ 1.2x).
 
 The measurement functions (:func:`epoch_benchmark`, :func:`model_benchmark`) are reused by
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import statistics
 import time
 from typing import Any, Callable, Optional, Sequence
@@ -67,22 +70,27 @@ def load_data(rows: int, seed: int, synthetic: bool = False
 
 
 def model_builders(tf: Any, input_shape: Sequence[int], *, l2_norm_clip: float,
-                   noise_multiplier: float, batch_size: int = 256
-                   ) -> dict[str, Callable[[], Any]]:
-    """Zero-argument builders of fresh compiled models: the same MLP, non-DP and DP-SGD."""
+                   noise_multiplier: float, batch_size: int = 256, dp_xla: bool = False,
+                   non_dp_xla: bool = False) -> dict[str, Callable[[], Any]]:
+    """Zero-argument builders of fresh compiled models: the same MLP, non-DP and DP-SGD.
+
+    ``dp_xla``: the private part of the DP step XLA-compiled (``make_poisson_dp_model``'s
+    ``jit_compile``; the DP Trainer does not); ``non_dp_xla``: the non-DP step XLA-compiled
+    (Keras' default is not to).
+    """
 
     def non_dp_model():
         model = tf.keras.Sequential([tf.keras.Input(shape=tuple(input_shape)),
                                      *keras_dpsgd.mlp_layers(HIDDEN_UNITS)])
         model.compile(optimizer=tf.keras.optimizers.Adam(1e-3),
-                      loss=tf.keras.losses.MeanSquaredError())
+                      loss=tf.keras.losses.MeanSquaredError(), jit_compile=non_dp_xla)
         return model
 
     def dp_model():
         model = keras_dpsgd.make_poisson_dp_model(
             keras_dpsgd.mlp_layers(HIDDEN_UNITS), input_shape=input_shape,
             l2_norm_clip=l2_norm_clip, noise_multiplier=noise_multiplier,
-            expected_batch_size=batch_size)
+            expected_batch_size=batch_size, jit_compile=dp_xla)
         return keras_dpsgd.compile_dp(model, loss=tf.keras.losses.MeanSquaredError(),
                                       optimizer=tf.keras.optimizers.Adam(1e-3))
 
@@ -157,7 +165,7 @@ def _check_sizes(rows: int, batch_size: int, epochs: int, rounds: int, min_epoch
 
 def epoch_benchmark(x: np.ndarray, y: np.ndarray, *, batch_size: int = 256, epochs: int = 6,
                     rounds: int = 3, l2_norm_clip: float = 1.0, noise_multiplier: float = 1.0,
-                    seed: int = 0) -> EpochTimes:
+                    seed: int = 0, dp_xla: bool = False, non_dp_xla: bool = False) -> EpochTimes:
     """Seconds per epoch of the non-DP and the DP-SGD model, ``rounds`` fresh models each.
 
     Args:
@@ -169,6 +177,7 @@ def epoch_benchmark(x: np.ndarray, y: np.ndarray, *, batch_size: int = 256, epoc
       l2_norm_clip: DP-SGD clipping norm.
       noise_multiplier: DP-SGD noise std / clip.
       seed: Seeds TF and the batch shuffling.
+      dp_xla, non_dp_xla: XLA-compile the DP / non-DP step (:func:`model_builders`).
 
     Raises:
       ValueError: sizes that leave nothing to time.
@@ -177,7 +186,8 @@ def epoch_benchmark(x: np.ndarray, y: np.ndarray, *, batch_size: int = 256, epoc
     tf, _, _ = keras_dpsgd.import_tf_privacy()
     tf.keras.utils.set_random_seed(seed)
     builders = model_builders(tf, x.shape[1:], l2_norm_clip=l2_norm_clip,
-                              noise_multiplier=noise_multiplier, batch_size=batch_size)
+                              noise_multiplier=noise_multiplier, batch_size=batch_size,
+                              dp_xla=dp_xla, non_dp_xla=non_dp_xla)
     wall: dict[str, list[float]] = {m: [] for m in MODELS}
     cpu: dict[str, list[float]] = {m: [] for m in MODELS}
     loss: dict[str, float] = {}
@@ -267,18 +277,28 @@ def main() -> None:
     parser.add_argument("--l2-norm-clip", type=float, default=1.0)
     parser.add_argument("--synthetic", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dp-xla", action="store_true",
+                        help="XLA-compile the private part of the DP step (the DP Trainer does not)")
+    parser.add_argument("--non-dp-xla", action="store_true",
+                        help="XLA-compile the non-DP step too (Keras' default is not to)")
     args = parser.parse_args()
 
     x, y, name = load_data(args.rows, args.seed, args.synthetic)
+    load_before = os.getloadavg()
     t = epoch_benchmark(x, y, batch_size=args.batch_size, epochs=args.epochs,
                         rounds=args.rounds, l2_norm_clip=args.l2_norm_clip,
-                        noise_multiplier=args.noise_multiplier, seed=args.seed)
+                        noise_multiplier=args.noise_multiplier, seed=args.seed,
+                        dp_xla=args.dp_xla, non_dp_xla=args.non_dp_xla)
+    load_after = os.getloadavg()
 
     print(f"data: {name}; MLP 64-32-1; Adam 1e-3; batch {args.batch_size}; "
           f"{t.steps_per_epoch} steps/epoch; {args.epochs} epochs x {args.rounds} rounds")
     print(f"DP: Poisson-sampled DP-SGD (q = {args.batch_size}/{args.rows}), fast clipping, "
           f"l2_norm_clip={args.l2_norm_clip}, noise_multiplier={args.noise_multiplier}, "
-          "noisy sum / expected batch size, use_xla=False")
+          "noisy sum / expected batch size, fixed-shape padded batches (mask), "
+          f"DP step XLA={args.dp_xla}, non-DP step XLA={args.non_dp_xla}")
+    print(f"load average (1 min) before {load_before[0]:.2f}, after {load_after[0]:.2f} "
+          f"({os.cpu_count()} CPUs)")
     for label in MODELS:
         print(f"{label:>7}: wall s/epoch median {statistics.median(t.wall[label]):.4f} "
               f"min {min(t.wall[label]):.4f}; CPU s/epoch median "

@@ -13,6 +13,14 @@ StatDP / DP-Sniper recipe (Ding et al. 2018; Bichsel et al. 2021): :func:`audit_
 the event (a threshold on a scalar statistic of the output, in either direction) on one half of
 the runs and certifies it on the other half, so choosing the event costs no confidence.
 
+Threshold audits must certify an event of probability ~δ to say anything about an (ε, δ)
+claim; for the Gaussian mechanism at δ = 10⁻⁵ that takes ≳ 10⁵ runs per input.
+:func:`gaussian_shift_audit` instead estimates the hockey-stick divergence of an
+input-plus-Gaussian-noise mechanism through its one parameter μ = shift / σ (confidence bounds
+on both), and reads ε at δ off dp_accounting's privacy-loss distribution: a few thousand runs
+catch a halved sensitivity. It assumes Gaussian outputs with a common σ (a normality test is
+reported); the threshold audit stays the assumption-free check.
+
 :func:`textbook_laplace_reachable` is the floating-point attack of Mironov (CCS 2012) against
 numpy's Laplace sampler: it decides whether a double ``y`` is an output ``x + Laplace(scale)`` of
 numpy's textbook sampler at input ``x`` by inverting the sampler and checking the neighbouring
@@ -26,9 +34,14 @@ Two audits of trained models complete the black-box tester:
 
 * :func:`membership_inference` — the loss-threshold membership-inference attack of TF Privacy's
   ``privacy_tests.membership_inference_attack`` (``AttackType.THRESHOLD_ATTACK``: a lower loss
-  means "member"; AUC and attacker advantage ``max(TPR − FPR)`` on train vs held-out). The
-  ``tensorflow-privacy`` 0.9.0 wheel ships without ``privacy_tests`` (tensorflow/privacy#555),
-  so the same ROC is computed with scikit-learn's ``roc_curve`` / ``roc_auc_score``.
+  means "member"; AUC and attacker advantage ``max |TPR − FPR|`` on train vs held-out). The
+  pinned ``tensorflow-privacy`` 0.9.0 wheel ships without ``privacy_tests`` (its old
+  ``privacy/membership_inference_attack/*`` shims import the missing package and fail;
+  tensorflow/privacy#555). The 0.8.12 wheel on PyPI still has it, but installing it means
+  downgrading the pinned 0.9.0 (and a second copy of one distribution cannot be installed), so
+  this function computes what 0.8.12's ``_run_threshold_attack`` and ``RocCurve`` compute, with
+  the same scikit-learn calls: ``roc_curve(1 for train / 0 for held-out, −loss)``, AUC of that
+  curve, advantage ``max |TPR − FPR|``. (Its ε lower bounds and slicing are not reproduced.)
   The report is computed from the private training data and is *not* DP: it is an audit for the
   data owner, never a release.
 * :func:`one_run_epsilon_lower_bound` — auditing in one training run (Steinke, Nasr & Jagielski,
@@ -51,8 +64,9 @@ from scipy import stats
 
 from sage_tfx.errors import InvalidPrivacyParameterError
 
-__all__ = ["AuditResult", "MembershipInference", "audit_mechanism", "clopper_pearson",
-           "epsilon_lower_bound", "membership_inference", "one_run_audit",
+__all__ = ["AuditResult", "GaussianShiftAudit", "MembershipInference", "audit_mechanism",
+           "clopper_pearson", "epsilon_lower_bound", "gaussian_shift_audit",
+           "membership_inference", "one_run_audit",
            "one_run_epsilon_lower_bound",
            "textbook_laplace_reachable"]
 
@@ -92,8 +106,23 @@ def epsilon_lower_bound(hits_a: int, runs_a: int, hits_b: int, runs_b: int, *,
     return max(0.0, math.log((p_a - delta) / p_b))
 
 
+class _LowerBound:
+    """An empirical lower bound on ε next to the claimed ε (mixin of the audit results)."""
+
+    claimed_epsilon: float
+    epsilon_lower_bound: float
+
+    @property
+    def passed(self) -> bool:
+        """True iff the empirical lower bound stays at or below the claimed ε."""
+        return self.epsilon_lower_bound <= self.claimed_epsilon
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "passed": self.passed}
+
+
 @dataclasses.dataclass(frozen=True)
-class AuditResult:
+class AuditResult(_LowerBound):
     """One black-box audit of a mechanism on one pair of adjacent inputs.
 
     Attributes:
@@ -111,14 +140,6 @@ class AuditResult:
     hits_b: int
     runs: int
     alpha: float
-
-    @property
-    def passed(self) -> bool:
-        """True iff the empirical lower bound stays at or below the claimed ε."""
-        return self.epsilon_lower_bound <= self.claimed_epsilon
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "passed": self.passed}
 
 
 def _threshold_events(sel_a: np.ndarray, sel_b: np.ndarray, num_thresholds: int,
@@ -200,6 +221,79 @@ def audit_mechanism(release: Callable[[Any, int], np.ndarray], input_a: Any, inp
                        float(alpha))
 
 
+@dataclasses.dataclass(frozen=True)
+class GaussianShiftAudit(_LowerBound):
+    """Result of :func:`gaussian_shift_audit` (confidence 1 − alpha).
+
+    Attributes:
+      claimed_epsilon, delta: the (ε, δ) the mechanism claims.
+      epsilon_lower_bound: ε at ``delta`` of a Gaussian mechanism with ``mu_lower_bound``.
+      mu_lower_bound: lower bound on |mean(a) − mean(b)| / σ (the sensitivity-to-noise ratio).
+      sigma_upper_bound: upper bound on the noise std.
+      runs: outputs per input.
+      normality_pvalue: D'Agostino–Pearson test of the centred outputs (small: the outputs are
+        not Gaussian and the bound does not apply).
+    """
+
+    claimed_epsilon: float
+    delta: float
+    epsilon_lower_bound: float
+    mu_lower_bound: float
+    sigma_upper_bound: float
+    runs: int
+    alpha: float
+    normality_pvalue: float
+
+
+def gaussian_shift_audit(release: Callable[[Any, int], np.ndarray], input_a: Any, input_b: Any,
+                         *, claimed_epsilon: float, delta: float, runs: int,
+                         alpha: float = 0.05) -> GaussianShiftAudit:
+    """(ε, δ) audit of a mechanism that outputs its input plus Gaussian noise (hockey-stick).
+
+    For ``M(x) = f(x) + N(0, σ²)`` the whole (ε, δ) curve is that of the Gaussian mechanism with
+    ``μ = |f(a) − f(b)| / σ`` (Balle & Wang 2018): ``δ(ε) = Φ(−ε/μ + μ/2) − e^ε Φ(−ε/μ − μ/2)``, the
+    hockey-stick divergence between the two output distributions. Threshold audits
+    (:func:`audit_mechanism`) must certify a tail event of probability ~δ, which needs ≳ 10⁵
+    runs to see a halved sensitivity at δ = 10⁻⁵; estimating μ needs only ~10³. From the outputs
+    at a and b: an upper bound σ̄ on σ (χ² interval of the pooled variance, confidence
+    1 − alpha/2) and a lower bound on |f(a) − f(b)| (normal interval with σ̄, 1 − alpha/2) give
+    ``μ̲ ≤ μ``; the returned ε is the Gaussian mechanism's ε at ``delta`` for μ̲, from
+    dp_accounting's optimistic privacy-loss distribution (never above the exact ε). If the
+    outputs are Gaussian with a common σ (checked and reported, ``normality_pvalue``), the true
+    ε at ``delta`` is at least the bound with confidence ≥ 1 − alpha.
+
+    Args:
+      release: ``release(x, n)`` → n independent scalar outputs at input x.
+      input_a, input_b: adjacent inputs.
+      claimed_epsilon, delta: the mechanism's claim.
+      runs: outputs per input, ≥ 10.
+      alpha: 1 − confidence.
+    """
+    from dp_accounting.pld import privacy_loss_distribution as pld_lib
+    if runs < 10:
+        raise ValueError(f"runs must be >= 10, got {runs!r}")
+    if not 0.0 < delta < 1.0:
+        raise InvalidPrivacyParameterError(f"delta must lie in (0, 1), got {delta!r}")
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha must lie in (0, 1), got {alpha!r}")
+    out_a = np.asarray(release(input_a, runs), dtype=np.float64).reshape(runs)
+    out_b = np.asarray(release(input_b, runs), dtype=np.float64).reshape(runs)
+    dof = 2 * runs - 2
+    pooled = (np.var(out_a, ddof=1) + np.var(out_b, ddof=1)) / 2.0
+    sigma_hi = math.sqrt(dof * pooled / stats.chi2.ppf(alpha / 2, dof))
+    half_width = stats.norm.ppf(1 - alpha / 4) * sigma_hi * math.sqrt(2.0 / runs)
+    mu_lo = max(0.0, abs(out_a.mean() - out_b.mean()) - half_width) / sigma_hi
+    eps = 0.0
+    if mu_lo > 0.0:
+        eps = pld_lib.from_gaussian_mechanism(
+            1.0 / mu_lo, sensitivity=1.0, pessimistic_estimate=False,
+            use_connect_dots=False).get_epsilon_for_delta(delta)
+    centred = np.concatenate([out_a - out_a.mean(), out_b - out_b.mean()])
+    return GaussianShiftAudit(float(claimed_epsilon), float(delta), max(0.0, float(eps)),
+                              float(mu_lo), float(sigma_hi), int(runs), float(alpha),
+                              float(stats.normaltest(centred).pvalue))
+
+
 def _numpy_laplace(u: float, loc: float, scale: float) -> float:
     """numpy ``Generator.laplace(loc, scale)`` for the uniform draw ``u`` (its C code, in doubles)."""
     if u >= 0.5:
@@ -230,7 +324,8 @@ class MembershipInference:
 
     Attributes:
       auc: ROC AUC of "member" scored by the negated loss (0.5: no better than chance).
-      attacker_advantage: ``max(TPR − FPR)`` over thresholds (Yeom et al. 2018).
+      attacker_advantage: ``max |TPR − FPR|`` over thresholds (Yeom et al. 2018; TF Privacy's
+        ``RocCurve.get_attacker_advantage``).
       num_train, num_heldout: examples attacked on each side.
     """
 
@@ -240,7 +335,9 @@ class MembershipInference:
     num_heldout: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "attack": "loss threshold (TF Privacy THRESHOLD_ATTACK)",
+        return {**dataclasses.asdict(self),
+                "attack": ("loss threshold: TF Privacy 0.8.12 THRESHOLD_ATTACK's ROC, AUC and "
+                           "advantage, computed with scikit-learn (0.9.0 lacks privacy_tests)"),
                 "differentially_private": False}
 
 
@@ -260,8 +357,8 @@ def membership_inference(loss_train: Any, loss_heldout: Any) -> MembershipInfere
     labels = np.concatenate([np.ones(train.size), np.zeros(heldout.size)])
     scores = -np.concatenate([train, heldout])
     fpr, tpr, _ = metrics.roc_curve(labels, scores)
-    return MembershipInference(float(metrics.roc_auc_score(labels, scores)),
-                               float(np.max(tpr - fpr)), int(train.size), int(heldout.size))
+    return MembershipInference(float(metrics.auc(fpr, tpr)), float(np.max(np.abs(tpr - fpr))),
+                               int(train.size), int(heldout.size))
 
 
 def one_run_epsilon_lower_bound(correct: int, guesses: int, beta: float = 0.05) -> float:

@@ -7,8 +7,9 @@ add ``N(0, (noise_multiplier · C)²)`` per coordinate, divide by the batch size
 "ghost norm" trick (Goodfellow 2015; Li et al. 2022) instead of materialized per-example gradients:
 1.1–1.25x the non-private seconds per epoch for a 64-32-1 MLP, batch 256, on this 2-core machine
 (``benchmarks/sage/bench_dpsgd.py``; per-example-gradient optimizers were 9–17x). With Poisson
-sampling (below) the same benchmark measured 1.34–1.36x the non-private CPU seconds per epoch on
-a heavily loaded machine (``benchmarks/results/audit/REPORT.md``).
+sampling (below) and fixed-shape masked batches, the same benchmark measures 0.9–1.1x the
+non-private CPU seconds per epoch (``benchmarks/results/audit/REPORT.md``): for a model this
+small an epoch is dominated by per-step overhead, not by the clipping pass.
 
 What TF Privacy 0.9 actually computes (read from ``dp_keras_model.py``, ``clip_grads.py`` and
 ``gradient_clipping_utils.add_aggregate_noise``), fast path, ``num_microbatches=None``:
@@ -38,8 +39,9 @@ TF Privacy model).
 
 What :func:`train_dp_keras` and the DP Trainer run is :func:`make_poisson_dp_model`: the same
 fast clipping, but every example joins every step independently with probability q
-(:func:`poisson_batches`), the noise (``tf.random.Generator`` from OS entropy) is added to the
-clipped *sum* and the result divided by the *expected* batch size q·n — exactly the
+(:func:`poisson_batches`: the sampled rows of a step, padded to one fixed shape and masked), the
+noise (``tf.random.Generator`` from OS entropy) is added to the clipped *sum* of the sampled rows
+and the result divided by the *expected* batch size q·n — exactly the
 ``PoissonSampledDpEvent`` of :func:`sage_tfx.dp.dpsgd.dpsgd_event`. ``make_dp_keras_model`` (shuffled
 fixed-size batches, realised batch size) remains for experiments that compare the two.
 
@@ -321,48 +323,77 @@ def _poisson_dp_class() -> Any:
     class PoissonDPSequential(dp_sequential):  # type: ignore[misc, valid-type]
         """DP-SGD on Poisson-sampled batches, normalised by the expected batch size."""
 
-        def __init__(self, *args: Any, expected_batch_size: float, **kwargs: Any) -> None:
+        def __init__(self, *args: Any, expected_batch_size: float, jit_compile: bool = False,
+                     **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.expected_batch_size = float(expected_batch_size)
+            # XLA for the private part of the step only (predict / evaluate stay plain Keras)
+            self._noisy_gradients = (tf.function(self.noisy_gradients, jit_compile=True)
+                                     if jit_compile else self.noisy_gradients)
             self._noise_rng = tf.random.Generator.from_non_deterministic_state()
 
         def train_step(self, data: Any) -> Any:
             if self._clipping_loss is None:
                 self._make_clipping_loss()
-            x, y, weights = tf.keras.utils.unpack_x_y_sample_weight(data)
-            clipped, y_pred, _ = clip_grads.compute_clipped_gradients_and_outputs(
-                input_model=self, x_batch=x, y_batch=y, weight_batch=weights,
-                l2_norm_clip=self._l2_norm_clip, layer_registry=self._layer_registry,
-                num_microbatches=None, clipping_loss=self._clipping_loss)
-            if self.loss.reduction == tf.keras.losses.Reduction.SUM:
-                summed = list(clipped)
-            else:  # the clipping loss is a mean over the realised batch: undo it exactly
-                size = tf.cast(tf.shape(y)[0], clipped[0].dtype)
-                summed = [tf.where(size > 0, g * size, tf.zeros_like(g)) for g in clipped]
-            std = self._l2_norm_clip * self._noise_multiplier
-            grads = [(g + self._noise_rng.normal(tf.shape(g), stddev=std, dtype=g.dtype))
-                     / self.expected_batch_size for g in summed]
+            x, y, mask = tf.keras.utils.unpack_x_y_sample_weight(data)
+            grads, y_pred = self._noisy_gradients(x, y, mask)
             if self.losses:  # weight regularizers: data-independent, no noise (as TF Privacy)
                 with tf.GradientTape() as tape:
                     regularization = tf.add_n(self.losses)
                 grads = [a + b for a, b in zip(grads, tape.gradient(
                     regularization, self.trainable_variables,
                     unconnected_gradients=tf.UnconnectedGradients.ZERO))]
-            self.compiled_loss(y, y_pred, sample_weight=weights, regularization_losses=self.losses)
+            # The reported (non-DP, never released) training loss: the mean over the real rows.
+            report_weights = mask
+            if mask is not None and self.loss.reduction != tf.keras.losses.Reduction.SUM:
+                size = tf.cast(tf.shape(mask)[0], mask.dtype)
+                report_weights = mask * size / tf.maximum(tf.reduce_sum(mask), 1.0)
+            self.compiled_loss(y, y_pred, sample_weight=report_weights,
+                               regularization_losses=self.losses)
             self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
-            self.compiled_metrics.update_state(y, y_pred)
+            self.compiled_metrics.update_state(y, y_pred, sample_weight=mask)
             return {m.name: m.result() for m in self.metrics}
+
+        def noisy_gradients(self, x: Any, y: Any, mask: Any = None) -> tuple[list[Any], Any]:
+            """(clipped sum + N(0, (σC)²)) / expected batch size, and the predictions."""
+            summed, y_pred = self.clipped_sum(x, y, mask)
+            std = self._l2_norm_clip * self._noise_multiplier
+            return [(g + self._noise_rng.normal(tf.shape(g), stddev=std, dtype=g.dtype))
+                    / self.expected_batch_size for g in summed], y_pred
+
+        def clipped_sum(self, x: Any, y: Any, mask: Any = None) -> tuple[list[Any], Any]:
+            """The sum of per-example gradients clipped to C over the rows with mask 1, and
+            the predictions. Rows with mask 0 (padding) contribute exactly zero: their weighted
+            loss is 0, so is their gradient (norm 0, clip weight 1, times weight 0)."""
+            clipped, y_pred, _ = clip_grads.compute_clipped_gradients_and_outputs(
+                input_model=self, x_batch=x, y_batch=y, weight_batch=mask,
+                l2_norm_clip=self._l2_norm_clip, layer_registry=self._layer_registry,
+                num_microbatches=None, clipping_loss=self._clipping_loss)
+            if self.loss.reduction == tf.keras.losses.Reduction.SUM:
+                return list(clipped), y_pred
+            # A mean-reduced clipping loss divides by the number of rows (padding included,
+            # Keras' SUM_OVER_BATCH_SIZE): undo it exactly.
+            size = tf.cast(tf.shape(y)[0], clipped[0].dtype)
+            return [tf.where(size > 0, g * size, tf.zeros_like(g)) for g in clipped], y_pred
 
     _POISSON_CLASS.append(PoissonDPSequential)
     return PoissonDPSequential
 
 
 def make_poisson_dp_model(layers: LayersSpec, *, input_shape: Sequence[int], l2_norm_clip: float,
-                          noise_multiplier: float, expected_batch_size: float) -> Any:
+                          noise_multiplier: float, expected_batch_size: float,
+                          jit_compile: bool = False) -> Any:
     """A ``PoissonDPSequential`` (fast clipping required), not yet compiled.
 
     One example per microbatch, always: k microbatches would double the add-or-remove
     sensitivity of each microbatch mean (TF Privacy #620), which the accounting does not charge.
+
+    ``jit_compile=True`` XLA-compiles the private part of the training step (forward pass,
+    ghost norms, clipped sum, noise, division); with the fixed-shape batches of
+    :func:`poisson_batches` it compiles once. The optimizer update, predict and evaluate stay
+    plain Keras, and the computation is the same either way. Off by default: for the small
+    MLPs measured (``benchmarks/results/audit/REPORT.md``) it changed the steady-state epoch by
+    less than the machine's noise and added ~0.6 CPU-seconds of compilation per model.
 
     Raises:
       InvalidPrivacyParameterError: l2_norm_clip, noise_multiplier or expected_batch_size not
@@ -378,7 +409,7 @@ def make_poisson_dp_model(layers: LayersSpec, *, input_shape: Sequence[int], l2_
         l2_norm_clip=l2_norm_clip, noise_multiplier=noise_multiplier, num_microbatches=None,
         use_xla=False, layer_registry=make_default_layer_registry(),
         layers=[tf.keras.Input(shape=tuple(input_shape)), *layer_list],
-        expected_batch_size=expected)
+        expected_batch_size=expected, jit_compile=jit_compile)
     if not model._enable_fast_peg_computation:  # pylint: disable=protected-access
         raise ValueError("Poisson DP-SGD needs every trainable layer in TF Privacy's fast-clipping "
                          "registry (Dense, Embedding)")
@@ -386,28 +417,60 @@ def make_poisson_dp_model(layers: LayersSpec, *, input_shape: Sequence[int], l2_
 
 
 def poisson_batches(features: np.ndarray, labels: np.ndarray, sampling_probability: float,
-                    steps: int) -> Any:
-    """A ``tf.data.Dataset`` of ``steps`` Poisson-sampled batches.
+                    steps: int, *, pad_multiple: int = 8) -> Any:
+    """A ``tf.data.Dataset`` of ``steps`` Poisson-sampled batches, padded to one fixed size.
 
-    Every example joins every batch independently with probability q (``uniform < q``, numpy's
-    generator seeded from OS entropy, never from a user seed): batch sizes are Binomial(n, q),
-    possibly 0. This is the sampling ``PoissonSampledDpEvent(q, ...)`` accounts. Batches are
-    index lists gathered in one op, as in :func:`shuffled_batches`.
+    Every example joins every batch independently with probability q (:func:`poisson_masks`,
+    numpy's generator seeded from OS entropy, never from a user seed): the real batch sizes are
+    Binomial(n, q), possibly 0. This is the sampling ``PoissonSampledDpEvent(q, ...)`` accounts.
+
+    Each element is ``(x, y, mask)``: the sampled rows first (mask 1), then padding rows (copies
+    of row 0, mask 0) up to ``P`` = the largest realised size of the run rounded up to a multiple
+    of ``pad_multiple``. Every batch of the run has the same shape, so the training step is
+    traced (and with ``jit_compile`` XLA-compiled) once, not once per batch size; the mask is the sample
+    weight of :class:`PoissonDPSequential`, under which padding rows contribute exactly zero
+    to the clipped sum (the step divides by the *expected* batch size, never by P or by the
+    realised size). ``P`` depends on the sampling only, never on the data, and is not released.
     """
+    indices, mask = poisson_masks(len(features), sampling_probability, int(steps), pad_multiple)
     tf, _, _ = import_tf_privacy()
+    x, y = tf.constant(features), tf.constant(labels)
+    return (tf.data.Dataset.from_tensor_slices((indices, mask.astype(np.float32)))
+            .map(lambda idx, m: (tf.gather(x, idx), tf.gather(y, idx), m))
+            .prefetch(tf.data.AUTOTUNE))
+
+
+def poisson_masks(n: int, sampling_probability: float, steps: int, pad_multiple: int = 8,
+                  rng: np.random.Generator | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The row indices ``(steps, P)`` and 0/1 masks of :func:`poisson_batches` (numpy only).
+
+    Row ``t`` holds the indices of the examples sampled at step ``t`` (each independently with
+    probability q), in increasing order, then zeros with mask 0. ``rng`` defaults to fresh OS
+    entropy (pass one only in tests).
+
+    Drawn as the same distribution in O(batch) per step instead of O(n): independent
+    Bernoulli(q) inclusions are exactly a Binomial(n, q) size, then a uniformly random subset
+    of that size (``Generator.choice`` without replacement) — 3 s → 0.1 s for the 336,776
+    flights and 2,630 steps.
+    """
     q = float(sampling_probability)
     if not 0.0 < q <= 1.0:
         raise InvalidPrivacyParameterError(f"sampling probability must lie in (0, 1], got {q!r}")
-    n = len(features)
-    rng = np.random.default_rng()
-    chosen = [np.flatnonzero(rng.random(n) < q) for _ in range(int(steps))]
-    lengths = np.array([c.size for c in chosen], dtype=np.int64)
-    values = np.concatenate(chosen) if chosen else np.zeros(0, np.int64)
-    ragged = tf.RaggedTensor.from_row_lengths(values.astype(np.int64), lengths)
-    x, y = tf.constant(features), tf.constant(labels)
-    return (tf.data.Dataset.from_tensor_slices(ragged)
-            .map(lambda idx: (tf.gather(x, idx), tf.gather(y, idx)))
-            .prefetch(tf.data.AUTOTUNE))
+    if isinstance(pad_multiple, bool) or not isinstance(pad_multiple, int) or pad_multiple < 1:
+        raise ValueError(f"pad_multiple must be an int >= 1, got {pad_multiple!r}")
+    if n < 1 or steps < 0:
+        raise ValueError(f"need n >= 1 examples and steps >= 0, got n={n}, steps={steps}")
+    gen = np.random.default_rng() if rng is None else rng
+    sizes = gen.binomial(n, q, size=steps)
+    chosen = [np.sort(gen.choice(n, size=k, replace=False)) for k in sizes]
+    longest = max((c.size for c in chosen), default=0)
+    padded = max(pad_multiple, -(-longest // pad_multiple) * pad_multiple)
+    indices = np.zeros((steps, padded), np.int64)
+    mask = np.zeros((steps, padded), bool)
+    for t, rows in enumerate(chosen):
+        indices[t, :rows.size] = rows
+        mask[t, :rows.size] = True
+    return indices, mask
 
 
 def expected_update_std(noise_multiplier: float, l2_norm_clip: float, batch_size: int,
@@ -418,5 +481,6 @@ def expected_update_std(noise_multiplier: float, l2_norm_clip: float, batch_size
 
 __all__ = [
     "compile_dp", "expected_update_std", "import_tf_privacy", "make_dp_keras_model",
-    "make_poisson_dp_model", "mlp_layers", "poisson_batches", "shuffled_batches", "train_dp_keras",
+    "make_poisson_dp_model", "mlp_layers", "poisson_batches", "poisson_masks", "shuffled_batches",
+    "train_dp_keras",
 ]

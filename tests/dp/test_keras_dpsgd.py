@@ -192,34 +192,58 @@ def test_compile_rejects_string_loss_and_dp_optimizer(tf):
 # --- Poisson DP-SGD: the sampling, normalisation and sensitivity that the event charges ---------
 
 
-@pytest.mark.slow
-def test_poisson_batches_sample_each_example_independently(tf):
-    n, q, steps = 200, 0.1, 400
-    x = np.arange(n, dtype=np.float32)[:, None]
-    sizes, counts = [], np.zeros(n)
-    for bx, _ in keras_dpsgd.poisson_batches(x, np.zeros((n, 1), np.float32), q, steps):
-        ids = bx.numpy()[:, 0].astype(int)
-        assert len(set(ids)) == len(ids)
-        sizes.append(ids.size)
-        counts[ids] += 1
-    sizes = np.array(sizes)
-    assert sizes.size == steps
+def test_poisson_masks_sample_each_example_independently():
+    """What PoissonSampledDpEvent(q) charges: every example joins every step independently
+    with probability q; padding is marked 0 and never a sampled row."""
+    n, q, steps = 1000, 0.05, 1000
+    indices, mask = keras_dpsgd.poisson_masks(n, q, steps, 8, np.random.default_rng(0))
+    assert indices.shape == mask.shape and indices.shape[0] == steps
+    sizes = mask.sum(axis=1)
+    assert indices.shape[1] % 8 == 0 and sizes.max() <= indices.shape[1] < sizes.max() + 8
+    counts = np.zeros(n)
+    for rows, m in zip(indices, mask):
+        k = int(m.sum())
+        assert m[:k].all() and not m[k:].any()           # sampled rows first, then padding
+        assert np.all(np.diff(rows[:k]) > 0)            # distinct rows
+        assert not rows[k:].any()                        # padding gathers row 0, weight 0
+        counts[rows[:k]] += 1
     # Batch sizes are Binomial(n, q) (fixed-size batches would have variance 0) ...
     assert abs(sizes.mean() - n * q) < 5 * math.sqrt(n * q * (1 - q) / steps)
-    assert sizes.var(ddof=1) == pytest.approx(n * q * (1 - q), rel=0.3)
-    # ... and every example joins Binomial(steps, q) batches (no epoch structure).
+    assert sizes.var(ddof=1) == pytest.approx(n * q * (1 - q), rel=0.2)  # rel. sd 0.045
+    # ... every example joins Binomial(steps, q) batches (no epoch structure) ...
     assert abs(counts.mean() - steps * q) < 5 * math.sqrt(steps * q * (1 - q) / n)
-    assert counts.var(ddof=1) == pytest.approx(steps * q * (1 - q), rel=0.3)
+    assert counts.var(ddof=1) == pytest.approx(steps * q * (1 - q), rel=0.2)
+    # ... and inclusions are independent across examples: pairwise joint rate q².
+    member = np.zeros((steps, n), bool)
+    member[np.nonzero(mask)[0], indices[mask]] = True
+    joint = (member[:, ::2] & member[:, 1::2]).mean()   # disjoint pairs of examples
+    assert abs(joint - q * q) < 5 * math.sqrt(q * q / (steps * n / 2))
+    for bad_q in (0.0, 1.5, math.nan):
+        with pytest.raises(InvalidPrivacyParameterError):
+            keras_dpsgd.poisson_masks(n, bad_q, steps)
+    with pytest.raises(ValueError):
+        keras_dpsgd.poisson_masks(n, q, steps, pad_multiple=0)
 
 
 @pytest.mark.slow
-def test_poisson_step_divides_by_the_expected_batch_size(tf):
-    """Opacus #571: the noisy clipped sum is divided by the expected batch size q·n, whatever
-    the realised size (dividing by the realised size would leak it)."""
-    clip, lr, expected = 1.0, 0.1, 8.0
+def test_poisson_batches_have_one_shape_and_mask_the_padding(tf):
+    n, q, steps = 200, 0.1, 300
+    x = np.arange(n, dtype=np.float32)[:, None]
+    shapes, sizes = set(), []
+    for bx, by, bm in keras_dpsgd.poisson_batches(x, x + 1, q, steps):
+        shapes.add(tuple(bx.shape))
+        k = int(bm.numpy().sum())
+        ids = bx.numpy()[:k, 0].astype(int)
+        assert len(set(ids)) == k and np.all(by.numpy()[:k, 0] == ids + 1)
+        sizes.append(k)
+    assert len(shapes) == 1 and len(sizes) == steps    # one trace; exactly the accounted steps
+    assert sizes.count(int(n * q)) < steps / 4          # real sizes vary (Binomial)
+
+
+def _check_padded_clipped_sum(tf, clip, lr, expected, jit):
     model = keras_dpsgd.make_poisson_dp_model(
         [tf.keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")], input_shape=(3,),
-        l2_norm_clip=clip, noise_multiplier=1e-9, expected_batch_size=expected)
+        l2_norm_clip=clip, noise_multiplier=1e-9, expected_batch_size=expected, jit_compile=jit)
     keras_dpsgd.compile_dp(model, loss=tf.keras.losses.MeanSquaredError(), learning_rate=lr)
     w0 = np.ones(3)
     x = np.array([[1.0, 2.0, 2.0], [0.1, 0.0, 0.0]], np.float32)
@@ -229,21 +253,41 @@ def test_poisson_step_divides_by_the_expected_batch_size(tf):
     model.train_on_batch(x, y)
     np.testing.assert_allclose(model.get_weights()[0][:, 0],
                                w0 - lr * clipped.sum(axis=0) / expected, rtol=0, atol=1e-6)
+    # Padding rows (mask 0) contribute exactly nothing, however large their gradient: the
+    # update is the same clipped sum / expected size (not / padded or realised size).
+    model.set_weights([w0[:, None].astype(np.float32)])
+    pad_x = np.concatenate([x, np.full((6, 3), 50.0, np.float32)])
+    pad_y = np.concatenate([y, np.full((6, 1), -99.0, np.float32)])
+    model.train_on_batch(pad_x, pad_y, sample_weight=np.array([1, 1, 0, 0, 0, 0, 0, 0],
+                                                              np.float32))
+    np.testing.assert_allclose(model.get_weights()[0][:, 0],
+                               w0 - lr * clipped.sum(axis=0) / expected, rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_poisson_step_divides_by_the_expected_batch_size(tf):
+    """Opacus #571: the noisy clipped sum is divided by the expected batch size q·n, whatever
+    the realised size (dividing by the realised size would leak it)."""
+    clip, lr, expected = 1.0, 0.1, 8.0
+    for jit in (False, True):   # the XLA-compiled step computes the same update
+        _check_padded_clipped_sum(tf, clip, lr, expected, jit)
     # Noise: realised batches of 10 and of 0 examples, expected 40: std lr·σ·C/40 in both.
     sigma, clip, lr = 4.0, 0.5, 0.5
     noisy = keras_dpsgd.make_poisson_dp_model(
         [tf.keras.layers.Dense(1, kernel_initializer="zeros")], input_shape=(100,),
-        l2_norm_clip=clip, noise_multiplier=sigma, expected_batch_size=40)
+        l2_norm_clip=clip, noise_multiplier=sigma, expected_batch_size=40, jit_compile=True)
     keras_dpsgd.compile_dp(noisy, loss=tf.keras.losses.MeanSquaredError(), learning_rate=lr)
     zeros = [np.zeros_like(w) for w in noisy.get_weights()]
-    for realised in (10, 0):
+    for realised, padded in ((10, 10), (0, 0), (10, 16)):
+        mask = (np.arange(padded) < realised).astype(np.float32)
         samples = []
         for _ in range(20):
             noisy.set_weights(zeros)
-            noisy.train_on_batch(np.zeros((realised, 100), np.float32),
-                                 np.zeros((realised, 1), np.float32))
+            noisy.train_on_batch(np.zeros((padded, 100), np.float32),
+                                 np.zeros((padded, 1), np.float32), sample_weight=mask)
             samples.append(np.concatenate([w.ravel() for w in noisy.get_weights()]))
         assert np.std(samples) == pytest.approx(lr * sigma * clip / 40, rel=0.05), realised
+        assert not np.allclose(samples[0], samples[1])   # fresh noise every step under XLA
 
 
 @pytest.mark.slow

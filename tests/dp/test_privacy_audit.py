@@ -52,3 +52,16 @@ def test_membership_inference_fails_on_dp_model_succeeds_on_non_dp_twin(pa):
     # AUC standard error here is ≈ 0.022: 0.075 is 3.4 SE from chance.
     assert abs(dp_report.auc - 0.5) < 0.075, dp_report
     assert twin_report.auc > 0.65 and twin_report.auc > dp_report.auc + 0.1, twin_report
+
+
+@pytest.mark.slow
+def test_flights_membership_inference_dp_near_chance_twin_memorises(pa):
+    """The demo's flights regression: the DP-SGD model at the demo's ε = 0.6 stays near AUC 0.5;
+    a wide non-DP twin trained long on a small training set memorises it (benchmark scale:
+    250 rows, 256-256, 300 epochs, AUC 0.84)."""
+    data = pa.flights_data(rows=120, heldout=600)
+    report = pa.flights_membership(data, twin_hidden=(128, 128), twin_epochs=150)
+    assert report["charged_epsilon"] <= 0.6
+    # AUC standard error with 120 vs 600 rows is ≈ 0.029: 0.1 is 3.4 SE from chance.
+    assert abs(report["dp"]["auc"] - 0.5) < 0.1, report
+    assert report["non_dp"]["auc"] > 0.65, report
