@@ -10,8 +10,6 @@ from sage_tfx.errors import InvalidRequestError
 from sage_tfx.ptk.abstraction import PTKType, batches_of
 from sage_tfx.ptk.kernels import counts
 
-from conftest import SMALL
-
 CNT = "sage_tfx.ptk.kernels.counts"
 CFG = {"label": "y", "features": {"k": {"domain": list(range(10))},
                                   "h": {"hash_width": 32, "hash_depth": 2}}}
@@ -125,9 +123,3 @@ def test_bad_labels_and_missing_columns_are_refused():
     with pytest.raises(InvalidRequestError):
         counts.erm([{"k": d["k"], "y": d["y"]}], config=CFG)
 
-
-def test_the_store_registers_the_count_kernel(make_store):
-    store = make_store(config=SMALL)
-    pid = store.register_ptk(f"{CNT}:train_dp", f"{CNT}:eval", 1, config=CFG, tau=0.5,
-                             menu=[(0.5, 2000)])
-    assert isinstance(pid, str) and pid.startswith("ptk-")
