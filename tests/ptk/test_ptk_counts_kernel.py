@@ -1,14 +1,15 @@
 """Count featurization PTK: declared event vs the noise that runs, noise scale vs its formula,
 utility vs ε, input validation, store registration; the shared DomainTable."""
-import dp_accounting
 import numpy as np
 import pytest
 
 from sage_tfx.dp import counts as dp_counts
 from sage_tfx.dp.noise import SeededNoise
 from sage_tfx.errors import InvalidRequestError
-from sage_tfx.ptk.abstraction import PTKType, batches_of
+from sage_tfx.ptk.abstraction import batches_of
 from sage_tfx.ptk.kernels import counts
+
+from kernel_checks import Recorder, check_discrete_laplace_draws, pure_charge, utility_gaps
 
 CNT = "sage_tfx.ptk.kernels.counts"
 CFG = {"label": "y", "features": {"k": {"domain": list(range(10))},
@@ -23,25 +24,13 @@ def data(n, seed):
     return {"k": k, "h": h, "y": y}
 
 
-class Recorder:
-    def __init__(self):
-        self.calls = []
-
-    def discrete_laplace(self, v, scale):
-        self.calls.append(scale)
-        return np.asarray(v)
-
-
 def test_noise_that_runs_matches_the_declared_event():
     rec = Recorder()
     counts.train_dp(batches_of(data(200, 0)), 0.6, None, None, config=CFG, noise=rec)
     # two tables, eps/2 each; sensitivities 1 (domain) and hash_depth = 2 (count-min sketch)
-    assert rec.calls == [pytest.approx(1 / 0.3), pytest.approx(2 / 0.3)]
-    charge = PTKType.resolve(f"{CNT}:train_dp", f"{CNT}:eval").charge(0.6, CFG)
+    assert rec.scales() == [pytest.approx(1 / 0.3), pytest.approx(2 / 0.3)]
+    charge = pure_charge(CNT, 0.6, CFG)
     assert sum(1 / e.noise_multiplier for e in charge.event.events) == pytest.approx(0.6)
-    pld = dp_accounting.pld.PLDAccountant()
-    pld.compose(charge.event)
-    assert pld.get_epsilon(1e-9) == pytest.approx(0.6, abs=0.02)
 
 
 def test_domain_table_sensitivity_is_one_and_out_of_domain_keys_are_dropped():
@@ -63,21 +52,12 @@ def test_empirical_noise_std_matches_formula():
         s = counts.train_dp(batches_of(d), eps, None, None, config=cfg, noise=noise)
         draws.append(np.asarray(s["tables"]["k"])[3, 1])
     true = int(np.sum((d["k"] == 3) & (d["y"] == 1)))
-    b = 1 / eps
-    var = 2 * np.exp(-1 / b) / (1 - np.exp(-1 / b)) ** 2
-    assert np.mean(draws) == pytest.approx(true, abs=4 * np.sqrt(var / 300))
-    assert np.std(draws) == pytest.approx(np.sqrt(var), rel=0.15)
+    check_discrete_laplace_draws(draws, true, 1 / eps)
 
 
 def test_utility_approaches_nonprivate_as_epsilon_grows():
     train, test = data(3000, 3), data(2000, 4)
-    erm = counts.eval(batches_of(test), counts.erm(batches_of(train), config=CFG), config=CFG)
-    gaps = []
-    for eps in (0.01, 0.1, 10.0):
-        losses = [counts.eval(batches_of(test), counts.train_dp(
-            batches_of(train), eps, None, None, config=CFG, noise=SeededNoise(s)),
-            config=CFG).mean() for s in range(5)]
-        gaps.append(np.mean(losses) - erm.mean())
+    gaps = utility_gaps(counts, CFG, train, test, (0.01, 0.1, 10.0), seeds=range(5))
     assert gaps[0] > gaps[1] > gaps[2] >= -1e-3
     assert gaps[2] < 0.002
     # the features carry the signal: rate of label 1 increases with k

@@ -6,10 +6,12 @@ import pytest
 
 from conftest import SMALL
 from test_ptk_counts_kernel import CFG as COUNTS_CFG, data as counts_data
+from test_ptk_hpf_kernel import CFG as HPF_CFG, data as hpf_data
 from test_ptk_trees_kernel import CFG as TREES_CFG, data as trees_data
 
 KERNELS = [("sage_tfx.ptk.kernels.counts", COUNTS_CFG, counts_data),
-           ("sage_tfx.ptk.kernels.trees", TREES_CFG, trees_data)]
+           ("sage_tfx.ptk.kernels.trees", TREES_CFG, trees_data),
+           ("sage_tfx.ptk.kernels.hpf", HPF_CFG, hpf_data)]
 
 
 def with_users(cols, seed):

@@ -9,8 +9,10 @@ import pytest
 from sage_tfx.dp import noise as dp_noise
 from sage_tfx.dp.noise import SeededNoise
 from sage_tfx.errors import InvalidPrivacyParameterError, InvalidRequestError
-from sage_tfx.ptk.abstraction import PTKType, batches_of
+from sage_tfx.ptk.abstraction import batches_of
 from sage_tfx.ptk.kernels import trees
+
+from kernel_checks import Recorder, check_discrete_laplace_draws, pure_charge, utility_gaps
 
 TR = "sage_tfx.ptk.kernels.trees"
 CFG = {"label": "y", "numeric": {"a": [float(t) for t in range(1, 10)]},
@@ -24,19 +26,6 @@ def data(n, seed):
     b = rng.integers(0, 5, n).astype(str)
     y = ((a > 5) ^ (b == "2")).astype(np.int64)
     return {"a": a, "b": b, "y": np.where(rng.random(n) < 0.1, 1 - y, y)}
-
-
-class Recorder:
-    def __init__(self):
-        self.calls = []
-
-    def noisy_max(self, scores, scale, *, monotonic=False):
-        self.calls.append(("noisy_max", scale, monotonic))
-        return int(np.argmax(scores))
-
-    def discrete_laplace(self, v, scale):
-        self.calls.append(("discrete_laplace", scale, None))
-        return np.asarray(v)
 
 
 def test_gini_utility_moves_by_less_than_two_and_all_in_one_direction():
@@ -67,7 +56,7 @@ def test_noise_that_runs_matches_the_declared_event_and_opendp_map():
     assert all(s[1] == pytest.approx(2 / eps_l) and s[2] is True for s in sel)
     assert all(s[1] == pytest.approx(1 / eps_l) for s in leaf)
     assert dp_noise.noisy_max_epsilon(2 / eps_l, 2.0, monotonic=True) == pytest.approx(eps_l)
-    charge = PTKType.resolve(f"{TR}:train_dp", f"{TR}:eval").charge(0.8, CFG)
+    charge = pure_charge(TR, 0.8, CFG)
     assert charge.event.count * (1 / charge.event.event.noise_multiplier) == pytest.approx(0.8)
 
 
@@ -88,22 +77,14 @@ def test_leaf_count_noise_std_matches_formula():
     for _ in range(300):
         s = trees.train_dp(batches_of(d), eps, None, None, config=cfg, noise=noise)
         draws.append(np.asarray(s["trees"][0]["leaf_counts"]).sum())
-    b = 1 / (eps / 2)                      # one tree, one split level + the leaf level
-    var = 2 * np.exp(-1 / b) / (1 - np.exp(-1 / b)) ** 2
-    # four independent leaf cells, whatever split is chosen, sum to 200 + noise
-    assert np.mean(draws) == pytest.approx(200, abs=4 * np.sqrt(4 * var / 300))
-    assert np.std(draws) == pytest.approx(np.sqrt(4 * var), rel=0.15)
+    # one tree, one split level + the leaf level: scale 1 / (eps / 2); four independent leaf
+    # cells, whatever split is chosen, sum to 200 + noise
+    check_discrete_laplace_draws(draws, 200, 1 / (eps / 2), cells=4)
 
 
 def test_utility_approaches_nonprivate_as_epsilon_grows():
     train, test = data(3000, 3), data(2000, 4)
-    ref = trees.eval(batches_of(test), trees.erm(batches_of(train), config=CFG), config=CFG).mean()
-    gaps = []
-    for eps in (0.05, 1.0, 100.0):
-        losses = [trees.eval(batches_of(test), trees.train_dp(
-            batches_of(train), eps, None, None, config=CFG, noise=SeededNoise(s)),
-            config=CFG).mean() for s in range(4)]
-        gaps.append(np.mean(losses) - ref)
+    gaps = utility_gaps(trees, CFG, train, test, (0.05, 1.0, 100.0), seeds=range(4))
     assert gaps[0] > gaps[1] > gaps[2] - 1e-3 and abs(gaps[2]) < 0.005 and gaps[0] > 0.02
 
 
