@@ -97,8 +97,20 @@ def run_fig5(dataset: str, source: Mapping, target_train: Mapping, target_test: 
              fractions: Sequence[float] = (0.05, 0.1, 0.25, 0.5, 1.0),
              epsilons: Sequence[float] = (0.1, 1.0), seeds: Sequence[int] = (0,),
              kernel_name: Optional[str] = None,
-             noise_factory: Callable[[int], object] = SeededNoise) -> list:
-    """Runs the Fig. 5 protocol (see the module docstring) and returns its rows."""
+             noise_factory: Callable[[int], object] = SeededNoise, threads: int = 1) -> list:
+    """Runs the Fig. 5 protocol (see the module docstring) and returns its rows. Model fits
+    use at most ``threads`` OpenMP / BLAS threads (threadpoolctl): on a shared machine
+    oversubscribed OpenMP threads make histogram gradient boosting many times slower."""
+    from threadpoolctl import threadpool_limits
+    with threadpool_limits(limits=threads):
+        return _run_fig5(dataset, source, target_train, target_test, label, kernel, kernel_config,
+                         base_features, model_factory, metric, fractions, epsilons, seeds,
+                         kernel_name, noise_factory)
+
+
+def _run_fig5(dataset, source, target_train, target_test, label, kernel, kernel_config,
+              base_features, model_factory, metric, fractions, epsilons, seeds, kernel_name,
+              noise_factory) -> list:
     if metric not in LOWER_IS_BETTER:
         raise InvalidRequestError(f"metric must be one of {sorted(LOWER_IS_BETTER)}, got {metric!r}")
     fractions = [float(f) for f in fractions]
@@ -212,3 +224,34 @@ def plot(rows: Sequence[dict], path: str, title: str = "") -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def run_and_write(dataset: str, task: dict, kernels: Mapping[str, tuple], *, out_dir: str,
+                  stem: str, **kw) -> list:
+    """Runs :func:`run_fig5` for each ``{name: (kernel, config)}`` on ``task`` (a dict with
+    ``source``, ``target_train``, ``target_test``, ``label``, ``base_features``; see
+    :mod:`sage_tfx.ptk.eval.fig5_data`), and writes ``<stem>.csv`` (all rows),
+    ``<stem>_summary.csv`` and ``<stem>.png`` under ``out_dir``. ``kw`` go to :func:`run_fig5`."""
+    import os
+    os.makedirs(out_dir, exist_ok=True)
+    rows = []
+    for name, (kernel, config) in kernels.items():
+        rows += run_fig5(dataset, task["source"], task["target_train"], task["target_test"],
+                         label=task["label"], kernel=kernel, kernel_config=config,
+                         base_features=task["base_features"], kernel_name=name, **kw)
+    write_csv(rows, os.path.join(out_dir, f"{stem}.csv"))
+    write_csv(summarize(rows), os.path.join(out_dir, f"{stem}_summary.csv"))
+    plot(rows, os.path.join(out_dir, f"{stem}.png"), dataset)
+    return rows
+
+
+def print_summary(rows: Sequence[dict]) -> None:
+    """One line per (kernel, variant, ε): the mean metric at each fraction."""
+    summary = summarize(rows)
+    fracs = sorted({r["fraction"] for r in summary})
+    print("kernel  variant          eps   " + "  ".join(f"{f:>8g}" for f in fracs))
+    lines: dict = {}
+    for r in summary:
+        lines.setdefault((r["kernel"], r["variant"], r["eps"]), {})[r["fraction"]] = r["mean"]
+    for (k, v, e), vals in lines.items():
+        print(f"{k:7s} {v:16s} {e:5g} " + "  ".join(f"{vals.get(f, math.nan):8.4f}" for f in fracs))
