@@ -22,7 +22,7 @@ def check_outputs(rows, out, stem, kernels):
     assert {r["kernel"] for r in rows} == set(kernels)
     assert {r["variant"] for r in rows} == set(fig5.VARIANTS)
     assert all(math.isfinite(r["value"]) for r in rows)
-    for suffix in (".csv", "_summary.csv", ".png"):
+    for suffix in (".csv", "_summary.csv", "_headline.csv", ".png"):
         assert (out / f"{stem}{suffix}").stat().st_size > 100
 
 
