@@ -25,7 +25,7 @@ from dp_accounting import dp_event as dp_event_lib
 
 from sage_tfx.errors import (AccountingModeError, GrantStateError, InvalidRequestError,
                              RetiredBlockError, UnknownBlockError, UnknownStreamError)
-from sage_tfx.ledger import accounting, audit, budget
+from sage_tfx.ledger import accounting, audit, budget, pgrequest
 from sage_tfx.ledger.audit import AuditEntry, AuditReport
 from sage_tfx.ledger.store import Store
 from sage_tfx.ledger.values import (ACTIVE, CANCELLED, DEFAULT_CONTEXT, RELEASED, RESERVED, RETIRED,
@@ -342,6 +342,12 @@ class Ledger:
         charge = accounting.rdp_curve(event, s.orders) if event is not None else None
         # Basic-mode sums run on exact decimals of the values the caller gave.
         dec_e, dec_d = (accounting.exact(eps), accounting.exact(dlt)) if eps is not None else (None, None)
+
+        if self._store.kind == "postgresql" and event is None:  # one server-side call
+            made = pgrequest.request(self._store, s, run_id, context, blocks, window, (eps, dlt),
+                                     request_text, release)
+            if made is not None:
+                return Decision(True, made)
 
         def txn(page: int) -> Decision:
             # Queued together (one round trip on PostgreSQL): the run-id check, the budget rows

@@ -27,7 +27,7 @@ import time
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 from sage_tfx.errors import InvalidRequestError
-from sage_tfx.ledger import audit
+from sage_tfx.ledger import audit, pgrequest
 from sage_tfx.ledger.audit import GENESIS_HASH
 from sage_tfx.ledger.values import now
 
@@ -62,6 +62,7 @@ class _Backend:
     bigint = "INTEGER"
     serial_pk = "INTEGER PRIMARY KEY"
     lock = ""  # suffix that locks the budget rows a query returns
+    hot = ""  # storage options of the budgets table
 
     def __init__(self, url: str):
         self.url = url
@@ -165,6 +166,8 @@ class _PostgresBackend(_Backend):
     bigint = "BIGINT"
     serial_pk = "BIGSERIAL PRIMARY KEY"
     lock = " FOR UPDATE OF u"
+    # Room in each page for the charged row's new version: HOT updates skip the index writes.
+    hot = " WITH (fillfactor = 60)"
 
     def connect(self):
         import psycopg
@@ -220,7 +223,7 @@ def _schema(b: _Backend) -> list[str]:
             block_id TEXT NOT NULL, seq {i} NOT NULL, status TEXT NOT NULL,
             eps_spent TEXT NOT NULL, delta_spent TEXT NOT NULL, rdp TEXT, charges {i} NOT NULL,
             UNIQUE (stream, context, block_id),
-            FOREIGN KEY (stream, block_id) REFERENCES blocks(stream, block_id))""",
+            FOREIGN KEY (stream, block_id) REFERENCES blocks(stream, block_id)){b.hot}""",
         "CREATE INDEX IF NOT EXISTS budgets_window ON budgets (stream, context, status, seq)",
         f"""CREATE TABLE IF NOT EXISTS grants (
             grant_id TEXT PRIMARY KEY, stream TEXT NOT NULL, context TEXT NOT NULL,
@@ -524,7 +527,7 @@ class Store:
                     self.q("INSERT INTO ledger_head (id, audit_seq, audit_hash, schema_version) "
                            "VALUES (?, 0, ?, ?)", (c, GENESIS_HASH, SCHEMA_VERSION))
             if self.kind == "postgresql":
-                for stmt in _PG_FUNCTIONS:
+                for stmt in _PG_FUNCTIONS + pgrequest.FUNCTIONS:
                     self.conn.execute(stmt)
                 if row[0] is not None and row[0] < 2:
                     self.conn.execute("SELECT setval('audit_seq_gen', "
