@@ -1,7 +1,9 @@
 """A basic-mode request on PostgreSQL in one server-side call: ``sage_request(...)``.
 
 The function does what :meth:`~sage_tfx.ledger.core.Ledger.request` does in its general path,
-for the common case, in one statement sent with BEGIN and COMMIT in one round trip:
+for the common case, in one statement sent with BEGIN and COMMIT in one round trip (followed, in
+the same round trip, by the transaction that waits for the WAL flush: ``Store.write``'s
+``flush_after_unlock``):
 
 1. the run-id check;
 2. the budget rows locked in ascending ``seq`` (the ledger's one global lock order): the
@@ -172,8 +174,10 @@ def request(store, s: Stream, run_id: str, context: str, blocks: Optional[Sequen
               str(accounting.exact(dlt)), str(cap_e), str(cap_d),
               str(accounting.exact(s.retire_epsilon)), grant_id, request_text, eps, dlt, status,
               ts, ts if release else None, text[len(_EMPTY_BLOCKS):])
+    # The row locks are released at COMMIT, before the WAL flush that acknowledges the grant
+    # (Store.write): overlapping requests queue for the function's work, not for an fsync.
     cur = store.write(lambda: store.conn.execute(_CALL, params, prepare=True), pipeline=True,
-                      idempotent=True)
+                      idempotent=True, flush_after_unlock=True)
     outcome, block_ids, locations = cur.fetchone()
     if outcome != "granted":
         return None

@@ -83,3 +83,23 @@ def test_server_side_hashes_verify_and_chain(postgres_url):
     led._q("UPDATE audit SET payload = replace(payload, '0.1', '0.2') WHERE kind = 'grant'")
     assert not led.verify_audit().ok
     led.close()
+
+
+def test_bulk_registration_makes_budget_rows_and_consistency_sees_orphans(postgres_url):
+    led = open_ledger(postgres_url)
+    led.create_stream("s", epsilon_g=1.0, delta_g=1e-6, contexts=("a", "b"))
+    led.add_blocks("s", [BlockSpec(f"b{i:04d}", f"/s/{i}\tx\\y") for i in range(2000)])
+    led.add_blocks("s", [BlockSpec("c0", "/s/c0", start="2024-01-01", records=7)])
+    for context in ("a", "b"):
+        blocks = led.blocks("s", context)
+        assert [(b.block_id, b.seq) for b in blocks] == (
+            [(f"b{i:04d}", i) for i in range(2000)] + [("c0", 2000)])
+        assert all(b.status == "active" and b.charges == 0 for b in blocks)
+    assert led.block("s", "b0007", "b").location == "/s/7\tx\\y"
+    c0 = led.block("s", "c0", "a")
+    assert c0.records == 7 and c0.start == "2024-01-01"
+    assert led.check_consistency("s") == []
+    # No foreign key on PostgreSQL: the consistency check is what reports a lost block row.
+    led._q("DELETE FROM blocks WHERE block_id = 'b0003'")
+    assert led.check_consistency("s") == ["budget row of b0003 has no block"] * 2
+    led.close()
