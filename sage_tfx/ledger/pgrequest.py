@@ -58,14 +58,20 @@ WINDOW_ROWS = (
 
 _PARAMS = dict(blocks="p_blocks", stream="p_stream", context="p_context", page="p_page")
 _FITS = "(x.status = 'active' AND x.e + p_eps <= p_cap_e AND x.d + p_delta <= p_cap_d)"
-_EXACT = (f"(sage_digits(x.e + p_eps + p_retire_e) <= {MAX_DIGITS} AND "
-          f"sage_digits(x.d + p_delta) <= {MAX_DIGITS})")
+# Both sums Python forms (ε + charge, then + retire_epsilon) and the δ sum, each exact in
+# MAX_DIGITS digits: then Python's rounded Decimal sums equal these exact ones.
+_EXACT = ("(sage_exact(x.e + p_eps) AND sage_exact(x.e + p_eps + p_retire_e) AND "
+          "sage_exact(x.d + p_delta))")
 _STILL = "(x.e + p_eps + p_retire_e <= p_cap_e)"
 
 FUNCTIONS = [
     # Significant digits of a numeric, counted generously (trailing integer zeros included).
     """CREATE OR REPLACE FUNCTION sage_digits(v NUMERIC) RETURNS INT AS $$
          SELECT length(ltrim(replace(trim_scale(abs(v))::text, '.', ''), '0'))
+       $$ LANGUAGE sql IMMUTABLE""",
+    # Whether a numeric has at most MAX_DIGITS significant digits (the cheap test first).
+    f"""CREATE OR REPLACE FUNCTION sage_exact(v NUMERIC) RETURNS BOOLEAN AS $$
+         SELECT (scale(v) < {MAX_DIGITS} AND abs(v) < 10) OR sage_digits(v) <= {MAX_DIGITS}
        $$ LANGUAGE sql IMMUTABLE""",
     # One audit entry: inserted, and its hash returned (the chain's next prev_hash).
     """CREATE OR REPLACE FUNCTION sage_audit_append(p_chain BIGINT, p_seq BIGINT, p_prev TEXT,
@@ -90,6 +96,9 @@ FUNCTIONS = [
          ids BIGINT[]; bids TEXT[]; locs TEXT[]; retired TEXT[];
          h RECORD; prev TEXT; s BIGINT; b TEXT;
        BEGIN
+         -- The COMMIT does not wait for the WAL flush (the row locks go at once); the caller's
+         -- next statement waits for it before the grant is acknowledged (Store.write).
+         PERFORM set_config('synchronous_commit', 'off', true);
          PERFORM 1 FROM grants WHERE stream = p_stream AND run_id = p_run_id;
          IF FOUND THEN
            RETURN QUERY SELECT 'fallback'::text, NULL::text[], NULL::text[]; RETURN;

@@ -458,8 +458,9 @@ class Store:
         with ``idempotent`` a lost session is retried on a new connection. ``pipeline`` batches
         the statements into round trips on PostgreSQL (``fn`` must not use COPY).
 
-        ``flush_after_unlock`` (PostgreSQL, as SQLite always does): COMMIT does not wait for the
-        WAL flush, so the row locks are released at once; a second transaction, queued in the
+        ``flush_after_unlock`` (PostgreSQL, as SQLite always does): ``fn`` has set
+        ``synchronous_commit`` off for its transaction, so COMMIT does not wait for the WAL
+        flush and the row locks are released at once; a second transaction, queued in the
         same round trip, then commits with ``synchronous_commit=on`` and so waits until the WAL
         is flushed past its own commit record, which lies after ours. The write is acknowledged
         only then: it survives a crash of the server or machine. A commit that became visible
@@ -512,15 +513,14 @@ class Store:
 
     def _txn(self, fn: Callable[[], Any]) -> Any:
         self.backend.begin_write(self.conn)
-        if self._flush_after_unlock:
-            self.conn.execute("SET LOCAL synchronous_commit = off")
         result = fn()
         self._flush_audit()
         if self.before_commit is not None:
             self.before_commit()
         self.conn.execute("COMMIT")
-        if self._flush_after_unlock:  # an xid, so its commit waits for the WAL flush
-            self.conn.execute("SELECT pg_current_xact_id()")
+        if self._flush_after_unlock:  # writes WAL, so its commit waits for the WAL flush
+            # (a transaction that only took an xid, without WAL, would commit unflushed)
+            self.conn.execute("SELECT pg_logical_emit_message(true, 'sage-flush', '')")
         return result
 
     def _reconnect(self) -> None:

@@ -103,3 +103,32 @@ def test_bulk_registration_makes_budget_rows_and_consistency_sees_orphans(postgr
     led._q("DELETE FROM blocks WHERE block_id = 'b0003'")
     assert led.check_consistency("s") == ["budget row of b0003 has no block"] * 2
     led.close()
+
+
+@pytest.mark.slow
+def test_acknowledged_grants_survive_a_server_crash(tmp_path):
+    """Grant locks are released before the WAL flush; the acknowledgement waits for it. The
+    server is killed (``pg_ctl stop -m immediate``: no shutdown checkpoint, WAL buffers not
+    written) right after the last acknowledgement and restarted: every grant is there."""
+    import os
+    import subprocess
+
+    from sage_tfx.ledger import pgserver
+    prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    pg_ctl = os.path.join(pgserver.find_pg_bin(), "pg_ctl")
+    with pgserver.local_postgres() as url:
+        led = open_ledger(url)
+        datadir = led._q("SHOW data_directory").fetchone()[0]
+        led.create_stream("s", epsilon_g=1.0, delta_g=1e-6)
+        led.add_blocks("s", [BlockSpec(f"b{i:03d}", f"/s/{i}") for i in range(60)])
+        acknowledged = [led.request("s", run_id=f"r{i}", blocks=[f"b{i % 60:03d}"],
+                                    epsilon=0.01).grant.grant_id for i in range(120)]
+        log = os.path.join(os.path.dirname(datadir), "server.log")  # not a pipe: the server
+        subprocess.run(prefix + [pg_ctl, "-D", datadir, "-l", log, "-m", "immediate", "-w",
+                                 "restart"], check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, timeout=120)  # outlives pg_ctl
+        led.close()
+        led = open_ledger(url)
+        assert {g.grant_id for g in led.grants("s")} == set(acknowledged)
+        assert led.check_consistency("s") == [] and led.verify_audit().ok
+        led.close()
