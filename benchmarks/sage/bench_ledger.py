@@ -1,6 +1,6 @@
 """Ledger throughput and latency: grants/s and p50/p99 grant latency.
 
-For SQLite (WAL, synchronous=FULL: an acknowledged grant is on disk) and PostgreSQL
+For SQLite (WAL; an acknowledged grant's WAL is fsynced, ``durability=power``) and PostgreSQL
 (synchronous_commit=on, fsync=on). Every request asks for 30 blocks with a small ε, so nothing
 runs out. The default run registers 100,000 blocks in bulk (blocks/s), then measures steady load
 of 1 and 16 writer processes for 8 s each (grants/s over the wall clock, p50/p99 latency) on
@@ -12,6 +12,7 @@ shows the load average: the machine may be shared.
         [--blocks 100000] [--writers 1,16] [--workloads random,disjoint,window] [--duration 8]
     .venv/bin/python benchmarks/sage/bench_ledger.py --million    # 1M blocks: latency, memory
     .venv/bin/python benchmarks/sage/bench_ledger.py --cpu 2000   # one in-process writer
+    .venv/bin/python benchmarks/sage/bench_ledger.py --cpu 1500 --profile 15  # ... under cProfile
     .venv/bin/python benchmarks/sage/bench_ledger.py --requests-mode [--quick]  # perf_report's
 
 The measurement functions (:func:`run_case`, :func:`run_ledger_benchmark`) are reused by
@@ -273,9 +274,15 @@ def _proc_cpu(pid) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_cpu(backends: Sequence[str], num_blocks: int, requests: int, say=print) -> None:
+def run_cpu(backends: Sequence[str], num_blocks: int, requests: int, say=print,
+            profile: int = 0) -> None:
     """One writer in this process, public API only (so it also runs against older versions):
-    CPU and wall milliseconds per grant, explicit 30-block ranges and ``Window(last=30)``."""
+    CPU and wall milliseconds per grant, explicit 30-block ranges and ``Window(last=30)``.
+    With ``profile`` > 0, the requests run under cProfile and the top ``profile`` functions by
+    own time are printed per case (the profiler inflates the CPU numbers)."""
+    import cProfile
+    import io
+    import pstats
     import random
 
     from sage_tfx.ledger import Window
@@ -296,6 +303,9 @@ def run_cpu(backends: Sequence[str], num_blocks: int, requests: int, say=print) 
             for kind in ("blocks", "window"):
                 lat = []
                 srv0 = _proc_cpu(server)
+                prof = cProfile.Profile() if profile else None
+                if prof:
+                    prof.enable()
                 cpu0, wall0 = time.process_time(), time.perf_counter()
                 for i in range(requests):
                     if kind == "window":
@@ -308,6 +318,12 @@ def run_cpu(backends: Sequence[str], num_blocks: int, requests: int, say=print) 
                     assert led.request("s", run_id=f"cpu-{kind}-{i}", epsilon=1e-6, **where).granted
                     lat.append(time.perf_counter() - t)
                 cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+                if prof:
+                    prof.disable()
+                    out = io.StringIO()
+                    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(profile)
+                    say(f"[{backend}] {kind} profile (own time over {requests} grants):\n"
+                        + out.getvalue().split("\n\n", 1)[-1].rstrip())
                 srv = f", server session {1000 * (_proc_cpu(server) - srv0) / requests:.3f} ms " \
                       "CPU/grant" if server else ""
                 ms = np.array(lat) * 1000
@@ -329,6 +345,8 @@ def main() -> int:
                     help="instead: a 1,000,000-block stream (latency, memory, index use)")
     ap.add_argument("--cpu", type=int, metavar="N",
                     help="instead: N requests of one in-process writer, CPU and wall per grant")
+    ap.add_argument("--profile", type=int, default=0, metavar="K",
+                    help="with --cpu: run the requests under cProfile, print the top K functions")
     ap.add_argument("--requests-mode", action="store_true",
                     help="instead: the fixed-request cases of perf_report (--quick: fewer)")
     ap.add_argument("--quick", action="store_true")
@@ -341,7 +359,7 @@ def main() -> int:
         SQLITE_OPTIONS = f"?durability={args.sqlite_durability}"
     backends = args.backends.split(",")
     if args.cpu:
-        run_cpu(backends, args.blocks, args.cpu)
+        run_cpu(backends, args.blocks, args.cpu, profile=args.profile)
         return 0
     if args.million:
         run_million(backends, 1_000_000 if not args.quick else 100_000, args.duration)

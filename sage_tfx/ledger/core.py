@@ -25,7 +25,7 @@ from dp_accounting import dp_event as dp_event_lib
 
 from sage_tfx.errors import (AccountingModeError, GrantStateError, InvalidRequestError,
                              RetiredBlockError, UnknownBlockError, UnknownStreamError)
-from sage_tfx.ledger import accounting, audit, budget
+from sage_tfx.ledger import accounting, audit, budget, pgrequest
 from sage_tfx.ledger.audit import AuditEntry, AuditReport
 from sage_tfx.ledger.store import Store
 from sage_tfx.ledger.values import (ACTIVE, CANCELLED, DEFAULT_CONTEXT, RELEASED, RESERVED, RETIRED,
@@ -196,12 +196,8 @@ class Ledger:
                            "records", "created_at"),
                 [(stream, sp.block_id, next_seq + k, sp.location, sp.start, sp.end, sp.records,
                   ts) for k, sp in enumerate(specs)])
-            zero_rdp = budget.zero_curve(s)
-            self._store.bulk_insert(
-                "budgets", ("stream", "context", "block_id", "seq", "status", "eps_spent",
-                            "delta_spent", "rdp", "charges"),
-                [(stream, c, sp.block_id, next_seq + k, ACTIVE, "0", "0", zero_rdp, 0)
-                 for c in s.contexts for k, sp in enumerate(specs)])
+            self._store.add_budgets(stream, s.contexts, next_seq, len(specs),
+                                    budget.zero_curve(s))
             self._q("UPDATE streams SET next_seq = ? WHERE stream = ?", (next_seq + len(specs), stream))
             digest = hashlib.sha256(json.dumps(
                 [[sp.block_id, sp.location, sp.start, sp.end, sp.records] for sp in specs]
@@ -342,6 +338,12 @@ class Ledger:
         charge = accounting.rdp_curve(event, s.orders) if event is not None else None
         # Basic-mode sums run on exact decimals of the values the caller gave.
         dec_e, dec_d = (accounting.exact(eps), accounting.exact(dlt)) if eps is not None else (None, None)
+
+        if self._store.kind == "postgresql" and event is None:  # one server-side call
+            made = pgrequest.request(self._store, s, run_id, context, blocks, window, (eps, dlt),
+                                     request_text, release)
+            if made is not None:
+                return Decision(True, made)
 
         def txn(page: int) -> Decision:
             # Queued together (one round trip on PostgreSQL): the run-id check, the budget rows
@@ -557,8 +559,8 @@ class Ledger:
     def check_consistency(self, stream: str) -> list[str]:
         """Problems found by recomputing every block's budget from grants (empty list: none).
 
-        Checks: cached budget == derived budget; no block above its cap; every non-cancelled
-        grant has an audit entry.
+        Checks: cached budget == derived budget; no block above its cap; every budget row has
+        its block; every non-cancelled grant has an audit entry.
         """
         s = self.stream(stream)
         return self._store.read_snapshot(lambda: self._problems(s))
@@ -573,6 +575,10 @@ class Ledger:
             for block_id, e, d, rdp, charges in rows:
                 problems += budget.problems(s, f"{context}/{block_id}", (e, d, rdp, charges),
                                             derived.get(block_id) or budget.fresh(s))
+        for (b,) in self._q("SELECT u.block_id FROM budgets u LEFT JOIN blocks b ON b.stream = "
+                            "u.stream AND b.block_id = u.block_id WHERE u.stream = ? AND "
+                            "b.block_id IS NULL", (stream,)).fetchall():
+            problems.append(f"budget row of {b} has no block")
         audited = {e.payload["grant_id"] for e in self.audit_log(stream) if e.kind == "grant"}
         for (gid,) in self._q("SELECT grant_id FROM grants WHERE stream = ?", (stream,)).fetchall():
             if gid not in audited:

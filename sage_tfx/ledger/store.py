@@ -10,7 +10,8 @@ PostgreSQL (``postgresql://user@host:port/db``) is for a ledger shared by many m
 no global lock: a write transaction locks the budget rows it charges (``FOR UPDATE``, in one
 global order: ascending block ``seq`` within a (stream, context)), then the head of any free audit
 chain (:mod:`~sage_tfx.ledger.audit` explains why that is still a verifiable total order). A
-request runs in two round trips (psycopg pipeline mode): [BEGIN, the run-id check, the locked
+basic-mode request is one server-side call in one round trip (:mod:`~sage_tfx.ledger.pgrequest`);
+the general path runs in two (psycopg pipeline mode): [BEGIN, the run-id check, the locked
 budget rows, an audit chain head] and [the writes, COMMIT]. Deadlocks, serialisation failures
 and unique-key races are retried with jittered exponential backoff; an idempotent write (a
 request: its run id makes it so) is also retried on a fresh connection when the server ends the
@@ -27,9 +28,9 @@ import time
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 from sage_tfx.errors import InvalidRequestError
-from sage_tfx.ledger import audit
+from sage_tfx.ledger import audit, pgrequest
 from sage_tfx.ledger.audit import GENESIS_HASH
-from sage_tfx.ledger.values import now
+from sage_tfx.ledger.values import ACTIVE, now
 
 SCHEMA_VERSION = 2
 PG_CHAINS = 64  # audit chains on PostgreSQL: more than the writers that run at once
@@ -62,6 +63,9 @@ class _Backend:
     bigint = "INTEGER"
     serial_pk = "INTEGER PRIMARY KEY"
     lock = ""  # suffix that locks the budget rows a query returns
+    hot = ""  # storage options of the budgets table
+    budget_fk = ", FOREIGN KEY (stream, block_id) REFERENCES blocks(stream, block_id)"
+    block_fk = " REFERENCES streams(stream)"
 
     def __init__(self, url: str):
         self.url = url
@@ -165,6 +169,13 @@ class _PostgresBackend(_Backend):
     bigint = "BIGINT"
     serial_pk = "BIGSERIAL PRIMARY KEY"
     lock = " FOR UPDATE OF u"
+    # Room in each page for the charged row's new version: HOT updates skip the index writes.
+    hot = " WITH (fillfactor = 60)"
+    # No foreign keys from budgets to blocks and from blocks to streams: their per-row triggers
+    # (a locking lookup per row) were most of bulk registration. Block and budget rows are only
+    # written together, by add_blocks' one transaction, which holds the stream row FOR UPDATE;
+    # nothing deletes a stream, block or budget row; check_consistency checks the pairing.
+    budget_fk = block_fk = ""
 
     def connect(self):
         import psycopg
@@ -211,7 +222,7 @@ def _schema(b: _Backend) -> list[str]:
             retire_epsilon {r} NOT NULL, orders TEXT NOT NULL, next_seq {i} NOT NULL,
             created_at TEXT NOT NULL)""",
         f"""CREATE TABLE IF NOT EXISTS blocks (
-            stream TEXT NOT NULL REFERENCES streams(stream), block_id TEXT NOT NULL,
+            stream TEXT NOT NULL{b.block_fk}, block_id TEXT NOT NULL,
             seq {i} NOT NULL, location TEXT NOT NULL, start_ts TEXT, end_ts TEXT,
             records {i}, created_at TEXT NOT NULL,
             PRIMARY KEY (stream, block_id), UNIQUE (stream, seq))""",
@@ -219,8 +230,7 @@ def _schema(b: _Backend) -> list[str]:
             id {b.serial_pk}, stream TEXT NOT NULL, context TEXT NOT NULL,
             block_id TEXT NOT NULL, seq {i} NOT NULL, status TEXT NOT NULL,
             eps_spent TEXT NOT NULL, delta_spent TEXT NOT NULL, rdp TEXT, charges {i} NOT NULL,
-            UNIQUE (stream, context, block_id),
-            FOREIGN KEY (stream, block_id) REFERENCES blocks(stream, block_id))""",
+            UNIQUE (stream, context, block_id){b.budget_fk}){b.hot}""",
         "CREATE INDEX IF NOT EXISTS budgets_window ON budgets (stream, context, status, seq)",
         f"""CREATE TABLE IF NOT EXISTS grants (
             grant_id TEXT PRIMARY KEY, stream TEXT NOT NULL, context TEXT NOT NULL,
@@ -268,6 +278,7 @@ class Store:
         self._pending: list[tuple[Optional[str], str, str]] = []
         self._chain_cur: Any = None
         self._analyze: set = set()
+        self._flush_after_unlock = False
         for attempt in range(MAX_RETRIES + 1):
             try:
                 self.conn = self.backend.connect()
@@ -319,6 +330,20 @@ class Store:
         except errors.UniqueViolation as exc:  # the key is the check (see :meth:`existing`)
             raise InvalidRequestError(f"already registered: {exc.diag.message_detail}") from exc
         self._analyze.add(table)
+
+    def add_budgets(self, stream: str, contexts: Sequence[str], first_seq: int, count: int,
+                    zero_rdp: Optional[str]) -> None:
+        """Fresh budget rows, one per context, for the blocks just added with these ``seq``.
+
+        Made from the block rows by the server (one INSERT ... SELECT per context over the
+        (stream, seq) key), so the blocks travel to the database once.
+        """
+        for context in contexts:
+            self.q("INSERT INTO budgets (stream, context, block_id, seq, status, eps_spent, "
+                   "delta_spent, rdp, charges) SELECT stream, ?, block_id, seq, ?, '0', '0', ?, 0 "
+                   "FROM blocks WHERE stream = ? AND seq >= ? AND seq < ? ORDER BY seq",
+                   (context, ACTIVE, zero_rdp, stream, first_seq, first_seq + count))
+        self._analyze.add("budgets")
 
     def analyze(self) -> None:
         """Refreshes the planner statistics of tables that grew in bulk (PostgreSQL)."""
@@ -425,15 +450,25 @@ class Store:
         self.q("UPDATE ledger_head SET audit_seq = ?, audit_hash = ? WHERE id = ?",
                (rows[-1][0], rows[-1][6], chain))
 
-    def write(self, fn: Callable[[], Any], *, pipeline: bool = False,
-              idempotent: bool = False) -> Any:
+    def write(self, fn: Callable[[], Any], *, pipeline: bool = False, idempotent: bool = False,
+              flush_after_unlock: bool = False) -> Any:
         """Runs ``fn`` inside one write transaction; commits, or rolls back and re-raises.
 
         Conflicts (deadlock, serialisation failure, unique-key race) are retried with backoff;
         with ``idempotent`` a lost session is retried on a new connection. ``pipeline`` batches
         the statements into round trips on PostgreSQL (``fn`` must not use COPY).
+
+        ``flush_after_unlock`` (PostgreSQL, as SQLite always does): ``fn`` has set
+        ``synchronous_commit`` off for its transaction, so COMMIT does not wait for the WAL
+        flush and the row locks are released at once; a second transaction, queued in the
+        same round trip, then commits with ``synchronous_commit=on`` and so waits until the WAL
+        is flushed past its own commit record, which lies after ours. The write is acknowledged
+        only then: it survives a crash of the server or machine. A commit that became visible
+        but was never flushed can be lost only together with every later one (the WAL is a
+        sequence), and nobody was told it happened.
         """
         def once():
+            self._flush_after_unlock = flush_after_unlock and self.kind == "postgresql"
             result = self._write_once(fn, pipeline and self.kind == "postgresql")
             self.backend.synced(self.conn)
             return result
@@ -483,6 +518,9 @@ class Store:
         if self.before_commit is not None:
             self.before_commit()
         self.conn.execute("COMMIT")
+        if self._flush_after_unlock:  # writes WAL, so its commit waits for the WAL flush
+            # (a transaction that only took an xid, without WAL, would commit unflushed)
+            self.conn.execute("SELECT pg_logical_emit_message(true, 'sage-flush', '')")
         return result
 
     def _reconnect(self) -> None:
@@ -524,7 +562,7 @@ class Store:
                     self.q("INSERT INTO ledger_head (id, audit_seq, audit_hash, schema_version) "
                            "VALUES (?, 0, ?, ?)", (c, GENESIS_HASH, SCHEMA_VERSION))
             if self.kind == "postgresql":
-                for stmt in _PG_FUNCTIONS:
+                for stmt in _PG_FUNCTIONS + pgrequest.FUNCTIONS:
                     self.conn.execute(stmt)
                 if row[0] is not None and row[0] < 2:
                     self.conn.execute("SELECT setval('audit_seq_gen', "
