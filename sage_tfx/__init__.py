@@ -109,6 +109,12 @@ PUBLIC_API: dict[str, tuple[str, ...]] = {
     "sage_tfx.ptk.service": ("create_app", "serve", "main"),
     "sage_tfx.components.ptk_trainer.component": ("PTKTrainer",),
     "sage_tfx.components.ptk_featurizer.component": ("PTKFeaturizer",),
+    # ptklib kernels 4-6 (Analyze-Gauss, historical statistics, DP Lloyd) and the PTK demo.
+    "sage_tfx.ptk.kernels.covariance": ("train_dp", "eval", "dp_event", "erm", "featurize"),
+    "sage_tfx.ptk.kernels.histstats": ("train_dp", "eval", "dp_event", "erm", "featurize"),
+    "sage_tfx.ptk.kernels.lloyd": ("train_dp", "eval", "dp_event", "train_nonprivate",
+                                   "featurize", "noise_multipliers"),
+    "sage_tfx.pipelines.ptk_demo": ("run", "main"),
     # Trustworthy DP: Poisson DP-SGD, empirical privacy audits.
     "sage_tfx.dp.audit": (
         "audit_mechanism", "epsilon_lower_bound", "clopper_pearson", "membership_inference",
