@@ -7,6 +7,9 @@ feature group (a tuple of values); a *label* is an index in ``range(n_labels)``.
 * :class:`CountTable` — exact counts in a dict. Never released with noise: its key set is data
   dependent, so noising only the observed keys would reveal which keys occur. Use it for non-DP
   baselines and for hot-window statistics that are deleted at roll-over.
+* :class:`DomainTable` — a ``len(domain) × n_labels`` integer array over a public, declared
+  key domain (keys outside it are dropped, so the cell set leaks nothing); one observation
+  changes one cell by 1, so its L1 sensitivity is 1 (a sketch of depth 1 without collisions).
 * :class:`CountSketch` — an ``h × width × n_labels`` integer array (Cormode & Muthukrishnan's
   count-min sketch, or Charikar et al.'s count-median / count sketch, Pyramid §III.B.2). Every
   cell exists whatever the data, so noise in every cell makes the whole array differentially
@@ -45,7 +48,7 @@ SKETCH_KINDS = (COUNT_MIN, COUNT_MEDIAN)
 MAX_DEPTH = 8            # 64-byte digest = 8 rows × (bucket: 7 bytes, sign: 1 byte)
 
 __all__ = ["COUNT_MIN", "COUNT_MEDIAN", "SKETCH_KINDS", "encode_key", "key_hashes",
-           "CountTable", "CountSketch", "l1_sensitivity", "table_epsilons", "noise_scales",
+           "CountTable", "DomainTable", "CountSketch", "l1_sensitivity", "table_epsilons", "noise_scales",
            "check_width", "check_depth"]
 
 
@@ -164,6 +167,47 @@ class CountTable:
     def key_totals(self) -> np.ndarray:
         """Total count of every observed key (for quantiles and statistics)."""
         return np.array([int(r.sum()) for r in self.counts.values()], dtype=np.int64)
+
+
+class DomainTable:
+    """Per-label counts over a public, declared key domain: ``len(domain) × n_labels`` cells.
+
+    Every cell exists whatever the data (the domain is declared, never read from the data), so
+    noise in every cell makes the array DP; keys outside the domain are not counted. One
+    observation changes exactly one cell by +1: L1 sensitivity 1.
+    """
+
+    l1_sensitivity = 1
+
+    def __init__(self, domain: Sequence[Any], n_labels: int):
+        self.n_labels = _check_n_labels(n_labels)
+        self.domain = list(domain)
+        if not self.domain:
+            raise InvalidRequestError("a declared key domain must not be empty")
+        self.index = {encode_key(k): i for i, k in enumerate(self.domain)}
+        if len(self.index) != len(self.domain):
+            raise InvalidRequestError("a declared key domain must not repeat a key")
+        self.cells = np.zeros((len(self.domain), self.n_labels), dtype=np.int64)
+
+    def positions(self, keys: Sequence[Any]) -> np.ndarray:
+        """Row of each key in the domain, -1 for keys outside it."""
+        return np.array([self.index.get(encode_key(k), -1) for k in keys], dtype=np.int64)
+
+    def add(self, keys: Sequence[Any], labels: Any) -> None:
+        lab = _labels(labels, self.n_labels, len(keys))
+        pos = self.positions(keys)
+        keep = pos >= 0
+        np.add.at(self.cells, (pos[keep], lab[keep]), 1)
+
+    def add_noise(self, scale: float, noise) -> None:
+        """Adds independent integer (discrete) Laplace noise of ``scale`` to every cell."""
+        self.cells = np.asarray(noise.discrete_laplace(self.cells, scale), dtype=np.int64)
+
+    def estimate(self, keys: Sequence[Any]) -> np.ndarray:
+        """``len(keys) × n_labels`` float counts (0 for keys outside the domain)."""
+        pos = self.positions(keys)
+        padded = np.vstack([self.cells, np.zeros((1, self.n_labels), dtype=np.int64)])
+        return padded[pos].astype(np.float64)
 
 
 class CountSketch:

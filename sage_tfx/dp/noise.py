@@ -35,7 +35,7 @@ from sage_tfx.errors import InvalidPrivacyParameterError
 ArrayLike = Union[np.ndarray, Sequence[Any], float, int]
 
 __all__ = ["laplace", "gaussian", "discrete_laplace", "discrete_gaussian", "laplace_epsilon",
-           "gaussian_rho", "SeededNoise", "NoiseSource"]
+           "gaussian_rho", "noisy_max", "noisy_max_epsilon", "SeededNoise", "NoiseSource"]
 
 
 def _dp():
@@ -148,6 +148,34 @@ def gaussian_rho(sigma: float, l2_sensitivity: float, *, integer: bool = False) 
     return float(m.map(int(sens) if integer else sens))
 
 
+@functools.lru_cache(maxsize=256)
+def _noisy_max_measurement(scale: float, monotonic: bool):
+    dp = _dp()
+    return dp.m.make_noisy_max(dp.vector_domain(dp.atom_domain(T=float, nan=False)),
+                               dp.linf_distance(T=float, monotonic=monotonic),
+                               dp.max_divergence(), scale=scale)
+
+
+def noisy_max(scores: ArrayLike, scale: float, *, monotonic: bool = False) -> int:
+    """Index of the highest of ``scores`` after exponential noise of ``scale`` (OpenDP's
+    ``make_noisy_max``: report-noisy-max with exponential noise, i.e. permute-and-flip, McKenna &
+    Sheldon 2020 — the exponential-mechanism family). For scores of L∞ sensitivity Δ it is
+    ``2Δ/scale``-DP, or ``Δ/scale``-DP when every score moves in the same direction between
+    neighbours (``monotonic``); :func:`noisy_max_epsilon` returns OpenDP's own map."""
+    scale = _check_scale(scale, "scale")
+    arr = _float_values(scores).ravel()
+    if arr.size == 0:
+        raise ValueError("noisy_max needs at least one score")
+    return int(_noisy_max_measurement(scale, bool(monotonic))(arr.tolist()))
+
+
+def noisy_max_epsilon(scale: float, linf_sensitivity: float, *, monotonic: bool = False) -> float:
+    """ε that OpenDP's privacy map guarantees for :func:`noisy_max` at ``scale``."""
+    scale = _check_scale(scale, "scale")
+    sens = _check_scale(linf_sensitivity, "linf_sensitivity")
+    return float(_noisy_max_measurement(scale, bool(monotonic)).map(sens))
+
+
 class SeededNoise:
     """Reproducible numpy noise for experiments and tests only: NOT protected against the
     floating-point attack. Same functions as this module; pass it explicitly where an
@@ -175,6 +203,15 @@ class SeededNoise:
         z = self.rng.geometric(p, size=arr.shape) - self.rng.geometric(p, size=arr.shape)
         return _scalar_or_array(arr + z.astype(np.int64), True)
 
+    def noisy_max(self, scores: ArrayLike, scale: float, *, monotonic: bool = False) -> int:
+        """Argmax of scores plus i.i.d. exponential noise of ``scale`` (the distribution of
+        OpenDP's ``make_noisy_max``)."""
+        scale = _check_scale(scale, "scale")
+        arr = _float_values(scores).ravel()
+        if arr.size == 0:
+            raise ValueError("noisy_max needs at least one score")
+        return int(np.argmax(arr + self.rng.exponential(scale, size=arr.shape)))
+
     def discrete_gaussian(self, counts: ArrayLike, sigma: float):
         """Rounded Gaussian stand-in for experiments (not the exact discrete Gaussian)."""
         sigma = _check_scale(sigma, "sigma")
@@ -190,6 +227,7 @@ class _OpenDPNoise:
     gaussian = staticmethod(gaussian)
     discrete_laplace = staticmethod(discrete_laplace)
     discrete_gaussian = staticmethod(discrete_gaussian)
+    noisy_max = staticmethod(noisy_max)
 
 
 NoiseSource = Union[SeededNoise, _OpenDPNoise]
