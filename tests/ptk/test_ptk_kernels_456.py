@@ -250,3 +250,17 @@ def test_kernels_register_allocate_and_train_in_the_store(make_store):
     members = [t for t in out["trained"] if t["grant_id"] == lin["grant_id"]]
     assert grant.epsilon == pytest.approx(sum(float(t["epsilon"]) for t in members))
     assert set(lin["blocks"]) <= set(grant.block_ids)
+
+
+def test_lloyd_count_release_empirical_audit():
+    """Neighbouring datasets (one extra row in the only cluster): the released count must have
+    |log P(k | D) / P(k | D')| within its share eps_c = eps / (2T); half the noise would give
+    twice that."""
+    cfg = dict(LL_CONFIG, k=1, iterations=1, init=[[0.0, 0.0]])
+    d = {"x0": np.zeros(10), "x1": np.zeros(10)}
+    d2 = {k: np.append(v, 1.0) for k, v in d.items()}
+    noise, runs, eps = SeededNoise(11), 8000, 1.0
+    draws = [np.array([lloyd.train_dp([x], eps, None, None, config=cfg, noise=noise)["counts"][0]
+                       for _ in range(runs)]) for x in (d, d2)]
+    worst = max(abs(np.log(np.mean(draws[0] == k) / np.mean(draws[1] == k))) for k in range(8, 14))
+    assert 0.3 < worst < 0.75  # true value eps_c = 0.5
