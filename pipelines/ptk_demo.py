@@ -187,7 +187,13 @@ def run_store(out: str, source, specs: list[dict], months: int, config: StoreCon
         grants = store.ledger.grants(config.stream)
         _log(f"      ledger: {len(grants)} grants, e.g. "
              + ", ".join(f"{g.run_id} eps={g.epsilon}" for g in grants[-3:]))
+        lin = store.lineage(ids["delay_by_day"])
+        _log(f"      lineage of delay_by_day v{lin['version']}: window {lin['window_index']}, "
+             f"{len(lin['blocks'])} blocks ({lin['blocks'][0]} ...), eps={lin['epsilon']}, "
+             f"grant {lin['grant_id'][:8]}")
         store.windows.close()
+        left = [f for _, _, fs in os.walk(f"{out}/windows") for f in fs]
+        _log(f"      last window closed: {len(left)} raw block files left (only DP states remain)")
         return {"states": states, "plan": plan, "names": {v: k for k, v in ids.items()},
                 "grants": len(grants)}
     finally:

@@ -13,6 +13,7 @@ def test_ptk_demo_tiny(tmp_path, capsys):
     members = [m for p in out["plan"]["partitions"] for m in p["members"]]
     assert len(members) == 5 and sum(float(m["epsilon"]) for m in members) <= 1.0
     assert out["grants"] >= 4  # three profiles and at least one training partition
+    assert "0 raw block files left" in text
     assert os.path.getsize(out["png"]) > 0
     full = {r["variant"]: r["log_loss"] for r in out["rows"] if r["fraction"] == 1.0}
     assert set(full) == {"no_ptk", "dp_ptk", "nonprivate_ptk"}
