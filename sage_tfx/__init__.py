@@ -109,6 +109,11 @@ PUBLIC_API: dict[str, tuple[str, ...]] = {
     "sage_tfx.ptk.service": ("create_app", "serve", "main"),
     "sage_tfx.components.ptk_trainer.component": ("PTKTrainer",),
     "sage_tfx.components.ptk_featurizer.component": ("PTKFeaturizer",),
+    # ptklib kernels 1-3 (count featurization, DP trees, DP HPF) and the Fig. 5 harness.
+    "sage_tfx.ptk.kernels.counts": ("train_dp", "eval", "dp_event", "erm", "featurize"),
+    "sage_tfx.ptk.kernels.trees": ("train_dp", "eval", "dp_event", "erm", "featurize"),
+    "sage_tfx.ptk.kernels.hpf": ("train_dp", "eval", "dp_event", "erm", "featurize"),
+    "sage_tfx.ptk.eval.fig5": ("run_fig5", "run_and_write", "summarize", "write_csv", "plot"),
     # ptklib kernels 4-6 (Analyze-Gauss, historical statistics, DP Lloyd) and the PTK demo.
     "sage_tfx.ptk.kernels.covariance": ("train_dp", "eval", "dp_event", "erm", "featurize"),
     "sage_tfx.ptk.kernels.histstats": ("train_dp", "eval", "dp_event", "erm", "featurize"),

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from sage_tfx.dp import counts as dp_counts
+from sage_tfx.dp import noise as dp_noise
 from sage_tfx.dp.noise import SeededNoise
 from sage_tfx.errors import InvalidRequestError
 from sage_tfx.ptk.abstraction import batches_of
@@ -29,6 +30,9 @@ def test_noise_that_runs_matches_the_declared_event():
     counts.train_dp(batches_of(data(200, 0)), 0.6, None, None, config=CFG, noise=rec)
     # two tables, eps/2 each; sensitivities 1 (domain) and hash_depth = 2 (count-min sketch)
     assert rec.scales() == [pytest.approx(1 / 0.3), pytest.approx(2 / 0.3)]
+    # OpenDP's own privacy map of its discrete Laplace at each table's scale and sensitivity
+    for sens, eps_i, scale in counts.noise_plan(0.6, CFG).values():
+        assert dp_noise.laplace_epsilon(scale, sens, integer=True) == pytest.approx(eps_i)
     charge = pure_charge(CNT, 0.6, CFG)
     assert sum(1 / e.noise_multiplier for e in charge.event.events) == pytest.approx(0.6)
 

@@ -56,3 +56,18 @@ def test_rows_shape_and_ptk_features_help_with_little_target_data(tmp_path):
 def test_bad_arguments_are_refused(bad):
     with pytest.raises(InvalidRequestError):
         run(**bad)
+
+
+def test_headline_statements():
+    def row(v, eps, frac, value):
+        return {"dataset": "d", "kernel": "k", "variant": v, "eps": eps, "fraction": frac,
+                "n_train": 1, "metric": "log_loss", "value": value, "seed": 0}
+    nan = math.nan
+    rows = [row("no_ptk", nan, 0.1, 1.0), row("no_ptk", nan, 1.0, 0.5),
+            row("nonprivate_ptk", nan, 0.1, 0.6), row("nonprivate_ptk", nan, 1.0, 0.4),
+            row("dp_ptk", 1.0, 0.1, 0.8), row("dp_ptk", 1.0, 1.0, 0.45)]
+    (h,) = fig5.headline(rows)
+    assert h["improvement_small"] == pytest.approx(0.2)
+    assert h["improvement_full"] == pytest.approx(0.1)
+    assert h["np_gap_full"] == pytest.approx(0.125)   # 0.45 is 12.5 % worse than 0.4
+    assert h["match_fraction"] == 1.0                 # 0.8 at 10 % does not reach 0.5

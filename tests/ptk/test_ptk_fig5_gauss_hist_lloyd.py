@@ -1,17 +1,14 @@
 """Fig. 5 evaluations of kernels 4-6 (Chicago taxi, MovieLens) on tiny configs; the full runs are
 benchmarks/ptk/fig5_taxi.py and benchmarks/ptk/fig5_movielens_lloyd.py."""
-import importlib.util
 import math
-import os
 
 import pytest
 
 from sage_tfx.ptk.abstraction import batches_of
 from sage_tfx.ptk.eval import fig5, fig5_movielens, fig5_taxi
 
+from test_ptk_fig5_scripts import script
 from test_ptk_kernels import Recorder
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_bundle_splits_epsilon_evenly_and_concatenates_features():
@@ -59,19 +56,11 @@ def test_movielens_tiny_run_and_the_user_statistic_transfers():
     assert g[("histstats", "dp_ptk", 1.0)] > 1.0
 
 
-def _script(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "benchmarks", "ptk",
-                                                                     f"{name}.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_benchmark_scripts_tiny(tmp_path):
-    assert _script("fig5_movielens_lloyd").main(
+    assert script("fig5_movielens_lloyd").main(
         ["--seeds", "1", "--fractions", "0.5", "--kernels", "lloyd", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "fig5_movielens.csv").exists() and (tmp_path / "fig5_movielens.png").exists()
-    assert _script("fig5_taxi").main(
+    assert script("fig5_taxi").main(
         ["--seeds", "1", "--fractions", "1.0", "--kernels", "covariance", "--max-iter", "3",
          "--out", str(tmp_path)]) == 0
     assert len((tmp_path / "fig5_taxi.csv").read_text().splitlines()) == 1 + 4

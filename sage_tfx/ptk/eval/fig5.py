@@ -97,8 +97,20 @@ def run_fig5(dataset: str, source: Mapping, target_train: Mapping, target_test: 
              fractions: Sequence[float] = (0.05, 0.1, 0.25, 0.5, 1.0),
              epsilons: Sequence[float] = (0.1, 1.0), seeds: Sequence[int] = (0,),
              kernel_name: Optional[str] = None,
-             noise_factory: Callable[[int], object] = SeededNoise) -> list:
-    """Runs the Fig. 5 protocol (see the module docstring) and returns its rows."""
+             noise_factory: Callable[[int], object] = SeededNoise, threads: int = 1) -> list:
+    """Runs the Fig. 5 protocol (see the module docstring) and returns its rows. Model fits
+    use at most ``threads`` OpenMP / BLAS threads (threadpoolctl): on a shared machine
+    oversubscribed OpenMP threads make histogram gradient boosting many times slower."""
+    from threadpoolctl import threadpool_limits
+    with threadpool_limits(limits=threads):
+        return _run_fig5(dataset, source, target_train, target_test, label, kernel, kernel_config,
+                         base_features, model_factory, metric, fractions, epsilons, seeds,
+                         kernel_name, noise_factory)
+
+
+def _run_fig5(dataset, source, target_train, target_test, label, kernel, kernel_config,
+              base_features, model_factory, metric, fractions, epsilons, seeds, kernel_name,
+              noise_factory) -> list:
     if metric not in LOWER_IS_BETTER:
         raise InvalidRequestError(f"metric must be one of {sorted(LOWER_IS_BETTER)}, got {metric!r}")
     fractions = [float(f) for f in fractions]
@@ -212,3 +224,75 @@ def plot(rows: Sequence[dict], path: str, title: str = "") -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def run_and_write(dataset: str, task: dict, kernels: Mapping[str, tuple], *, out_dir: str,
+                  stem: str, **kw) -> list:
+    """Runs :func:`run_fig5` for each ``{name: (kernel, config)}`` on ``task`` (a dict with
+    ``source``, ``target_train``, ``target_test``, ``label``, ``base_features``; see
+    :mod:`sage_tfx.ptk.eval.fig5_data`), and writes ``<stem>.csv`` (all rows),
+    ``<stem>_summary.csv``, ``<stem>_headline.csv`` (:func:`headline`) and ``<stem>.png`` under ``out_dir``. ``kw`` go to :func:`run_fig5`."""
+    import os
+    os.makedirs(out_dir, exist_ok=True)
+    rows = []
+    for name, (kernel, config) in kernels.items():
+        rows += run_fig5(dataset, task["source"], task["target_train"], task["target_test"],
+                         label=task["label"], kernel=kernel, kernel_config=config,
+                         base_features=task["base_features"], kernel_name=name, **kw)
+    write_csv(rows, os.path.join(out_dir, f"{stem}.csv"))
+    write_csv(summarize(rows), os.path.join(out_dir, f"{stem}_summary.csv"))
+    write_csv(headline(rows), os.path.join(out_dir, f"{stem}_headline.csv"))
+    plot(rows, os.path.join(out_dir, f"{stem}.png"), dataset)
+    return rows
+
+
+def print_summary(rows: Sequence[dict]) -> None:
+    """One line per (kernel, variant, ε): the mean metric at each fraction."""
+    summary = summarize(rows)
+    fracs = sorted({r["fraction"] for r in summary})
+    print("kernel  variant          eps   " + "  ".join(f"{f:>8g}" for f in fracs))
+    lines: dict = {}
+    for r in summary:
+        lines.setdefault((r["kernel"], r["variant"], r["eps"]), {})[r["fraction"]] = r["mean"]
+    for (k, v, e), vals in lines.items():
+        print(f"{k:7s} {v:16s} {e:5g} " + "  ".join(f"{vals.get(f, math.nan):8.4f}" for f in fracs))
+    for h in headline(rows):
+        print(f"{h['kernel']} eps={h['eps']:g}: DP PTK vs no PTK "
+              f"{100 * h['improvement_small']:+.2f} % at {h['smallest_fraction']:g}, "
+              f"{100 * h['improvement_full']:+.2f} % at {h['largest_fraction']:g}; "
+              f"{100 * h['np_gap_full']:.2f} % worse than non-private; "
+              f"matches the no-PTK best at fraction {h['match_fraction']}")
+
+
+def headline(rows: Sequence[dict]) -> list:
+    """The paper's Fig. 5 statements per (dataset, kernel, ε), from the mean over seeds:
+
+    * ``improvement_small`` / ``improvement_full`` — relative improvement of the DP PTK over no
+      PTK (positive = better, in the metric's direction) at the smallest fraction and at 1.0;
+    * ``np_gap_full`` — relative gap of the DP PTK to the non-private PTK at the largest fraction;
+    * ``match_fraction`` — the smallest fraction at which the DP PTK is at least as good as no
+      PTK's best value over all fractions (None if never): "matches the no-PTK best with x %".
+    """
+    summary = summarize(rows)
+    out = []
+    keys = sorted({(r["dataset"], r["kernel"], r["eps"]) for r in summary
+                   if r["variant"] == "dp_ptk"})
+    for ds, k, eps in keys:
+        mine = [r for r in summary if r["dataset"] == ds and r["kernel"] == k]
+        lower = LOWER_IS_BETTER[mine[0]["metric"]]
+        sign = 1.0 if lower else -1.0
+        line = {v: {r["fraction"]: r["mean"] for r in mine if r["variant"] == v
+                    and (v != "dp_ptk" or r["eps"] == eps)} for v in VARIANTS}
+        fr = sorted(line["no_ptk"])
+        best_no = min(sign * v for v in line["no_ptk"].values()) * sign
+
+        def rel(a, b):  # improvement of a over b, positive = better
+            return sign * (b - a) / abs(b)
+        match = next((f for f in fr if sign * line["dp_ptk"][f] <= sign * best_no), None)
+        out.append({"dataset": ds, "kernel": k, "eps": eps, "metric": mine[0]["metric"],
+                    "smallest_fraction": fr[0], "largest_fraction": fr[-1],
+                    "improvement_small": rel(line["dp_ptk"][fr[0]], line["no_ptk"][fr[0]]),
+                    "improvement_full": rel(line["dp_ptk"][fr[-1]], line["no_ptk"][fr[-1]]),
+                    "np_gap_full": -rel(line["dp_ptk"][fr[-1]], line["nonprivate_ptk"][fr[-1]]),
+                    "match_fraction": match})
+    return out

@@ -136,7 +136,6 @@ def run(*, fractions=(0.02, 0.05, 0.1, 0.25, 0.5, 1.0), epsilons=(0.1, 1.0), see
         kernels: Sequence[str] = ("histstats", "covariance", "lloyd"),
         progress: Callable[[str], None] = print, model=model_factory) -> list:
     """All rows of the taxi evaluation (the harness's row format)."""
-    from threadpoolctl import threadpool_limits
     from sage_tfx.ptk.eval import fig5
     split = load_taxi()
     progress(f"chicago taxi: {len(split.source['y']):,} source trips, "
@@ -145,12 +144,11 @@ def run(*, fractions=(0.02, 0.05, 0.1, 0.25, 0.5, 1.0), epsilons=(0.1, 1.0), see
     rows = []
     for name in kernels:
         kernel, cfg = ptk_kernels()[name]
-        with threadpool_limits(limits=1):  # OpenMP threads of the boosted trees on a busy box
-            got = fig5.run_fig5("chicago_taxi", split.source, split.target_train, split.target_test,
-                                label="y", kernel=kernel, kernel_config=cfg,
-                                base_features=base_features, model_factory=model, metric="mse",
-                                fractions=fractions, epsilons=epsilons, seeds=seeds,
-                                kernel_name=name)
+        got = fig5.run_fig5("chicago_taxi", split.source, split.target_train, split.target_test,
+                            label="y", kernel=kernel, kernel_config=cfg,
+                            base_features=base_features, model_factory=model, metric="mse",
+                            fractions=fractions, epsilons=epsilons, seeds=seeds,
+                            kernel_name=name)
         progress(f"  {name}: {len(got)} rows")
         rows += got
     return rows
@@ -178,17 +176,18 @@ def gains(rows: Sequence[dict]) -> list:
 
 def write_outputs(rows: Sequence[dict], out: str, stem: str, title: str,
                   progress: Callable[[str], None] = print) -> None:
-    """``<stem>.csv`` (rows), ``<stem>_gains.csv`` (:func:`gains`) and ``<stem>.png`` in ``out``;
-    prints the gains."""
+    """``<stem>.csv`` (rows), ``<stem>_gains.csv`` (:func:`gains`), ``<stem>_headline.csv``
+    (:func:`sage_tfx.ptk.eval.fig5.headline`) and ``<stem>.png`` in ``out``; prints the gains."""
     import os
     from sage_tfx.ptk.eval import fig5
     os.makedirs(out, exist_ok=True)
     fig5.write_csv(rows, os.path.join(out, f"{stem}.csv"))
     got = gains(rows)
     fig5.write_csv(got, os.path.join(out, f"{stem}_gains.csv"))
+    fig5.write_csv(fig5.headline(rows), os.path.join(out, f"{stem}_headline.csv"))
     fig5.plot(rows, os.path.join(out, f"{stem}.png"), title)
     for g in got:
         eps = "" if g["variant"] != "dp_ptk" else f" eps={g['eps']:g}"
         progress(f"{g['kernel']:<11} {g['variant']:<15}{eps:<9} fraction {g['fraction']:<5g} "
                  f"no-PTK {g['no_ptk']:.4f}  PTK {g['ptk']:.4f}  gain {g['gain_pct']:+.2f} %")
-    progress(f"wrote {os.path.join(out, stem)}.csv, _gains.csv and .png")
+    progress(f"wrote {os.path.join(out, stem)}.csv, _gains.csv, _headline.csv and .png")

@@ -11,7 +11,7 @@ Config (all public, declared at registration, never read from the data):
   feature subsets), ``smoothing`` α > 0 (default 1), ``output`` ``"rates"`` (default),
   ``"onehot"`` or ``"both"``, ``name`` (feature-name prefix, default ``"tree"``).
 
-Algorithm (Fletcher & Islam's DP random-forest recipe as the paper describes it, §4.2): every
+Algorithm (the DP random-forest recipe the paper describes in §4.2, its ref. [24]): every
 node of every tree (1) draws m of the declared features at random (data-independent), (2) scores
 every candidate split of them with the gini utility ``u(s) = -Σ_c (n_c - Σ_l n_{c,l}² / n_c)``
 (children c, label counts n_{c,l}; 0 for an empty child), and (3) picks one privately with
