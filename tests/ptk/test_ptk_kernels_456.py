@@ -117,6 +117,7 @@ def test_lloyd_validation_clipping_state_and_featurizer():
     for bad in ({}, dict(LL_CONFIG, lower=[0, 0], upper=[0, 1]), dict(LL_CONFIG, k=0),
                 dict(LL_CONFIG, iterations=1.5), dict(LL_CONFIG, count_share=1.0),
                 dict(LL_CONFIG, columns=["x0", "x0"]), dict(LL_CONFIG, init=[[9, 9]] * 3),
+                dict(LL_CONFIG, init=[[np.nan, 0.0]] * 3), dict(LL_CONFIG, seed=-1),
                 dict(LL_CONFIG, upper=[3.0, np.inf])):
         with pytest.raises(InvalidRequestError):
             lloyd.dp_event(1.0, bad)

@@ -69,14 +69,16 @@ def check_config(config: dict) -> dict:
     for name, v in (("k", k), ("iterations", iterations), ("seed", seed)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < (0 if name == "seed"
                                                                                 else 1):
-            raise InvalidRequestError(f"lloyd: {name} must be a positive integer, got {v!r}")
+            raise InvalidRequestError(
+                f"lloyd: {name} must be an integer >= {0 if name == 'seed' else 1}, got {v!r}")
     if not 0.0 < share < 1.0 or not np.isfinite(min_count) or min_count < 0:
         raise InvalidRequestError(
             f"lloyd: count_share must lie in (0, 1) and min_count be >= 0, got {share}, {min_count}")
     init = None
     if config.get("init") is not None:
         init = np.asarray(config["init"], dtype=float)
-        if init.shape != (int(k), d) or np.any(init < lower) or np.any(init > upper):
+        if init.shape != (int(k), d) or not np.all(np.isfinite(init)) or np.any(init < lower) \
+                or np.any(init > upper):
             raise InvalidRequestError(f"lloyd: init must be {k} points inside the declared box")
     return {"columns": cols, "lower": lower, "upper": upper, "k": int(k),
             "iterations": int(iterations), "count_share": share, "min_count": min_count,
