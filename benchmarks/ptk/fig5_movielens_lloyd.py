@@ -20,7 +20,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--out", default="benchmarks/results/ptk")
     ap.add_argument("--fractions", default="0.02,0.05,0.1,0.25,0.5,1.0")
-    ap.add_argument("--kernels", default="lloyd,histstats")
+    ap.add_argument("--kernels", default="lloyd,lloyd_no_data,histstats")
     args = ap.parse_args(argv)
     t0 = time.time()
     rows = fig5_movielens.run(fractions=[float(f) for f in args.fractions.split(",")],

@@ -21,7 +21,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--out", default="benchmarks/results/ptk")
     ap.add_argument("--fractions", default="0.02,0.05,0.1,0.25,0.5,1.0")
-    ap.add_argument("--kernels", default="histstats,covariance,lloyd")
+    ap.add_argument("--kernels", default="histstats,covariance,lloyd,lloyd_no_data")
     ap.add_argument("--max-iter", type=int, default=100, help="boosting rounds of the model")
     args = ap.parse_args(argv)
     t0 = time.time()

@@ -25,6 +25,9 @@ def test_bundle_splits_epsilon_evenly_and_concatenates_features():
     km, _ = fig5_taxi.ptk_kernels()["lloyd"]
     (np_state,) = km.erm(batches_of(split.source))  # DP Lloyd's non-private twin, not an ERM
     assert len(np_state["centroids"]) == 6
+    # the ablation's centroids are the public start, whatever the data
+    ab, _ = fig5_taxi.ptk_kernels()["lloyd_no_data"]
+    assert ab.train_dp(batches_of(split.source), 1.0, None, None) == ab.erm([]) != [np_state]
 
 
 def _rows_ok(rows, kernels, fractions, epsilons=(0.1, 1.0)):
@@ -48,7 +51,7 @@ def test_taxi_tiny_run(tmp_path):
 
 def test_movielens_tiny_run_and_the_user_statistic_transfers():
     rows = fig5_movielens.run(fractions=(1.0,), seeds=(0,), progress=lambda m: None)
-    _rows_ok(rows, ("lloyd", "histstats"), (1.0,))
+    _rows_ok(rows, ("lloyd", "lloyd_no_data", "histstats"), (1.0,))
     g = {(x["kernel"], x["variant"], x["eps"] if x["variant"] == "dp_ptk" else None): x["gain_pct"]
          for x in fig5_taxi.gains(rows)}
     # a user's mean rating on action-like movies carries over to the other genres

@@ -9,6 +9,8 @@
   source datasets differ in ONE USER (user-level DP: a user's whole source history is one row).
   k = 4 clusters, 5 iterations; the target featurizes each rating with the distances from the
   user's profile *on the target team's own history* (the same five statistics) to the DP centroids.
+* ``lloyd_no_data`` (ablation, :class:`~sage_tfx.ptk.eval.fig5_taxi.NoDataCentroids`): the
+  same featurizer with the public initial centroids, never trained.
 * ``histstats`` (bonus, record-level DP): the DP mean source rating per user id (domain: the
   platform's public id space 1..671, never read from the ratings), with back-off.
 
@@ -24,7 +26,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from sage_tfx.ptk.eval.fig5_taxi import Bundle
+from sage_tfx.ptk.eval.fig5_taxi import Bundle, NoDataCentroids
 from sage_tfx.ptk.kernels import histstats, lloyd
 
 SOURCE_GENRES = {"Action", "Adventure", "Crime", "Horror", "Thriller", "Sci-Fi", "Mystery",
@@ -97,7 +99,7 @@ HIST_CONFIG = {"key": "user", "domain": USER_IDS, "value": "rating", "lower": 0.
 
 
 def run(*, fractions=(0.02, 0.05, 0.1, 0.25, 0.5, 1.0), epsilons=(0.1, 1.0), seeds=(0, 1, 2),
-        kernels: Sequence[str] = ("lloyd", "histstats"),
+        kernels: Sequence[str] = ("lloyd", "lloyd_no_data", "histstats"),
         progress: Callable[[str], None] = print) -> list:
     """All rows of the MovieLens evaluation (the harness's row format)."""
     from sage_tfx.ptk.eval import fig5
@@ -108,6 +110,8 @@ def run(*, fractions=(0.02, 0.05, 0.1, 0.25, 0.5, 1.0), epsilons=(0.1, 1.0), see
     for name in kernels:
         if name == "lloyd":
             kernel, source = Bundle("lloyd", [(lloyd, LLOYD_CONFIG)]), users
+        elif name == "lloyd_no_data":
+            kernel, source = NoDataCentroids("lloyd_no_data", LLOYD_CONFIG), users
         else:
             kernel, source = Bundle("histstats", [(histstats, HIST_CONFIG)]), ratings
         # the harness checks every table has the label column; DP Lloyd never reads it

@@ -18,7 +18,8 @@ hours, the city's coordinates):
   [0, 60]) per pickup area, per dropoff area and per start hour; ε split evenly (basic
   composition over the same records, :class:`Bundle`);
 * ``covariance`` — Analyze-Gauss PCA (k = 2) of the pickup and dropoff coordinates;
-* ``lloyd`` — DP Lloyd, 6 clusters of (pickup, dropoff) coordinates, 5 iterations.
+* ``lloyd`` — DP Lloyd, 6 clusters of (pickup, dropoff) coordinates, 5 iterations;
+* ``lloyd_no_data`` — ablation: the same featurizer with the public initial centroids, untrained.
 """
 from __future__ import annotations
 
@@ -66,6 +67,27 @@ class Bundle:
         return out
 
 
+class NoDataCentroids(Bundle):
+    """Ablation of a DP Lloyd PTK: its featurizer with the public seeded initial centroids, never
+    trained (reads no data, spends nothing) — how much of a Lloyd gain is the shape of the
+    distance features rather than knowledge from the source."""
+
+    def __init__(self, name: str, config: dict):
+        super().__init__(name, [(lloyd, config)])
+
+    def _start(self) -> list:
+        c = lloyd.check_config(self.parts[0][1])
+        cent = c["lower"] + np.random.default_rng(c["seed"]).uniform(
+            size=(c["k"], len(c["columns"]))) * (c["upper"] - c["lower"])
+        return [{"columns": c["columns"], "centroids": cent.tolist(), "counts": [0.0] * c["k"]}]
+
+    def train_dp(self, batches, epsilon, prev_state, prev_config, *, config=None, noise=None):
+        return self._start()
+
+    def erm(self, batches, *, config=None):
+        return self._start()
+
+
 def ptk_kernels() -> dict:
     """name -> (kernel for the harness, its config)."""
     hs = Bundle("histstats", [
@@ -77,7 +99,8 @@ def ptk_kernels() -> dict:
     km = {"columns": COORDS, "lower": [LAT[0], LON[0]] * 2, "upper": [LAT[1], LON[1]] * 2,
           "k": 6, "iterations": 5, "seed": 0, "name": "loc_km"}
     return {"histstats": (hs, None), "covariance": (Bundle("covariance", [(covariance, cv)]), None),
-            "lloyd": (Bundle("lloyd", [(lloyd, km)]), None)}
+            "lloyd": (Bundle("lloyd", [(lloyd, km)]), None),
+            "lloyd_no_data": (NoDataCentroids("lloyd_no_data", km), None)}
 
 
 @dataclasses.dataclass
@@ -133,7 +156,7 @@ def model_factory(seed: int, max_iter: int = 100):
 
 
 def run(*, fractions=(0.02, 0.05, 0.1, 0.25, 0.5, 1.0), epsilons=(0.1, 1.0), seeds=(0, 1, 2),
-        kernels: Sequence[str] = ("histstats", "covariance", "lloyd"),
+        kernels: Sequence[str] = ("histstats", "covariance", "lloyd", "lloyd_no_data"),
         progress: Callable[[str], None] = print, model=model_factory) -> list:
     """All rows of the taxi evaluation (the harness's row format)."""
     from sage_tfx.ptk.eval import fig5
