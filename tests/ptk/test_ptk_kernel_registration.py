@@ -34,3 +34,17 @@ def test_the_store_registers_and_trains_the_kernel(make_store, module, config, m
     assert ptk.version == 1 and ptk.model_state is not None
     feats = importlib.import_module(module).featurize(make(5, 2), ptk.model_state, config)
     assert feats and all(len(v) == 5 for v in feats.values())
+
+
+@pytest.mark.parametrize("module,config,make", KERNELS,
+                         ids=[k[0].rsplit(".", 1)[1] for k in KERNELS])
+def test_default_noise_is_opendp_and_the_state_is_json(module, config, make):
+    import importlib
+    import json
+
+    from sage_tfx.ptk.abstraction import batches_of
+    kernel = importlib.import_module(module)
+    state = kernel.train_dp(batches_of(make(400, 3)), 1.0, None, None, config=config)
+    json.dumps(state)
+    losses = kernel.eval(batches_of(make(100, 4)), state, config=config)
+    assert losses.size and losses.min() >= 0 and losses.max() <= 1

@@ -123,3 +123,16 @@ def test_bad_budget_labels_and_columns_are_refused():
     with pytest.raises(InvalidRequestError):
         trees.erm([{"a": d["a"], "y": d["y"]}], config=CFG)
 
+
+
+def test_noisy_max_refuses_bad_input_and_reports_opendp_epsilon():
+    for source in (dp_noise.SECURE, SeededNoise(0)):
+        with pytest.raises(InvalidPrivacyParameterError):
+            source.noisy_max([1.0, 2.0], 0.0)
+        with pytest.raises(ValueError):
+            source.noisy_max([], 1.0)
+        with pytest.raises(ValueError):
+            source.noisy_max([1.0, float("nan")], 1.0)
+    # not monotonic: twice the epsilon at the same scale
+    assert dp_noise.noisy_max_epsilon(4.0, 2.0) == pytest.approx(1.0)
+    assert dp_noise.noisy_max_epsilon(4.0, 2.0, monotonic=True) == pytest.approx(0.5)
