@@ -116,6 +116,12 @@ PUBLIC_API: dict[str, tuple[str, ...]] = {
     "sage_tfx.ptk.kernels.trees": ("train_dp", "eval", "dp_event", "erm", "featurize"),
     "sage_tfx.ptk.kernels.hpf": ("train_dp", "eval", "dp_event", "erm", "featurize"),
     "sage_tfx.ptk.eval.fig5": ("run_fig5", "run_and_write", "summarize", "write_csv", "plot"),
+    # ptklib kernels 4-6 (Analyze-Gauss, historical statistics, DP Lloyd) and the PTK demo.
+    "sage_tfx.ptk.kernels.covariance": ("train_dp", "eval", "dp_event", "erm", "featurize"),
+    "sage_tfx.ptk.kernels.histstats": ("train_dp", "eval", "dp_event", "erm", "featurize"),
+    "sage_tfx.ptk.kernels.lloyd": ("train_dp", "eval", "dp_event", "train_nonprivate",
+                                   "featurize", "noise_multipliers"),
+    "sage_tfx.pipelines.ptk_demo": ("run", "main"),
     # Trustworthy DP: Poisson DP-SGD, empirical privacy audits.
     "sage_tfx.dp.audit": (
         "audit_mechanism", "epsilon_lower_bound", "clopper_pearson", "membership_inference",

@@ -26,6 +26,7 @@ from scipy.optimize import brentq
 from sage_tfx.dp import noise as dp_noise
 from sage_tfx.errors import InvalidRequestError
 from sage_tfx.ptk.abstraction import PrivacyCharge, concat
+from sage_tfx.ptk.kernels._common import check_epsilon, numeric_matrix
 
 
 def check_config(config: dict) -> tuple:
@@ -47,7 +48,7 @@ def _rows(batches, config) -> np.ndarray:
     data = concat(batches)
     if not data:
         return np.zeros((0, len(cols)))
-    x = np.column_stack([np.asarray(data[c], dtype=float) for c in cols])
+    x = numeric_matrix(data, cols, "covariance")
     x = x[np.all(np.isfinite(x), axis=1)]
     x = (x - center) / scale
     norms = np.linalg.norm(x, axis=1)
@@ -73,6 +74,7 @@ def gaussian_sigma(epsilon: float, delta: float) -> float:
 
 def dp_event(epsilon_train: float, config: dict) -> PrivacyCharge:
     delta = check_config(config)[4]
+    epsilon_train = check_epsilon(epsilon_train)
     return PrivacyCharge(dp_event_lib.GaussianDpEvent(gaussian_sigma(epsilon_train, delta)),
                          epsilon_train, delta)
 
@@ -84,6 +86,7 @@ def _top(a: np.ndarray, k: int) -> np.ndarray:
 
 def train_dp(trainset_iter, epsilon_train, prev_state, prev_config, *, config, noise=None):
     noise = noise or dp_noise.SECURE
+    epsilon_train = check_epsilon(epsilon_train)
     cols, _, _, k, delta = check_config(config)
     x = _rows(trainset_iter, config)
     a = x.T @ x
@@ -109,11 +112,13 @@ def eval(testset_iter, state, *, config):  # noqa: A001 - the paper's name
     return np.clip(np.sum(resid ** 2, axis=1), 0.0, 1.0)
 
 
-def featurize(batch, state, *, config) -> dict:
-    """Adds ``pc0..pc{k-1}`` projections from a pinned state."""
+def featurize(batch, state, config) -> dict:
+    """Adds ``<name>0..<name>{k-1}`` (default name ``pc``): the projections of the standardised,
+    unit-ball-scaled record on the DP top-k components of a pinned state. A missing value is
+    replaced by its column's declared centre (public), i.e. contributes 0."""
     cols, center, scale, _, _ = check_config(config)
-    raw = np.column_stack([np.asarray(batch[c], dtype=float) for c in cols])
-    z = (np.nan_to_num(raw) - center) / scale
+    raw = numeric_matrix(batch, cols, "covariance")
+    z = (np.where(np.isfinite(raw), raw, center) - center) / scale
     z = z / np.maximum(np.linalg.norm(z, axis=1), 1.0)[:, None]
     proj = z @ np.asarray(state["components"], dtype=float)
     prefix = config.get("name", "pc")
