@@ -9,9 +9,7 @@ import argparse
 import os
 import time
 
-import numpy as np
 import pandas as pd
-from sklearn.metrics import log_loss
 
 from sage_tfx.pyramid.eval import experiments as E
 from sage_tfx.pyramid.eval import movielens as M
@@ -29,15 +27,9 @@ def main():
     a = ap.parse_args()
     t0 = time.time()
     train, test = time_split(M.load_movielens())
-    base = E.raw_lr_loss(train, test, M.FEATURES)
-    const = log_loss(test.y, np.full(len(test), train.y.mean()))
-    print(f"baseline raw LR on all {len(train)} rows: {base:.4f}; constant: {const:.4f}")
-    rows = E.run_grid(train, test, M.FEATURES, M.PAIRS, base=base, fractions=(0.01, 0.05, 0.2),
-                      configs=CONFIGS, seeds=list(range(a.seeds)),
-                      on_row=lambda r: print(r, f"{time.time() - t0:.0f}s", flush=True))
-    df = pd.DataFrame(rows)
-    df.insert(0, "baseline", base)
-    df.insert(1, "constant", const)
+    df = E.run_workload(train, test, M.FEATURES, M.PAIRS, fractions=(0.01, 0.05, 0.2),
+                        configs=CONFIGS, seeds=list(range(a.seeds)),
+                        log=lambda r: print(r, f"{time.time() - t0:.0f}s", flush=True))
     df.to_csv(os.path.join(OUT, "movielens.csv"), index=False)
     print(E.mean_std_table(df, ["model", "epsilon", "weights"], ["fraction"]).to_markdown())
     print(f"done in {time.time() - t0:.0f}s")

@@ -9,9 +9,7 @@ import argparse
 import os
 import time
 
-import numpy as np
 import pandas as pd
-from sklearn.metrics import log_loss
 
 from sage_tfx.pyramid.eval import experiments as E
 from sage_tfx.pyramid.eval import taxi as T
@@ -29,16 +27,9 @@ def main():
     a = ap.parse_args()
     t0 = time.time()
     train, test = time_split(T.load_taxi())
-    base = E.raw_lr_loss(train, test, T.FEATURES)
-    const = log_loss(test.y, np.full(len(test), train.y.mean()))
-    print(f"baseline raw LR on all {len(train)} rows: {base:.4f}; constant: {const:.4f} "
-          f"({(const / base - 1) * 100:+.1f} %)", flush=True)
-    rows = E.run_grid(train, test, T.FEATURES, T.PAIRS, base=base, fractions=(0.02, 0.05, 0.2),
-                      configs=CONFIGS, seeds=list(range(a.seeds)), width=2 ** 12,
-                      on_row=lambda r: print(r, f"{time.time() - t0:.0f}s", flush=True))
-    df = pd.DataFrame(rows)
-    df.insert(0, "baseline", base)
-    df.insert(1, "constant", const)
+    df = E.run_workload(train, test, T.FEATURES, T.PAIRS, fractions=(0.02, 0.05, 0.2),
+                        configs=CONFIGS, seeds=list(range(a.seeds)), width=2 ** 12,
+                        log=lambda r: print(r, f"{time.time() - t0:.0f}s", flush=True))
     os.makedirs(OUT, exist_ok=True)
     df.to_csv(os.path.join(OUT, "taxi.csv"), index=False)
     t = E.mean_std_table(df, ["model", "epsilon", "weights", "sketch"], ["fraction"])

@@ -114,8 +114,7 @@ def load_taxi(source_share: float = 0.6, seed: int = 0) -> TaxiSplit:
     """The Chicago taxi CSV as source / target-train / target-test column dicts."""
     import pandas as pd
     from sage_tfx.streams import chicago_taxi_csv_path
-    path = chicago_taxi_csv_path() if callable(chicago_taxi_csv_path) else chicago_taxi_csv_path
-    d = pd.read_csv(path)
+    d = pd.read_csv(chicago_taxi_csv_path())
     d = d[(d["trip_seconds"] >= 60) & (d["trip_seconds"] <= 3 * 3600) & (d["trip_miles"] > 0)
           & (d["trip_miles"] < 100)].sort_values("trip_start_timestamp").reset_index(drop=True)
 

@@ -1,22 +1,17 @@
 """Checks shared by the ptklib kernels: the training budget and the declared input columns."""
 from __future__ import annotations
 
-import math
 from typing import Mapping, Sequence
 
 import numpy as np
 
-from sage_tfx.errors import InvalidPrivacyParameterError, InvalidRequestError
+from sage_tfx.errors import InvalidRequestError
+from sage_tfx.ledger import accounting
 
 
 def check_epsilon(epsilon_train) -> float:
-    """``epsilon_train`` as a float; raises unless it is a finite number > 0 (never clamped)."""
-    if isinstance(epsilon_train, bool) or not isinstance(
-            epsilon_train, (int, float, np.integer, np.floating)) \
-            or not math.isfinite(float(epsilon_train)) or float(epsilon_train) <= 0:
-        raise InvalidPrivacyParameterError(
-            f"epsilon_train must be a finite number > 0, got {epsilon_train!r}")
-    return float(epsilon_train)
+    """``epsilon_train`` as a float (the ledger's check: a finite number > 0, never clamped)."""
+    return accounting.check_epsilon(epsilon_train, "epsilon_train")
 
 
 def require_columns(batch: Mapping, columns: Sequence[str], kernel: str) -> None:

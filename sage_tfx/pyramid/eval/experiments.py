@@ -151,3 +151,21 @@ def mean_std_table(rows: pd.DataFrame, index, columns) -> pd.DataFrame:
             return f"{(r['mean'] - 1) * 100:+.1f} %"
         return f"{(r['mean'] - 1) * 100:+.1f} ± {r['std'] * 100:.1f} %"
     return stats.apply(fmt, axis=1).unstack(list(columns))
+
+
+def run_workload(train: pd.DataFrame, test: pd.DataFrame, features, pairs, *,
+                 fractions: Sequence[float], configs: Sequence[tuple], seeds: Sequence[int],
+                 width: int = 2 ** 14, log=print) -> pd.DataFrame:
+    """:func:`run_grid` on one workload with its two reference losses: raw LR on all of
+    ``train`` (``baseline``, the normaliser) and the constant train-label-rate predictor
+    (``constant``), both as leading columns; progress goes to ``log``."""
+    base = raw_lr_loss(train, test, features)
+    const = log_loss(test.y, np.full(len(test), train.y.mean()))
+    log(f"baseline raw LR on all {len(train)} rows: {base:.4f}; constant: {const:.4f} "
+        f"({(const / base - 1) * 100:+.1f} %)")
+    rows = run_grid(train, test, features, pairs, base=base, fractions=fractions,
+                    configs=configs, seeds=seeds, width=width, on_row=log)
+    df = pd.DataFrame(rows)
+    df.insert(0, "baseline", base)
+    df.insert(1, "constant", const)
+    return df

@@ -21,8 +21,7 @@ LABEL = "y"
 
 def load_taxi(windows: int = 12) -> pd.DataFrame:
     from sage_tfx.streams import chicago_taxi_csv_path
-    path = chicago_taxi_csv_path() if callable(chicago_taxi_csv_path) else chicago_taxi_csv_path
-    d = pd.read_csv(path)
+    d = pd.read_csv(chicago_taxi_csv_path())
     d = d[d["fare"] > 0].sort_values("trip_start_timestamp", kind="stable")
     out = pd.DataFrame({f: d[f].fillna(-1).astype(np.int64).to_numpy() for f in
                         ("pickup_community_area", "dropoff_community_area",
