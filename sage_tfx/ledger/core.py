@@ -400,9 +400,13 @@ class Ledger:
         while True:
             try:
                 # Idempotent by its run id: after a lost session the retry finds the grant.
-                return self._store.write(lambda: txn(page), pipeline=True, idempotent=True)
+                decision = self._store.write(lambda: txn(page), pipeline=True, idempotent=True)
+                break
             except _MorePages as more:
                 page = more.page
+        if decision.replayed and self._store.kind == "postgresql":
+            pgrequest.flush_wal(self._store)  # the first attempt may have lost its session
+        return decision
 
     @staticmethod
     def _fits(s: Stream, row, eps, dlt, charge) -> bool:

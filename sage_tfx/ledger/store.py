@@ -10,7 +10,8 @@ PostgreSQL (``postgresql://user@host:port/db``) is for a ledger shared by many m
 no global lock: a write transaction locks the budget rows it charges (``FOR UPDATE``, in one
 global order: ascending block ``seq`` within a (stream, context)), then the head of any free audit
 chain (:mod:`~sage_tfx.ledger.audit` explains why that is still a verifiable total order). A
-basic-mode request is one server-side call in one round trip (:mod:`~sage_tfx.ledger.pgrequest`);
+basic-mode request is one statement, a server-side procedure, in one round trip
+(:mod:`~sage_tfx.ledger.pgrequest`);
 the general path runs in two (psycopg pipeline mode): [BEGIN, the run-id check, the locked
 budget rows, an audit chain head] and [the writes, COMMIT]. Deadlocks, serialisation failures
 and unique-key races are retried with jittered exponential backoff; an idempotent write (a

@@ -7,7 +7,7 @@ import time
 import psycopg
 import pytest
 
-from sage_tfx.ledger import open_ledger
+from sage_tfx.ledger import open_ledger, pgrequest
 from sage_tfx.ledger.loadgen import WriterPlan, run_writers, setup_stream
 from sage_tfx.ledger.store import APPLICATION_NAME
 
@@ -36,28 +36,56 @@ def test_conflicts_are_retried_and_charged_once(postgres_url):
     assert led.check_consistency("s") == [] and led.verify_audit().ok
 
 
-def test_a_lost_session_is_retried_through_the_run_id(postgres_url):
-    """The server ends the session right after COMMIT: the client cannot tell whether the grant
-    committed; the retry finds it by its run id instead of charging twice."""
+@pytest.mark.parametrize("path", ["call", "pipeline"])
+def test_a_lost_session_is_retried_through_the_run_id(postgres_url, path, monkeypatch):
+    """The server ends the session right after the grant committed: the client cannot tell
+    whether it did; the retry finds it by its run id instead of charging twice, and waits for
+    the WAL flush before acknowledging it. ``call``: the one-statement procedure (the default
+    path); ``pipeline``: the function inside BEGIN ... COMMIT (the general path's transport)."""
     setup_stream(postgres_url, "s", 8)
     led = open_ledger(postgres_url)
     killer = psycopg.connect(postgres_url, autocommit=True)
-    pid = led._store.conn.info.backend_pid
     store = led._store
-    original = store._write_once
-    calls = []
+    pid = store.conn.info.backend_pid
+    calls, flushes = [], []
 
-    def txn_then_die(fn, pipeline):
-        result = original(fn, pipeline)  # committed
+    def die():
         calls.append(1)
-        if len(calls) == 1:
-            killer.execute("SELECT pg_terminate_backend(%s)", (pid,))
-            raise psycopg.OperationalError("terminating connection due to administrator command")
-        return result
+        killer.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        raise psycopg.OperationalError("terminating connection due to administrator command")
 
-    store._write_once = txn_then_die
+    if path == "call":
+        conn, original_execute = store.conn, store.conn.execute
+
+        def execute(sql, *args, **kw):
+            result = original_execute(sql, *args, **kw)  # committed
+            if sql.startswith("CALL sage_request_call") and not calls:
+                die()
+            return result
+
+        conn.execute = execute  # the first connection only; the retry gets a new one
+    else:
+        original = store._write_once
+        store.before_commit = lambda: None  # takes the pipelined path
+
+        def txn_then_die(fn, pipeline):
+            result = original(fn, pipeline)  # committed
+            if not calls:
+                die()
+            return result
+
+        store._write_once = txn_then_die
+    original_flush = pgrequest.flush_wal
+
+    def flush(st):
+        flushes.append(1)
+        original_flush(st)
+
+    monkeypatch.setattr(pgrequest, "flush_wal", flush)
     d = led.request("s", run_id="r", blocks=["b0000003"], epsilon=0.5)
+    assert calls == [1]
     assert d.granted and d.replayed  # the second attempt found the committed grant
+    assert flushes == [1]  # and acknowledged it only after a WAL flush
     assert led.block("s", "b0000003").charges == 1
     assert led.check_consistency("s") == [] and led.verify_audit().ok
 
@@ -75,7 +103,7 @@ def test_sessions_terminated_mid_request_lose_nothing(postgres_url, tmp_path):
         rng = random.Random(5)
         with psycopg.connect(postgres_url, autocommit=True) as conn:
             while not stop.is_set():
-                time.sleep(rng.uniform(0.01, 0.06))
+                time.sleep(rng.uniform(0.003, 0.02))
                 pids = [r[0] for r in conn.execute(
                     "SELECT pid FROM pg_stat_activity WHERE application_name = %s AND "
                     "datname = current_database() AND pid <> pg_backend_pid()",
