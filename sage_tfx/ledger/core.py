@@ -359,6 +359,7 @@ class Ledger:
                 if prior[1] != request_text:
                     raise InvalidRequestError(
                         f"run id {run_id!r} already has grant {prior[0]} for a different request")
+                pgrequest.flush_wal(self._store)  # its first attempt may have lost the session
                 return Decision(True, self._load_grant(prior[0]), replayed=True)
             if blocks is not None:
                 states = {r[0]: r for r in rows}
@@ -400,13 +401,9 @@ class Ledger:
         while True:
             try:
                 # Idempotent by its run id: after a lost session the retry finds the grant.
-                decision = self._store.write(lambda: txn(page), pipeline=True, idempotent=True)
-                break
+                return self._store.write(lambda: txn(page), pipeline=True, idempotent=True)
             except _MorePages as more:
                 page = more.page
-        if decision.replayed and self._store.kind == "postgresql":
-            pgrequest.flush_wal(self._store)  # the first attempt may have lost its session
-        return decision
 
     @staticmethod
     def _fits(s: Stream, row, eps, dlt, charge) -> bool:
@@ -564,7 +561,7 @@ class Ledger:
         """Problems found by recomputing every block's budget from grants (empty list: none).
 
         Checks: cached budget == derived budget; no block above its cap; every budget row has
-        its block; every non-cancelled grant has an audit entry.
+        its block and that block's location; every non-cancelled grant has an audit entry.
         """
         s = self.stream(stream)
         return self._store.read_snapshot(lambda: self._problems(s))
@@ -579,10 +576,12 @@ class Ledger:
             for block_id, e, d, rdp, charges in rows:
                 problems += budget.problems(s, f"{context}/{block_id}", (e, d, rdp, charges),
                                             derived.get(block_id) or budget.fresh(s))
-        for (b,) in self._q("SELECT u.block_id FROM budgets u LEFT JOIN blocks b ON b.stream = "
-                            "u.stream AND b.block_id = u.block_id WHERE u.stream = ? AND "
-                            "b.block_id IS NULL", (stream,)).fetchall():
-            problems.append(f"budget row of {b} has no block")
+        for b, loc, mine in self._q(  # blocks.location is NOT NULL: None = no block
+                "SELECT u.block_id, b.location, u.location FROM budgets u LEFT JOIN blocks b ON "
+                "b.stream = u.stream AND b.block_id = u.block_id WHERE u.stream = ? AND (b.block_id "
+                "IS NULL OR u.location <> b.location)", (stream,)).fetchall():
+            problems.append(f"budget row of {b} has no block" if loc is None else
+                            f"budget row of {b} has location {mine!r}, its block {loc!r}")
         audited = {e.payload["grant_id"] for e in self.audit_log(stream) if e.kind == "grant"}
         for (gid,) in self._q("SELECT grant_id FROM grants WHERE stream = ?", (stream,)).fetchall():
             if gid not in audited:

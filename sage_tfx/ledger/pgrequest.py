@@ -42,6 +42,7 @@ import uuid
 from typing import Optional, Sequence
 
 from sage_tfx.ledger import accounting, audit
+from sage_tfx.ledger.queries import LOCATION
 from sage_tfx.ledger.values import (RELEASED, RESERVED, Grant, GrantedBlock, Stream, Window,
                                     now)
 
@@ -50,16 +51,16 @@ MAX_DIGITS = 28  # Python's default Decimal precision: larger sums take the gene
 # The locking reads of the function, also EXPLAINed by the tests (``{name}``: a parameter).
 BLOCK_ROWS = (
     "SELECT u.id, u.block_id, u.seq, u.status, u.eps_spent::numeric AS e, "
-    "u.delta_spent::numeric AS d, b.location, k.ord FROM unnest({blocks}::text[]) "
-    "WITH ORDINALITY AS k(block_id, ord) JOIN budgets u ON u.stream = {stream} AND "
-    "u.context = {context} AND u.block_id = k.block_id JOIN blocks b ON b.stream = u.stream "
-    "AND b.block_id = u.block_id ORDER BY u.seq FOR UPDATE OF u")
+    f"u.delta_spent::numeric AS d, {LOCATION} AS location, k.ord "
+    "FROM unnest({blocks}::text[]) WITH ORDINALITY AS k(block_id, ord) JOIN budgets u ON "
+    "u.stream = {stream} AND u.context = {context} AND u.block_id = k.block_id "
+    "ORDER BY u.seq FOR UPDATE OF u")
 WINDOW_ROWS = (
     "SELECT u.id, u.block_id, u.seq, u.status, u.eps_spent::numeric AS e, "
-    "u.delta_spent::numeric AS d, b.location FROM (SELECT id FROM budgets WHERE stream = "
+    f"u.delta_spent::numeric AS d, {LOCATION} AS location "
+    "FROM (SELECT id FROM budgets WHERE stream = "
     "{stream} AND context = {context} AND status = 'active' ORDER BY seq DESC LIMIT {page}) "
-    "AS c JOIN budgets u ON u.id = c.id JOIN blocks b ON b.stream = u.stream AND "
-    "b.block_id = u.block_id ORDER BY u.seq FOR UPDATE OF u")
+    "AS c JOIN budgets u ON u.id = c.id ORDER BY u.seq FOR UPDATE OF u")
 
 _PARAMS = dict(blocks="p_blocks", stream="p_stream", context="p_context", page="p_page")
 _FITS = "(x.status = 'active' AND x.e + p_eps <= p_cap_e AND x.d + p_delta <= p_cap_d)"
@@ -224,11 +225,13 @@ def request(store, s: Stream, run_id: str, context: str, blocks: Optional[Sequen
 
 
 def flush_wal(store) -> None:
-    """Returns once the WAL is flushed past every commit visible now.
+    """PostgreSQL: makes the current transaction's COMMIT wait until the WAL is flushed past
+    every commit visible now (SQLite: nothing to do, its writes fsync before they return).
 
-    A transaction that writes WAL commits with ``synchronous_commit = on``. Used before a
-    replayed grant is acknowledged: the first attempt may have committed it without waiting for
-    the flush (``sage_request_call``, ``flush_after_unlock``) and lost its session before that.
+    It writes a WAL record in the transaction, so the commit (``synchronous_commit = on``)
+    waits for the flush. Used when a grant is replayed: its first attempt may have committed it
+    without waiting for the flush (``sage_request_call``, ``flush_after_unlock``) and lost its
+    session before that flush; the replay is acknowledged only after this commit.
     """
-    store._retrying(lambda: store.conn.execute(
-        "SELECT pg_logical_emit_message(true, 'sage-flush', '')"), idempotent=True)
+    if store.kind == "postgresql":
+        store.conn.execute("SELECT pg_logical_emit_message(true, 'sage-flush', '')")

@@ -31,9 +31,10 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 from sage_tfx.errors import InvalidRequestError
 from sage_tfx.ledger import audit, pgrequest
 from sage_tfx.ledger.audit import GENESIS_HASH
+from sage_tfx.ledger.queries import LOCATION
 from sage_tfx.ledger.values import ACTIVE, now
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 PG_CHAINS = 64  # audit chains on PostgreSQL: more than the writers that run at once
 MAX_RETRIES = 12
 CHECKPOINT_EVERY = 64  # SQLite: commits of one connection between its WAL checkpoints
@@ -42,8 +43,7 @@ APPLICATION_NAME = "sage-tfx-ledger"  # PostgreSQL sessions of the ledger (pg_st
 # The budget rows of the request path:
 # (block_id, seq, status, eps, delta, rdp, location, budget row id).
 BUDGET_ROWS = ("SELECT u.block_id, u.seq, u.status, u.eps_spent, u.delta_spent, u.rdp, "
-               "b.location, u.id FROM budgets u JOIN blocks b ON b.stream = u.stream AND "
-               "b.block_id = u.block_id WHERE u.stream = ? AND u.context = ? ")
+               f"{LOCATION}, u.id FROM budgets u WHERE u.stream = ? AND u.context = ? ")
 
 
 class _Rows:
@@ -231,6 +231,7 @@ def _schema(b: _Backend) -> list[str]:
             id {b.serial_pk}, stream TEXT NOT NULL, context TEXT NOT NULL,
             block_id TEXT NOT NULL, seq {i} NOT NULL, status TEXT NOT NULL,
             eps_spent TEXT NOT NULL, delta_spent TEXT NOT NULL, rdp TEXT, charges {i} NOT NULL,
+            location TEXT,
             UNIQUE (stream, context, block_id){b.budget_fk}){b.hot}""",
         "CREATE INDEX IF NOT EXISTS budgets_window ON budgets (stream, context, status, seq)",
         f"""CREATE TABLE IF NOT EXISTS grants (
@@ -341,8 +342,9 @@ class Store:
         """
         for context in contexts:
             self.q("INSERT INTO budgets (stream, context, block_id, seq, status, eps_spent, "
-                   "delta_spent, rdp, charges) SELECT stream, ?, block_id, seq, ?, '0', '0', ?, 0 "
-                   "FROM blocks WHERE stream = ? AND seq >= ? AND seq < ? ORDER BY seq",
+                   "delta_spent, rdp, charges, location) SELECT stream, ?, block_id, seq, ?, '0', "
+                   "'0', ?, 0, location FROM blocks WHERE stream = ? AND seq >= ? AND seq < ? "
+                   "ORDER BY seq",
                    (context, ACTIVE, zero_rdp, stream, first_seq, first_seq + count))
         self._analyze.add("budgets")
 
@@ -375,9 +377,8 @@ class Store:
             # The id list drives the join: one key lookup per block, whatever the statistics.
             return _Rows([self.q(
                 "SELECT u.block_id, u.seq, u.status, u.eps_spent, u.delta_spent, u.rdp, "
-                "b.location, u.id FROM unnest(?::text[]) AS k(block_id) JOIN budgets u ON "
-                "u.stream = ? AND u.context = ? AND u.block_id = k.block_id JOIN blocks b ON "
-                "b.stream = u.stream AND b.block_id = u.block_id ORDER BY u.seq" +
+                f"{LOCATION}, u.id FROM unnest(?::text[]) AS k(block_id) JOIN budgets u ON "
+                "u.stream = ? AND u.context = ? AND u.block_id = k.block_id ORDER BY u.seq" +
                 self.backend.lock, (list(block_ids), stream, context))])
         curs = []
         for k in range(0, len(block_ids), 500):
@@ -395,10 +396,10 @@ class Store:
         """
         # The newest ids drive the join (by row id: one lookup each, whatever the statistics).
         return _Rows([self.q(
-            "SELECT u.block_id, u.seq, u.status, u.eps_spent, u.delta_spent, u.rdp, b.location, "
-            "u.id FROM (SELECT id FROM budgets WHERE stream = ? AND context = ? AND status = ? "
-            "ORDER BY seq DESC LIMIT ?) AS c JOIN budgets u ON u.id = c.id JOIN blocks b ON "
-            "b.stream = u.stream AND b.block_id = u.block_id ORDER BY u.seq" + self.backend.lock,
+            "SELECT u.block_id, u.seq, u.status, u.eps_spent, u.delta_spent, u.rdp, "
+            f"{LOCATION}, u.id FROM (SELECT id FROM budgets WHERE stream = ? AND context = ? "
+            "AND status = ? ORDER BY seq DESC LIMIT ?) AS c JOIN budgets u ON u.id = c.id "
+            "ORDER BY u.seq" + self.backend.lock,
             (stream, context, status, page))])
 
     def reserve_audit(self) -> None:
@@ -556,6 +557,8 @@ class Store:
             row = self.q("SELECT max(schema_version) FROM ledger_head").fetchone()
             if row[0] is not None and row[0] < 2:
                 self._migrate_v1()
+            if row[0] is not None and row[0] < 3:
+                self._migrate_v2()
             chains = 1 if self.kind == "sqlite" else PG_CHAINS
             have = {r[0] for r in self.q("SELECT id FROM ledger_head").fetchall()}
             for c in range(1, chains + 1):
@@ -573,13 +576,25 @@ class Store:
             self.conn.execute("ROLLBACK")
             raise
 
+    def _columns(self, table: str) -> list[str]:
+        if self.kind == "sqlite":
+            return [r[1] for r in self.q(f"PRAGMA table_info({table})").fetchall()]
+        return [r[0] for r in self.q("SELECT column_name FROM information_schema.columns WHERE "
+                                     "table_name = ? AND table_schema = current_schema()",
+                                     (table,)).fetchall()]
+
     def _migrate_v1(self) -> None:
         """Schema 1 had one chain and no ``audit.chain`` column."""
-        cols = ([r[1] for r in self.q("PRAGMA table_info(audit)").fetchall()]
-                if self.kind == "sqlite" else
-                [r[0] for r in self.q("SELECT column_name FROM information_schema.columns "
-                                      "WHERE table_name = 'audit'").fetchall()])
-        if "chain" not in cols:
+        if "chain" not in self._columns("audit"):
             self.conn.execute(f"ALTER TABLE audit ADD COLUMN chain {self.backend.bigint} "
                               "NOT NULL DEFAULT 1")
+
+    def _migrate_v2(self) -> None:
+        """Schema 2 read a block's location from ``blocks`` on every request; 3 keeps it in the
+        block's budget rows too (written with them; a block's location never changes)."""
+        if "location" not in self._columns("budgets"):
+            self.conn.execute("ALTER TABLE budgets ADD COLUMN location TEXT")
+        self.q("UPDATE budgets SET location = (SELECT b.location FROM blocks b WHERE "
+               "b.stream = budgets.stream AND b.block_id = budgets.block_id) "
+               "WHERE location IS NULL")
         self.q("UPDATE ledger_head SET schema_version = ?", (SCHEMA_VERSION,))

@@ -122,3 +122,33 @@ def test_sqlite_durability_options(tmp_path):
         assert led.check_consistency("s") == [] and led.verify_audit().ok
         led.close()
         assert os.path.exists(url[len("sqlite:///"):].split("?")[0])
+
+
+def test_schema_2_ledger_gets_locations_in_its_budget_rows(ledger_url):
+    """Schema 3 keeps a block's location in its budget rows. A schema-2 ledger is migrated on
+    open; a row still without one (an older writer) reads it from ``blocks``; a wrong one is a
+    consistency problem."""
+    led = _ledger(ledger_url, 40)
+    assert led.request("s", run_id="before", blocks=["b00001"], epsilon=0.1).granted
+    led._q("ALTER TABLE budgets DROP COLUMN location")  # the schema-2 table
+    led._q("UPDATE ledger_head SET schema_version = 2")
+    led.close()
+    led = open_ledger(ledger_url)
+    assert led._q("SELECT count(*) FROM budgets WHERE location IS NULL").fetchone()[0] == 0
+    assert {r[0] for r in led._q("SELECT schema_version FROM ledger_head").fetchall()} == {3}
+    d = led.request("s", run_id="after", blocks=["b00001", "b00002"], epsilon=0.1)
+    assert [(b.block_id, b.location) for b in d.grant.blocks] == [
+        ("b00001", "/store/b00001"), ("b00002", "/store/b00002")]
+    assert led.check_consistency("s") == []
+    # Rows an older version of the code wrote after the migration: no location of their own.
+    led._q("UPDATE budgets SET location = NULL WHERE block_id IN ('b00003', 'b00038')")
+    d = led.request("s", run_id="old-rows", blocks=["b00003", "b00004"], epsilon=0.1)
+    assert [b.location for b in d.grant.blocks] == ["/store/b00003", "/store/b00004"]
+    w = led.request("s", run_id="window", window=Window(last=3), epsilon=0.1)
+    assert [(b.block_id, b.location) for b in w.grant.blocks] == [
+        (f"b000{i}", f"/store/b000{i}") for i in (37, 38, 39)]
+    assert led.check_consistency("s") == []
+    led._q("UPDATE budgets SET location = '/elsewhere' WHERE block_id = 'b00005'")
+    assert led.check_consistency("s") == [
+        "budget row of b00005 has location '/elsewhere', its block '/store/b00005'"]
+    led.close()
