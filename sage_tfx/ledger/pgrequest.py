@@ -211,7 +211,7 @@ def request(store, s: Stream, run_id: str, context: str, blocks: Optional[Sequen
     # The row locks are released at the grant's COMMIT, before the WAL flush that acknowledges
     # it: overlapping requests queue for the function's work, not for an fsync.
     if store.before_commit is None:  # idempotent: a lost session is retried on a new one
-        outcome, block_ids, locations = store._retrying(
+        outcome, block_ids, locations = store.retrying(
             lambda: store.conn.execute(_CALL, params, prepare=True).fetchone(), idempotent=True)
     else:  # a crash test's hook runs between the function and its COMMIT (Store.write)
         outcome, block_ids, locations = store.write(

@@ -40,8 +40,7 @@ MAX_RETRIES = 12
 CHECKPOINT_EVERY = 64  # SQLite: commits of one connection between its WAL checkpoints
 APPLICATION_NAME = "sage-tfx-ledger"  # PostgreSQL sessions of the ledger (pg_stat_activity)
 
-# The budget rows of the request path:
-# (block_id, seq, status, eps, delta, rdp, location, budget row id).
+# Request-path budget rows: (block_id, seq, status, eps, delta, rdp, location, budget row id).
 BUDGET_ROWS = ("SELECT u.block_id, u.seq, u.status, u.eps_spent, u.delta_spent, u.rdp, "
                f"{LOCATION}, u.id FROM budgets u WHERE u.stream = ? AND u.context = ? ")
 
@@ -475,13 +474,14 @@ class Store:
             self.backend.synced(self.conn)
             return result
 
-        return self._retrying(once, idempotent)
+        return self.retrying(once, idempotent)
 
     def read(self, fn: Callable[[], Any]) -> Any:
         """Runs the reads of ``fn``; on a lost session, again on a new connection."""
-        return self._retrying(fn, idempotent=True)
+        return self.retrying(fn, idempotent=True)
 
-    def _retrying(self, fn: Callable[[], Any], idempotent: bool) -> Any:
+    def retrying(self, fn: Callable[[], Any], idempotent: bool) -> Any:
+        """``fn()``, retried on conflicts and, if ``idempotent``, on a lost session."""
         attempt = 0
         while True:
             try:
