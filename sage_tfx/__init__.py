@@ -37,6 +37,8 @@ PUBLIC_API: dict[str, tuple[str, ...]] = {
     "sage_tfx.ledger.access": ("Principal", "ADMIN", "PIPELINE", "AUDITOR", "CLIENT", "ROLES",
                                "TOKEN_ENV", "TOKEN_FILE_ENV"),
     "sage_tfx.ledger.secrets": ("resolve", "redact", "has_password", "check_no_password"),
+    "sage_tfx.ledger.keys": ("KeyProvider", "LocalKeyFile", "DataKey", "provider",
+                             "register_provider", "aad_for", "PROVIDER_ENV"),
     "sage_tfx.ledger.accounting": (
         "check_epsilon", "check_delta", "check_positive", "check_event", "event_to_json",
         "event_from_json", "rdp_epsilon", "DEFAULT_RDP_ORDERS"),
