@@ -55,7 +55,7 @@ def split_days(out: str, days: int) -> list[BlockSpec]:
                                os.path.join(out, "blocks"), verbose=False)
     _log(f"      {len(result.blocks)} blocks, {result.records_written:,} records, "
          f"{result.seconds:.0f}s")
-    return [BlockSpec(m.block_id, m.location, m.start, m.end, m.records) for m in result.blocks]
+    return [m.spec() for m in result.blocks]  # each with its wrapped data key
 
 
 def make_tfx_iteration(out: str, ledger_url: str):
@@ -89,7 +89,7 @@ def make_statistic_iteration(ledger, target: float, eta: float):
         # Through the gate: the allocator charged this run id; the request replays that grant.
         decision = ledger.request(STREAM, run_id=run_id, blocks=blocks, epsilon=epsilon,
                                   delta=delta)
-        values = read_float_feature(decision.grant.locations, "dep_delay")
+        values = read_float_feature(ledger, decision.grant, "dep_delay")
         values = np.clip(values + MEAN_DELAY_SHIFT, 0.0, MEAN_DELAY_BOUND)
         result = validator.validate(values, epsilon=epsilon)  # OpenDP noise
         estimate = result.dp_estimate - MEAN_DELAY_SHIFT

@@ -121,11 +121,13 @@ def _cmd_keys(led, a) -> int:
         print(f"KEK {kek.kek_id} ({kek.previous_versions()} older version(s) not destroyed)")
         rows = []
         for s in [led.stream(a.stream)] if a.stream else led.streams():
-            blocks = led.blocks(s.name, s.contexts[0])
+            active = set.union(*({b.block_id for b in led.blocks(s.name, c) if b.active}
+                                 for c in s.contexts))
             mine = [k for k in live if k.stream == s.name]
-            rows.append((s.name, len(blocks), len(mine), len(blocks) - len(mine),
+            rows.append((s.name, len(led.blocks(s.name, s.contexts[0])), len(active),
+                         len(mine), len(active - {k.block_id for k in mine}),
                          sum(k.kek_id != kek.kek_id for k in mine)))
-        print(_table(rows, ("stream", "blocks", "keys", "blocks without key",
+        print(_table(rows, ("stream", "blocks", "active", "keys", "active without key",
                             "keys under an older KEK version")))
         return 0
     if a.action == "rotate":

@@ -114,7 +114,8 @@ class WrappedKey:
 
 @dataclasses.dataclass(frozen=True)
 class ShredReport:
-    """What a shred did: keys destroyed, keys kept for a grant's hold, files deleted."""
+    """What a shred did: (stream, block) whose key it destroyed, (stream, block) retired
+    everywhere but still held by a grant, block files deleted, database wiped."""
 
     shredded: tuple[tuple[str, str], ...]
     held: tuple[tuple[str, str], ...]
@@ -296,8 +297,8 @@ class BlockKeyMixin:
             return [], []
         held = self._held(stream, default_hold() if hold is None else hold)
         due = [(b, loc) for b, loc in candidates if b not in held]
-        self._destroy_keys(stream, due, "retired; no grant holds it")
-        return [b for b, _ in due], sorted(b for b, _ in candidates if b in held)
+        destroyed = self._destroy_keys(stream, due, "retired; no grant holds it")
+        return destroyed, sorted(b for b, _ in candidates if b in held)
 
     def _shred_retired(self, stream: str, block_id: str) -> None:
         """Inside ``retire_block``'s transaction: the key goes at once if the block is now
@@ -311,12 +312,15 @@ class BlockKeyMixin:
             self._destroy_keys(stream, [(block_id, loc)], "retired by the operator")
         self._shred_due(stream)
 
-    def _destroy_keys(self, stream: str, blocks: Sequence[tuple[str, str]], reason: str) -> None:
+    def _destroy_keys(self, stream: str, blocks: Sequence[tuple[str, str]],
+                      reason: str) -> list[str]:
         """Deletes the key rows of ``blocks`` (zeroing the freed bytes) and schedules the wipe of
-        the database's logs and the deletion of their files, both after the commit."""
+        the database's logs and the deletion of their files, both after the commit. Returns
+        the blocks whose key was deleted."""
         if not blocks:
-            return
+            return []
         st = self._store
+        destroyed = []
         if st.kind == "sqlite":
             st.q("PRAGMA secure_delete = ON")
         pending = self.__dict__.setdefault("_shred_pending", {})
@@ -330,8 +334,10 @@ class BlockKeyMixin:
                      f"({','.join('?' * len(gone))})", [stream] + sorted(gone))
             for b in sorted(gone):
                 st.audit(stream, "shred", {"block": b, "reason": reason})
+            destroyed += sorted(gone)
         for b, loc in blocks:
             pending[(stream, b)] = loc
+        return destroyed
 
     def _finish_shred(self) -> tuple[bool, int]:
         """After a commit that destroyed keys: wipes the database's copies of the deleted bytes

@@ -12,7 +12,8 @@ integrations are the envelope step a cloud KMS or Vault plugs into):
   file by default (``file:/path``, created 0600), or any object that exposes Tink's ``Aead``
   (``encrypt`` / ``decrypt`` with associated data) — a cloud KMS or Vault client;
 * the ledger stores only the *wrapped* data key (``block_keys``); deleting that row destroys
-  the block: without it the files are noise, whoever holds the files, the database and the KEK.
+  the block: without it the files are noise, whoever holds the files, the database and the KEK
+  (:mod:`~sage_tfx.ledger.blockkeys`: grants, retirement, rotation).
 
 Choose the provider with ``$SAGE_KEY_PROVIDER`` (default ``file:~/.config/sage-tfx/kek.json``).
 """
@@ -86,7 +87,10 @@ class LocalKeyFile(KeyProvider):
 
     Anyone who can read the file and the ledger's database can unwrap live data keys, so keep
     it outside the block storage and the database's backups (the default lies in the user's
-    configuration directory). :meth:`rotate` adds a new primary key; older keys still unwrap.
+    configuration directory). :meth:`rotate` adds a new primary key (older keys still unwrap);
+    :meth:`destroy_previous` then removes the older keys, overwriting the replaced file in place.
+    The version (``kek_id``) is re-read whenever the file changes, so a process that outlives a
+    rotation wraps with the new version, never with a destroyed one.
     """
 
     def __init__(self, path: str, create: bool = True):

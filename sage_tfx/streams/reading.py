@@ -96,12 +96,18 @@ def granted_files(ledger, grant, *, key_provider: Optional[str] = None,
             files += [GrantedFile(p, grant.stream, block.block_id) for p in found]
         empty += [] if found else [block]
     if empty:
-        records = {b.block_id: b.records for b in ledger.blocks(grant.stream, grant.context)}
-        missing = [b for b in empty if records.get(b.block_id) != 0]
-        if missing:
+        states = {b.block_id: b for b in ledger.blocks(grant.stream, grant.context)}
+        for b in empty:
+            state = states.get(b.block_id)
+            if state is not None and state.records == 0:
+                continue
+            if state is not None and not state.active:
+                raise RetiredBlockError(
+                    f"granted block {b.block_id} of stream {grant.stream} retired since the "
+                    "grant: its key and data files were destroyed")
             raise FileNotFoundError(
-                f"granted block {missing[0].block_id} of stream {grant.stream} has no data "
-                f"files {encrypted_files_glob(missing[0].location)}")
+                f"granted block {b.block_id} of stream {grant.stream} has no data files "
+                f"{encrypted_files_glob(b.location)}")
     return files
 
 
@@ -133,7 +139,7 @@ def read_granted_file(f: GrantedFile,
         f.path, dk, blockfiles.file_aad(f.stream, f.block_id, f.path), **kwargs)
 
 
-def read_float_feature(ledger, grant, name: str) -> np.ndarray:
+def read_float_feature(ledger, grant, name: Optional[str] = None) -> np.ndarray:
     """Every value of the float (or int) feature ``name`` in a released grant's blocks; absent
     values are skipped.
 
@@ -141,7 +147,7 @@ def read_float_feature(ledger, grant, name: str) -> np.ndarray:
       TypeError: called the old way, with block locations (blocks are read through a grant).
       MissingGrantError, RetiredBlockError, FileNotFoundError: see :func:`granted_files`.
     """
-    if isinstance(ledger, (list, tuple)) or not hasattr(ledger, "grant_keys"):
+    if name is None or not hasattr(ledger, "grant_keys"):
         raise TypeError("read_float_feature(ledger, grant, name): blocks are encrypted and read "
                         "through a released grant, not from their locations")
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
