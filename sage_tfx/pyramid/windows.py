@@ -160,21 +160,21 @@ class PyramidStore:
         self._retrain_callbacks: list[Callable[[tuple], Any]] = []
         self._cached: Optional[Featurization] = None
         self._cached_live: Optional[tuple] = None
-        if os.path.exists(self._manifest_path) and self._read()["spec"] != spec.to_json():
-            raise InvalidRequestError(f"{state_dir} holds a store of a different count spec")
-        os.makedirs(os.path.join(self.state_dir, "sealed"), exist_ok=True)
         self._lock = hot_lib.DirLock(self.state_dir, lock_wait)
-        with self._lock.held():
-            if os.path.exists(self._manifest_path):
-                m = self._read()
-                if m["spec"] != spec.to_json():
-                    raise InvalidRequestError(f"{state_dir} holds a store of a different count spec")
-            else:
-                m = {"spec": spec.to_json(), "hot": None, "live": [], "newest": None,
-                     "next_weights": None}
-            if "store_id" not in m:      # new, or written before stores had ids
-                m["store_id"] = uuid.uuid4().hex
-                self._write(m)
+        m = self._read() if os.path.exists(self._manifest_path) else None
+        if m is not None and m["spec"] != spec.to_json():
+            raise InvalidRequestError(f"{state_dir} holds a store of a different count spec")
+        if m is None or "store_id" not in m:    # new, or written before stores had ids
+            os.makedirs(os.path.join(self.state_dir, "sealed"), exist_ok=True)
+            with self._lock.held():
+                m = self._read() if os.path.exists(self._manifest_path) else {
+                    "spec": spec.to_json(), "hot": None, "live": [], "newest": None,
+                    "next_weights": None}
+                if "store_id" not in m:
+                    m["store_id"] = uuid.uuid4().hex
+                    self._write(m)
+        if m["spec"] != spec.to_json():
+            raise InvalidRequestError(f"{state_dir} holds a store of a different count spec")
         self.store_id = m["store_id"]
         self._keys = hot_lib.HotKeys(ledger, self.store_id, stream or "offline", key_provider)
 
