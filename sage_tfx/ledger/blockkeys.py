@@ -58,8 +58,9 @@ HOLD_ENV = "SAGE_KEY_HOLD_SECONDS"
 # ledger does not import the streams layer; a test keeps the two in step).
 BLOCK_FILE_PATTERNS = ("part-*.tfrecord.gz", "part-*.tfrecord.gz.tink")
 _CHUNK = 500
-# Other holders of KEK-wrapped keys (e.g. a system's hot windows): name -> fn(ledger, kek) that
-# re-wraps them under the KEK's current version and returns how many it re-wrapped.
+# Other holders of KEK-wrapped keys (e.g. a system's hot windows): the name of the table they
+# live in -> fn(ledger, kek) that re-wraps them under the KEK's current version and returns how
+# many it re-wrapped.
 _REWRAPPERS: dict[str, Callable] = {}
 
 
@@ -82,9 +83,29 @@ def default_hold(environ=os.environ) -> float:
         raise InvalidRequestError(f"${HOLD_ENV} must be seconds >= 0, got {text!r}") from None
 
 
-def register_rewrapper(name: str, fn: Callable) -> None:
-    """Makes :func:`rotate_kek` also re-wrap the keys ``fn(ledger, kek) -> int`` keeps."""
-    _REWRAPPERS[name] = fn
+def register_rewrapper(table: str, fn: Callable) -> None:
+    """Makes :func:`rotate_kek` also re-wrap the keys of ``table`` (a table of the ledger's
+    database with ``kek_id`` and ``wrapped`` columns) with ``fn(ledger, kek) -> int``."""
+    _REWRAPPERS[table] = fn
+
+
+def other_wrapped_keys(ledger) -> dict[str, int]:
+    """Tables of the ledger's database other than ``block_keys`` that hold KEK-wrapped keys
+    (``kek_id`` and ``wrapped`` columns, e.g. a system's hot windows): table -> rows."""
+    from sage_tfx.ledger import schema
+    st = ledger._store
+    if st.kind == "sqlite":
+        names = st.q("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+    else:
+        names = st.q("SELECT table_name FROM information_schema.tables WHERE "
+                     "table_schema = current_schema()").fetchall()
+    out = {}
+    for (table,) in names:
+        if table != "block_keys" and {"kek_id", "wrapped"} <= set(schema.columns(st, table)):
+            count = st.q(f'SELECT count(*) FROM "{table}"').fetchone()[0]
+            if count:
+                out[table] = count
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,8 +151,8 @@ def remove_block_files(location: str) -> int:
         return 0
     removed = 0
     for name in os.listdir(location):
-        base = name[:-4] if name.endswith(".tmp") else name
-        if any(fnmatch.fnmatchcase(base, p) for p in BLOCK_FILE_PATTERNS):
+        if any(fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(name, p + ".*.tmp")
+               for p in BLOCK_FILE_PATTERNS):
             os.remove(os.path.join(location, name))
             removed += 1
     try:
@@ -162,8 +183,8 @@ class BlockKeyMixin:
                                           "wrapped_key (bytes) and kek_id")
             rows.append((stream, sp.block_id, sp.kek_id, bytes(sp.wrapped_key), ts))
         if rows:
-            self._store.many("INSERT INTO block_keys (stream, block_id, kek_id, wrapped, "
-                             "created_at) VALUES (?,?,?,?,?)", rows)
+            self._store.bulk_insert("block_keys", ("stream", "block_id", "kek_id", "wrapped",
+                                                   "created_at"), rows)
             self._store.audit(stream, "block_keys", {
                 "count": len(rows), "first": rows[0][1], "last": rows[-1][1],
                 "kek_ids": sorted({r[2] for r in rows})})
@@ -366,12 +387,16 @@ class BlockKeyMixin:
         if st.kind != "sqlite":
             st.conn.execute("VACUUM block_keys")
             return True
-        for _ in range(50):
-            busy = st.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
-            if not busy:
-                return True
-            time.sleep(0.1)
-        return False
+        st.conn.execute("PRAGMA busy_timeout = 500")  # a long reader must not stall this caller
+        try:
+            for _ in range(10):
+                busy = st.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+                if not busy:
+                    return True
+                time.sleep(0.05)
+            return False
+        finally:
+            st.conn.execute("PRAGMA busy_timeout = 120000")
 
     def shred_keys(self, stream: Optional[str] = None, *,
                    hold: Optional[float] = None) -> ShredReport:
@@ -457,6 +482,13 @@ def rotate_kek(ledger, kek: keys.KeyProvider, *, destroy: bool = True) -> dict:
         raise InvalidRequestError(
             f"{len(failed)} block key(s) do not open with KEK {kek.key_id}, e.g. {failed[:5]}: "
             "the previous KEK versions were kept (nothing is destroyed while a key needs them)")
+    unhandled = {t: n for t, n in other_wrapped_keys(ledger).items() if t not in _REWRAPPERS}
+    if destroy and unhandled:
+        raise InvalidRequestError(
+            f"{rewrapped} block key(s) were re-wrapped, but {unhandled} hold keys wrapped by "
+            "this KEK that nothing here re-wraps: the previous versions were kept. Run again "
+            "once those keys are gone (e.g. hot windows sealed), or register a rewrapper for "
+            "them (blockkeys.register_rewrapper)")
     if destroy:
         kek.destroy_previous()
     return {"kek_id": kek.kek_id, "rewrapped": rewrapped, "resumed": resumed, "others": others,

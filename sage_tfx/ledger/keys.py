@@ -216,18 +216,20 @@ def default_spec(environ=os.environ) -> str:
     return "file:" + os.path.join(base, "sage-tfx", "kek.json")
 
 
-def provider(spec: Optional[str] = None) -> KeyProvider:
+def provider(spec: Optional[str] = None, *, create: bool = True) -> KeyProvider:
     """The key provider a spec names (default: :func:`default_spec`).
 
-    ``file:/path`` is the local key file; other schemes come from :func:`register_provider`
-    (operator code, never a string from a client).
+    ``file:/path`` is the local key file, created if missing unless ``create`` is False (a Beam
+    worker or a reader must never make a KEK of its own: what it wrapped would open nowhere
+    else); other schemes come from :func:`register_provider` (operator code, never a string
+    from a client).
     """
     spec = spec or default_spec()
     scheme, sep, rest = spec.partition(":")
     if not sep or not rest:
         raise InvalidRequestError(f"a key provider spec is 'scheme:...', got {spec!r}")
     if scheme == "file":
-        return LocalKeyFile(rest)
+        return LocalKeyFile(rest, create=create)
     if scheme in _registered:
         return _registered[scheme](spec)
     raise InvalidRequestError(f"unknown key provider scheme {scheme!r} in {spec!r}: use "

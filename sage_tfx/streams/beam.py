@@ -192,7 +192,7 @@ class WriteBlock(beam.DoFn):
     def setup(self):
         from sage_tfx.ledger import keys
 
-        self._kek = keys.provider(self._key_provider)
+        self._kek = keys.provider(self._key_provider, create=False)
         self._written = 0
         self._started = time.monotonic()
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import gzip
 import os
 import struct
+import uuid
 from typing import BinaryIO, Callable, Iterable, Iterator, Optional
 
 from sage_tfx.errors import SageError
@@ -84,6 +85,10 @@ def new_block_key(kek: keys.KeyProvider, stream: str, block_id: str
     return dk, kek_id, dk.wrap(kek, key_aad(stream, block_id))  # key under an unrecorded KEK
 
 
+def _tmp_name(path: str) -> str:
+    return f"{path}.{uuid.uuid4().hex[:12]}.tmp"
+
+
 def _fsync_dir(path: str) -> None:
     fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
     try:
@@ -127,10 +132,11 @@ def write_block_file(path: str, records: Iterable[bytes], dk: keys.DataKey, aad:
                      sync: bool = False) -> int:
     """Writes records as an encrypted gzip TFRecord file; returns how many.
 
-    Writes ``path + ".tmp"`` and renames it, so the file is complete or absent. ``sync``
-    fsyncs the file and its directory before returning.
+    Writes a temporary file of its own (``<path>.<random>.tmp``) and renames it, so the file is
+    complete or absent and two attempts at one block (a retried Beam bundle) never write into
+    each other. ``sync`` fsyncs the file and its directory before returning.
     """
-    tmp = path + ".tmp"
+    tmp = _tmp_name(path)
     n = 0
     with _encrypted_writer(tmp, dk, aad, sync) as enc:
         with gzip.GzipFile(filename="", fileobj=enc, mode="wb", compresslevel=COMPRESSION_LEVEL,
@@ -153,7 +159,7 @@ def write_block_file(path: str, records: Iterable[bytes], dk: keys.DataKey, aad:
 
 def encrypt_file(src: str, dst: str, dk: keys.DataKey, aad: bytes) -> None:
     """Encrypts a plaintext block file byte for byte into ``dst`` (fsynced, complete or absent)."""
-    tmp = dst + ".tmp"
+    tmp = _tmp_name(dst)
     with open(src, "rb") as f, _encrypted_writer(tmp, dk, aad, True) as enc:
         while True:
             chunk = f.read(_CHUNK)

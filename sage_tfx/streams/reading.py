@@ -113,7 +113,7 @@ def granted_files(ledger, grant, *, key_provider: Optional[str] = None,
 
 @functools.lru_cache(maxsize=16)
 def _provider(spec: str) -> keys.KeyProvider:
-    return keys.provider(spec)
+    return keys.provider(spec, create=False)
 
 
 @functools.lru_cache(maxsize=1024)

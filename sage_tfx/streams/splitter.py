@@ -67,6 +67,10 @@ class BlockExistsError(SageError, ValueError):
     """A split would write a block that already exists (a block, once written, is immutable)."""
 
 
+class SplitKeyError(SageError, RuntimeError):
+    """A block the pipeline wrote does not open with the driver's key-encryption key."""
+
+
 class LateBlockError(SageError, ValueError):
     """A split would add a time block older than the stream's newest block.
 
@@ -261,8 +265,8 @@ def split_into_blocks(stream: str, source: Union[str, Sequence[str]], scheme: Bl
         types = None
     from sage_tfx.ledger import keys
     key_provider = key_provider or keys.default_spec()
-    kek_id = keys.provider(key_provider).kek_id  # opens (or creates) the KEK before any work
-    _log(verbose, f"block keys are wrapped by KEK {kek_id}")
+    kek = keys.provider(key_provider)  # opens (or creates) the KEK before any work
+    _log(verbose, f"block keys are wrapped by KEK {kek.kek_id}")
 
     stream_dir = os.path.join(os.path.abspath(block_root), stream)
     staging = os.path.join(stream_dir, STAGING_PREFIX + uuid.uuid4().hex)
@@ -287,6 +291,7 @@ def split_into_blocks(stream: str, source: Union[str, Sequence[str]], scheme: Bl
         records_read = total
         if malformed_count and on_malformed == "error":
             raise MalformedRecordsError(malformed_count, examples, records_read)
+        _check_keys(staging, written, stream, kek)
         manifests = _place_blocks(staging, written, stream, scheme, os.path.abspath(block_root),
                                   existing_block_ids, not_before)
     finally:
@@ -306,6 +311,39 @@ def _read_staging_reports(staging: str) -> tuple[list[dict], dict]:
     with open(os.path.join(staging, MALFORMED_FILE)) as f:
         malformed = json.load(f)
     return written, malformed
+
+
+def _check_keys(staging: str, written: Sequence[dict], stream: str, kek: Any) -> None:
+    """Every staged block's key opens with this process's KEK and opens the block's files (their
+    first segment): a worker with another KEK, or two attempts at one block that wrote under two
+    keys, fail the split before anything is registered.
+
+    Raises:
+      SplitKeyError: a key or file does not open.
+    """
+    import glob
+
+    from sage_tfx.ledger import keys
+    from sage_tfx.streams import blockfiles
+    from sage_tfx.streams.blocks import ENCRYPTED_FILE_PATTERN
+    for w in written:
+        block_id, wrapped = w["block_id"], _wrapped(w)
+        try:
+            if wrapped is None:
+                raise ValueError("no key")
+            dk = keys.DataKey.unwrap(kek, wrapped, blockfiles.key_aad(stream, block_id))
+            paths = glob.glob(os.path.join(staging, block_id, ENCRYPTED_FILE_PATTERN))
+            for path in paths:
+                with open(path, "rb") as f, dk.decrypting(
+                        f, blockfiles.file_aad(stream, block_id, path)) as plain:
+                    plain.read(1)
+            if not paths:
+                raise ValueError("no block file")
+        except Exception as e:
+            raise SplitKeyError(
+                f"block {block_id} was written under a key that does not open with KEK "
+                f"{kek.kek_id} (is $SAGE_KEY_PROVIDER the same KEK on every Beam worker?): {e}. "
+                "Nothing was written.") from e
 
 
 def _wrapped(written: dict) -> Optional[bytes]:

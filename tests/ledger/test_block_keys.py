@@ -199,7 +199,7 @@ def test_postgres_deletes_and_vacuums(postgres_url, tmp_path, kek):
 def test_remove_block_files_deletes_block_data_only(tmp_path):
     loc = tmp_path / "b"
     loc.mkdir()
-    for name in ("part-0.tfrecord.gz", "part-0.tfrecord.gz.tink", "part-1.tfrecord.gz.tink.tmp",
+    for name in ("part-0.tfrecord.gz", "part-0.tfrecord.gz.tink", "part-1.tfrecord.gz.tink.a1.tmp",
                  "notes.txt"):
         (loc / name).write_bytes(b"x")
     assert remove_block_files(str(loc)) == 3 and os.listdir(loc) == ["notes.txt"]

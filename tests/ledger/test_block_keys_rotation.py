@@ -85,6 +85,25 @@ def test_a_key_that_does_not_open_keeps_the_old_versions(setup):
     assert report["resumed"] and kek.previous_versions() == 0
 
 
+def test_keys_of_others_that_nothing_rewraps_keep_the_old_versions(setup):
+    led, kek, tmp = setup
+    led._store.write(lambda: (
+        led._q("CREATE TABLE hot_keys (hot_id TEXT, kek_id TEXT, wrapped BLOB)"),
+        led._q("INSERT INTO hot_keys VALUES ('w1', ?, ?)",
+               (kek.kek_id, keys.DataKey.new().wrap(kek, b"hot/w1")))))
+    assert blockkeys.other_wrapped_keys(led) == {"hot_keys": 1}
+    with pytest.raises(InvalidRequestError, match="hot_keys.*previous versions were kept"):
+        blockkeys.rotate_kek(led, kek)
+    assert kek.previous_versions() == 1
+    assert {k.kek_id for k in led.block_keys("s")} == {kek.kek_id}  # block keys already moved
+    blockkeys.register_rewrapper("hot_keys", lambda ledger, k: 1)
+    try:
+        assert blockkeys.rotate_kek(led, kek)["resumed"]
+    finally:
+        blockkeys._REWRAPPERS.pop("hot_keys")
+    assert kek.previous_versions() == 0
+
+
 def test_keep_previous_rewraps_without_destroying(setup):
     led, kek, tmp = setup
     report = blockkeys.rotate_kek(led, kek, destroy=False)

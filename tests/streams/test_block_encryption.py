@@ -174,3 +174,22 @@ def test_split_then_read_float_feature_through_a_grant(tmp_path):
     want = sorted(x for t, x, _ in rows if TimeWindowScheme("t", "day").block_of(t).block_id
                   in g.block_ids)
     assert got == pytest.approx(want) and len(want) > 0
+
+
+def test_the_split_refuses_blocks_whose_keys_do_not_open(tmp_path):
+    from sage_tfx.streams import splitter
+    staging = str(tmp_path / "staging")
+    os.makedirs(os.path.join(staging, "b0"))
+    kek, other = keys.provider(), keys.provider(f"file:{tmp_path}/other.json")
+    dk, kek_id, wrapped = blockfiles.new_block_key(kek, "s", "b0")
+    path = os.path.join(staging, "b0", NAME)
+    blockfiles.write_block_file(path, _records("b0"), dk, blockfiles.file_aad("s", "b0", NAME))
+    written = [{"block_id": "b0", "records": 40, "kek_id": kek_id, "wrapped_key": wrapped.hex()}]
+    splitter._check_keys(staging, written, "s", kek)  # opens
+    with pytest.raises(splitter.SplitKeyError, match="same KEK on every Beam worker"):
+        splitter._check_keys(staging, written, "s", other)
+    # Two attempts at one block: the file of one, the key of the other.
+    _, _, wrapped2 = blockfiles.new_block_key(kek, "s", "b0")
+    written[0]["wrapped_key"] = wrapped2.hex()
+    with pytest.raises(splitter.SplitKeyError):
+        splitter._check_keys(staging, written, "s", kek)
