@@ -13,7 +13,7 @@ import os
 import pytest
 
 from blockdata import (DAY_BLOCKS, RECORDS_PER_BLOCK, STREAM, feature_value, make_example,
-                       read_examples, write_block_file)
+                       read_examples, write_block_file, write_encrypted_block)
 
 pytestmark = pytest.mark.slow
 
@@ -29,22 +29,16 @@ def _spec(day, loc, **key):
 @pytest.fixture
 def block_ledger(tmp_path):
     """As tests/components/conftest.py's fixture, but every block encrypted with its own key."""
-    from sage_tfx.ledger import keys, open_ledger
-    from sage_tfx.streams import blockfiles
+    from sage_tfx.ledger import open_ledger
     from sage_tfx.streams.blocks import block_location
     url = f"sqlite:///{tmp_path}/ledger.db"
     locations, specs = {}, []
     for day in DAY_BLOCKS:
         loc = block_location(str(tmp_path / "blocks"), STREAM, day)
-        os.makedirs(loc)
-        exs = [make_example({"block": day, "i": i, "x": float(i) / 7.0}).SerializeToString()
+        exs = [make_example({"block": day, "i": i, "x": float(i) / 7.0})
                for i in range(RECORDS_PER_BLOCK)]
-        dk, kek_id, wrapped = blockfiles.new_block_key(keys.provider(), STREAM, day)
         half = RECORDS_PER_BLOCK // 2
-        for k, part in enumerate((exs[:half], exs[half:])):
-            name = f"part-0000{k}-of-00002.tfrecord.gz.tink"
-            blockfiles.write_block_file(os.path.join(loc, name), part, dk,
-                                        blockfiles.file_aad(STREAM, day, name))
+        kek_id, wrapped = write_encrypted_block(loc, STREAM, day, [exs[:half], exs[half:]])
         locations[day] = loc
         specs.append(_spec(day, loc, wrapped_key=wrapped, kek_id=kek_id))
     with open_ledger(url) as ledger:
