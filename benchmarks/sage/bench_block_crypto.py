@@ -15,10 +15,13 @@ Steps, each timed (wall and CPU seconds; the median of ``--repeat`` runs for the
   3. read_float_feature: ``sage_tfx.streams.reading`` on the grant (records parsed by TF);
   4. BlockExampleGen: the executor's ``Do()`` on the grant (ledger check, Beam read, 2:1 split,
      write), DirectRunner.
+``--key-ops N`` instead times the ledger's key management on a stream of N keyed blocks (no
+files): a key hand-out (``grant_keys``, which also checks for keys due to be destroyed), one
+registration, and ``shred_keys`` destroying the keys of blocks exhausted by grants.
 Prints numbers; asserts nothing.
 
 Usage: python benchmarks/sage/bench_block_crypto.py [--dataset flights|taxi] [--limit-days N]
-    [--repeat 3] [--skip-examplegen]
+    [--repeat 3] [--skip-examplegen] [--key-ops N]
 """
 from __future__ import annotations
 
@@ -62,13 +65,57 @@ def dataset(name: str, workdir: str, limit_days):
     return path, rows, "time:trip_start_timestamp:month", "fare"
 
 
+def key_ops(n: int, workdir: str) -> None:
+    """Key management on N keyed blocks: n/10 exhausted (held by their grants), 3,000 grants."""
+    from sage_tfx.ledger import BlockSpec, Window, open_ledger
+    led = open_ledger(f"sqlite:///{workdir}/keys.db")
+    led.create_stream("s", epsilon_g=1.0, delta_g=1e-6)
+    specs = [BlockSpec(f"b{i:07d}", f"{workdir}/none/b{i}", records=1,
+                       wrapped_key=os.urandom(500), kek_id="kek") for i in range(n)]
+    _, wall, _ = timed(lambda: led.add_blocks("s", specs))
+    print(f"add_blocks of {n:,} keyed blocks        {wall:8.2f} s")
+    spent = n // 10
+    for i in range(0, spent, 10):
+        led.request("s", run_id=f"x{i}", blocks=[f"b{j:07d}" for j in range(i, i + 10)],
+                    epsilon=1.0)
+    for i in range(3000):
+        led.request("s", run_id=f"y{i}", blocks=[f"b{spent + i % (n - spent):07d}"],
+                    epsilon=1e-4)
+    g = led.request("s", run_id="z", window=Window(last=30), epsilon=1e-4).grant
+
+    def look():  # a hand-out that looks for due keys (at most once a minute per stream)
+        led._store.write(lambda: led._q("DELETE FROM leases WHERE name LIKE 'sage/keys/%'"))
+        return led.grant_keys(g.grant_id)
+
+    _, wall, _ = timed(look, 3)
+    print(f"grant_keys looking, {spent:,} held        {wall * 1000:8.1f} ms")
+    _, wall, _ = timed(lambda: led.grant_keys(g.grant_id), 3)
+    print(f"grant_keys not looking               {wall * 1000:8.1f} ms")
+    _, wall, _ = timed(lambda: led.add_blocks("s", [BlockSpec(
+        "new", f"{workdir}/none/new", wrapped_key=b"w" * 500, kek_id="kek")]))
+    print(f"add_blocks of 1 keyed block          {wall * 1000:8.1f} ms")
+    report, wall, _ = timed(lambda: led.shred_keys(hold=0))
+    print(f"shred_keys destroying {len(report.shredded):,} keys     {wall * 1000:8.1f} ms")
+    _, wall, _ = timed(look, 3)
+    print(f"grant_keys looking, nothing held     {wall * 1000:8.1f} ms")
+    led.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", choices=("flights", "taxi"), default="flights")
     parser.add_argument("--limit-days", type=int, default=None, help="flights: first N days")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each read (median)")
     parser.add_argument("--skip-examplegen", action="store_true")
+    parser.add_argument("--key-ops", type=int, default=0, metavar="N",
+                        help="time key management on N keyed blocks instead")
     args = parser.parse_args()
+    if args.key_ops:
+        workdir = tempfile.mkdtemp(prefix="bench_block_keys_")
+        print(f"key management; load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+        key_ops(args.key_ops, workdir)
+        shutil.rmtree(workdir, ignore_errors=True)
+        return
 
     import sage_tfx
     from sage_tfx.ledger import Window, open_ledger

@@ -20,8 +20,9 @@ context of its stream:
 * retired by budget exhaustion inside a grant's transaction: the grants that paid for it must
   still read it, so the key is kept while a grant that holds the block is reserved or was
   released less than the *hold* ago (default 24 h, ``$SAGE_KEY_HOLD_SECONDS``), and destroyed by
-  the next write that checks (``add_blocks``, ``retire_block``, ``grant_keys``) or by
-  ``sage-tfx keys shred``. A reservation released after the hold finds the key gone.
+  the next write that checks (``add_blocks`` and ``retire_block`` always, ``grant_keys`` at most
+  once a minute per stream) or by ``sage-tfx keys shred``. A reservation released after the
+  hold finds the key gone.
 
 The delete makes the bytes go: SQLite deletes under ``PRAGMA secure_delete`` (freed cells and
 pages are zeroed) and then checkpoints the WAL with TRUNCATE (the old pages, key and all, leave
@@ -53,6 +54,10 @@ from sage_tfx.ledger.values import ACTIVE, RELEASED, RESERVED, RETIRED, now
 
 DEFAULT_HOLD_SECONDS = 24 * 3600.0
 HOLD_ENV = "SAGE_KEY_HOLD_SECONDS"
+# A key hand-out looks for keys due to be destroyed at most this often per stream (the look
+# scans the stream's live keys and its recent grants); imports and retirements always look.
+CHECK_EVERY_SECONDS = 60.0
+_CHECK_LEASE = "sage/keys/shred-check/"
 # The data files of a block directory that retirement deletes (local storage): plaintext files
 # of the layout before encryption and encrypted ones. sage_tfx.streams.blocks names them (the
 # ledger does not import the streams layer; a test keeps the two in step).
@@ -247,7 +252,7 @@ class BlockKeyMixin:
             if status != RELEASED:
                 raise GrantStateError(f"grant {grant_id} is {status}: only a released grant's "
                                       "blocks can be decrypted")
-            self._shred_due(stream)
+            self._shred_due(stream, throttle=True)
             ids = json.loads(row[3])
             found = {k.block_id: k for k in self._keys_of(stream, ids)}
             st.audit(stream, "grant_keys", {"grant_id": grant_id, "context": context,
@@ -304,14 +309,17 @@ class BlockKeyMixin:
             held.update(json.loads(blocks))
         return held
 
-    def _shred_due(self, stream: str, hold: Optional[float] = None,
-                   sweep: bool = False) -> tuple[list[str], list[str]]:
+    def _shred_due(self, stream: str, hold: Optional[float] = None, sweep: bool = False,
+                   throttle: bool = False) -> tuple[list[str], list[str]]:
         """Inside a write: destroys the keys of the stream's blocks retired everywhere and no
         longer held by a grant; returns (shredded, held). ``sweep`` also schedules the deletion
-        of the files of such blocks that have no key (plaintext, or files left behind)."""
+        of the files of such blocks that have no key (plaintext, or files left behind);
+        ``throttle`` skips the look if one was made less than CHECK_EVERY_SECONDS ago."""
         st = self._store
         if not sweep and st.q("SELECT 1 FROM block_keys WHERE stream = ? LIMIT 1",
                               (stream,)).fetchone() is None:
+            return [], []
+        if throttle and not self._check_due(stream):
             return [], []
         candidates = self._retired_everywhere(stream, keyed=not sweep)
         if not candidates:
@@ -320,6 +328,19 @@ class BlockKeyMixin:
         due = [(b, loc) for b, loc in candidates if b not in held]
         destroyed = self._destroy_keys(stream, due, "retired; no grant holds it")
         return destroyed, sorted(b for b, _ in candidates if b in held)
+
+    def _check_due(self, stream: str) -> bool:
+        """Whether the stream's periodic look for due keys should run now (and book the next)."""
+        st, t = self._store, time.time()
+        row = st.q("SELECT expires_at FROM leases WHERE name = ?",
+                   (_CHECK_LEASE + stream,)).fetchone()
+        if row is not None and row[0] > t:
+            return False
+        st.q("INSERT INTO leases (name, holder, expires_at, acquired_at) VALUES (?,?,?,?) "
+             "ON CONFLICT (name) DO UPDATE SET expires_at = excluded.expires_at, "
+             "acquired_at = excluded.acquired_at",
+             (_CHECK_LEASE + stream, "ledger", t + CHECK_EVERY_SECONDS, now()))
+        return True
 
     def _shred_retired(self, stream: str, block_id: str) -> None:
         """Inside ``retire_block``'s transaction: the key goes at once if the block is now

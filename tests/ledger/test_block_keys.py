@@ -137,6 +137,14 @@ def test_the_grant_that_exhausts_a_block_still_reads_it_until_its_hold_ends(
     monkeypatch.setenv(HOLD_ENV, "0")
     led.add_blocks("s", [_block(str(tmp_path / "blocks"), kek, "s", "b4")])
     assert {k.block_id for k in led.block_keys("s")} == {"b3", "b4"}
+    # A key hand-out looks too, at most once a minute per stream.
+    led.request("s", run_id="spend-b3", blocks=["b3"], epsilon=1.0)
+    g4 = led.request("s", run_id="r4", blocks=["b4"], epsilon=0.1).grant
+    led.grant_keys(g4.grant_id)  # the first hand-out above looked less than a minute ago
+    assert "b3" in {k.block_id for k in led.block_keys("s")}
+    led._store.write(lambda: led._q("UPDATE leases SET expires_at = 0"))
+    led.grant_keys(g4.grant_id)
+    assert {k.block_id for k in led.block_keys("s")} == {"b4"}
     monkeypatch.setenv(HOLD_ENV, "-1")
     with pytest.raises(InvalidRequestError, match=HOLD_ENV):
         led.shred_keys()
