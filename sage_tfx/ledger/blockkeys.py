@@ -42,6 +42,7 @@ import dataclasses
 import datetime
 import fnmatch
 import json
+import logging
 import math
 import os
 import time
@@ -63,6 +64,7 @@ _CHECK_LEASE = "sage/keys/shred-check/"
 # ledger does not import the streams layer; a test keeps the two in step).
 BLOCK_FILE_PATTERNS = ("part-*.tfrecord.gz", "part-*.tfrecord.gz.tink")
 _CHUNK = 500
+_log = logging.getLogger(__name__)
 # Other holders of KEK-wrapped keys (e.g. a system's hot windows): the name of the table they
 # live in -> fn(ledger, kek) that re-wraps them under the KEK's current version and returns how
 # many it re-wrapped.
@@ -398,7 +400,12 @@ class BlockKeyMixin:
             if st.q("SELECT 1 FROM budgets WHERE stream = ? AND block_id = ? AND status = ?",
                     (stream, block_id, ACTIVE)).fetchone():
                 continue
-            removed += remove_block_files(location)
+            try:
+                removed += remove_block_files(location)
+            except OSError as e:  # e.g. a reader's read-only mount: the key is gone already
+                _log.warning("could not delete the files of retired block %s/%s at %s (%s); "
+                             "'sage-tfx keys shred' deletes them later", stream, block_id,
+                             location, e)
         return wiped, removed
 
     def _wipe(self) -> bool:

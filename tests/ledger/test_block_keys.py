@@ -214,3 +214,18 @@ def test_remove_block_files_deletes_block_data_only(tmp_path):
     assert remove_block_files("gs://bucket/s/b") == 0
     from sage_tfx.streams import blocks
     assert BLOCK_FILE_PATTERNS == (blocks.BLOCK_FILE_PATTERN, blocks.ENCRYPTED_FILE_PATTERN)
+
+
+def test_files_that_cannot_be_deleted_do_not_undo_the_shred(tmp_path, kek, monkeypatch):
+    led = _ledger(f"sqlite:///{tmp_path}/ledger.db", str(tmp_path / "blocks"), kek)
+    from sage_tfx.ledger import blockkeys
+
+    def read_only(location):
+        raise PermissionError("read-only file system")
+
+    monkeypatch.setattr(blockkeys, "remove_block_files", read_only)
+    led.retire_block("s", "b0", "retire")  # no error: the key is destroyed, the files stay
+    assert "b0" not in {k.block_id for k in led.block_keys("s")}
+    monkeypatch.undo()
+    report = led.shred_keys()  # the sweep deletes them later
+    assert report.files_removed == 1 and report.shredded == ()
