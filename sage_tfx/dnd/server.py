@@ -37,6 +37,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import sys
 from typing import Optional, Sequence
@@ -279,11 +280,17 @@ async def _refresh_loop(service: DnDService, seconds: float) -> None:
 
     def once():
         with service.ledger() as led:
-            service.refresh(led)
+            stopped = service.refresh(led)
+        if stopped:
+            logging.warning("dnd: clients of retired block(s) %s stopped", ", ".join(stopped))
         service.sweep()
     while True:
         await asyncio.sleep(seconds)
-        await run_in_threadpool(once)
+        try:
+            await run_in_threadpool(once)
+        except Exception as exc:  # the ledger is unreachable for now: keep serving, try again
+            logging.warning("dnd: refresh failed (%s: %s); retrying in %g s",
+                            type(exc).__name__, exc, seconds)
 
 
 def build_service(*, ledger_url: str, stream: str, run_id: str, spec: GLMSpec,
