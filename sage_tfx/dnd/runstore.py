@@ -92,6 +92,14 @@ def decode(body: bytes, dim: int) -> np.ndarray:
     return np.frombuffer(bytes(body), dtype="<f8").astype(np.float64)
 
 
+def check_ticket_ttl(ttl) -> float:
+    """``ttl`` if it is a number of seconds in (0, one day]. Raises InvalidRequestError."""
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl <= MAX_TTL:
+        raise InvalidRequestError(f"the ticket ttl must be in (0, {MAX_TTL:g}] seconds, got "
+                                  f"{ttl!r}")
+    return float(ttl)
+
+
 def ticket_digest(ticket: str) -> str:
     return hashlib.sha256(ticket.encode("utf-8")).hexdigest()
 
@@ -243,8 +251,7 @@ class RunStore:
             of the passes it has left.
           RunReleasedError: the run was released.
         """
-        if not 0 < ttl <= MAX_TTL:
-            raise InvalidRequestError(f"ticket ttl must be in (0, {MAX_TTL:g}] seconds")
+        check_ticket_ttl(ttl)
         ticket = secrets.token_hex(16)
         digest = ticket_digest(ticket)
 

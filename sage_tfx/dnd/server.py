@@ -48,10 +48,10 @@ from sage_tfx import services
 from sage_tfx.dnd.budget import RunBudget, UpdateRefused, request_run
 from sage_tfx.dnd.client import ClientConfig, check_update_matches_ledger_epsilon
 from sage_tfx.dnd.glm import GLMSpec
-from sage_tfx.dnd.runstore import RunStore, decode, encode
+from sage_tfx.dnd.runstore import RunStore, check_ticket_ttl, decode, encode
 from sage_tfx.dnd.service import (DEFAULT_TICKET_TTL, DnDService, RunReleasedError,
                                   UnknownTicketError)
-from sage_tfx.errors import PermissionDeniedError
+from sage_tfx.errors import InvalidRequestError, PermissionDeniedError, SageError
 from sage_tfx.ledger import access
 
 __all__ = ["create_app", "build_service", "main", "encode", "decode", "BINARY", "TICKET_HEADER"]
@@ -250,23 +250,22 @@ def create_app(service: DnDService, auth: services.Authenticator, *,
             return refused(exc, 409)
         return {"accepted": accepted}
 
-    @app.get("/v1/average", response_model=Model, responses={
-        **_AUTH_ERRORS, 200: {"content": {BINARY: binary_weights}},
-        409: _error("the run was denied: there is no model")})
-    def average(request: Request, _=Depends(auth.require(*MODEL_ROLES))):
+    model_responses = {**_AUTH_ERRORS, 200: {"content": {BINARY: binary_weights}},
+                       409: _error("the run was denied: there is no model")}
+
+    def model_of(request: Request, produce) -> Response:
         try:
-            return model_response(request, service.average())
+            return model_response(request, produce())
         except RunReleasedError as exc:
             return refused(exc, 409)
 
-    @app.post("/v1/release", response_model=Model, responses={
-        **_AUTH_ERRORS, 200: {"content": {BINARY: binary_weights}},
-        409: _error("the run was denied: there is no model")})
+    @app.get("/v1/average", response_model=Model, responses=model_responses)
+    def average(request: Request, _=Depends(auth.require(*MODEL_ROLES))):
+        return model_of(request, service.average)
+
+    @app.post("/v1/release", response_model=Model, responses=model_responses)
     def release(request: Request, _=Depends(auth.require(*MODEL_ROLES))):
-        try:
-            return model_response(request, service.release())
-        except RunReleasedError as exc:
-            return refused(exc, 409)
+        return model_of(request, service.release)
 
     @app.get("/v1/stats", response_model=Stats, responses=_AUTH_ERRORS)
     def stats(_=Depends(auth.require(*STATS_ROLES))):
@@ -311,6 +310,7 @@ def build_service(*, ledger_url: str, stream: str, run_id: str, spec: GLMSpec,
     # What the ledger will be charged per update must be what OpenDP's privacy map says the
     # clients' sampler delivers at this scale and sensitivity.
     check_update_matches_ledger_epsilon(config, spec.dim)
+    check_ticket_ttl(ticket_ttl)
 
     def ledger():
         return open_ledger(ledger_url, token)
@@ -398,10 +398,21 @@ def worker_app():
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
-    if a.workers < 1:
-        print("--workers must be >= 1", file=sys.stderr)
+    try:
+        if a.workers < 1:
+            raise InvalidRequestError("--workers must be >= 1")
+        if a.workers > 1:
+            from sage_tfx.ledger import open_ledger
+            with open_ledger(a.ledger) as led:
+                if led.open_mode:
+                    raise InvalidRequestError(
+                        "--workers > 1 needs a ledger with principals (each worker of an "
+                        "open-mode ledger would make its own token); add an admin and client "
+                        "principals first")
+        service = _service_of(a)  # charges the run (or replays its grant) before any worker
+    except (SageError, ValueError, PermissionError) as exc:
+        print(f"sage-tfx dnd serve: error: {exc}", file=sys.stderr)
         return 2
-    service = _service_of(a)   # charges the run (or replays its grant) before any worker starts
     if service.budget is None:
         print(f"ledger denied run {a.run_id}: {service.refusal}; every draw will be refused",
               file=sys.stderr)
@@ -418,13 +429,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   file=sys.stderr)
         uvicorn.run(app, **opts)
         return 0
-    from sage_tfx.ledger import open_ledger
-    with open_ledger(a.ledger) as led:
-        if led.open_mode:
-            print("--workers > 1 needs a ledger with principals (each worker of an open-mode "
-                  "ledger would make its own token); add an admin and client principals first",
-                  file=sys.stderr)
-            return 2
     os.environ[SERVE_ENV] = json.dumps(argv)
     # A worker imports the core and opens the run before it answers the supervisor's pings:
     # seconds on a loaded machine, so the health check waits longer than uvicorn's 5 s.

@@ -29,8 +29,8 @@ import numpy as np
 from sage_tfx.dnd.budget import RunBudget, UpdateRefused
 from sage_tfx.dnd.client import ClientConfig
 from sage_tfx.dnd.glm import GLMSpec
-from sage_tfx.dnd.runstore import (RunReleasedError, RunStore, UnknownTicketError, decode,
-                                   encode)
+from sage_tfx.dnd.runstore import (RunReleasedError, RunStore, UnknownTicketError,
+                                   check_ticket_ttl, decode, encode)
 from sage_tfx.dnd.spam import SpamCheck
 from sage_tfx.dnd.state import DnDState, initial_instances
 from sage_tfx.errors import MissingGrantError
@@ -79,6 +79,7 @@ class DnDService:
             raise ValueError("a service without a grant needs the reason (the ledger's denial)")
         if budget is not None and store is None:
             raise ValueError("a granted run needs its store")
+        check_ticket_ttl(ticket_ttl)
         self.spec, self.config, self.budget, self.store = spec, config, budget, store
         self.k, self.passes, self.refusal = k, passes, refusal
         self.spam_check = spam_check

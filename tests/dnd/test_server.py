@@ -14,7 +14,7 @@ from sage_tfx.dnd.server import BINARY, TICKET_HEADER, build_service, create_app
 from sage_tfx.dnd.service import RELEASE_NAME
 from sage_tfx.dnd.simulator import simulate, weights_hash
 from sage_tfx.dp.noise import SeededNoise
-from sage_tfx.ledger import open_ledger
+from sage_tfx.ledger import BlockSpec, open_ledger
 from sage_tfx.streams import HashBucketScheme
 
 SPEC = GLMSpec("logistic", 386)  # the paper's 387-weight phishing model
@@ -260,6 +260,25 @@ def test_the_simulator_refuses_non_local_hosts():
     with pytest.raises(ValueError, match="127.0.0.1"):
         asyncio.run(simulate("http://example.com:80", updates=1, tokens=["t"],
                              make_update=lambda w: w))
+
+
+def test_serve_refuses_bad_options_before_charging(sqlite_url, capsys):
+    from sage_tfx.dnd.server import main
+    make_ledger(sqlite_url)
+    args = ["--ledger", sqlite_url, "--stream", STREAM, "--run-id", "r1", "--window-last", "4",
+            "--features", "2", "--gamma", "0.1", "--epsilon", "1", "--refresh-seconds", "0"]
+    assert main(args + ["--ticket-ttl", "0"]) == 2
+    assert "ticket ttl" in capsys.readouterr().err
+    assert main(args) == 2   # the ledger has principals: the server needs its token
+    assert "token" in capsys.readouterr().err
+    open_url = sqlite_url.replace("ledger.db", "open.db")
+    with open_ledger(open_url) as led:
+        led.create_stream(STREAM, epsilon_g=10.0, delta_g=1e-6)
+        led.add_blocks(STREAM, [BlockSpec("b0", "/b/0")])
+    assert main([*args[:1], open_url, *args[2:], "--workers", "2"]) == 2
+    assert "principals" in capsys.readouterr().err
+    with open_ledger(open_url) as led:
+        assert [b.charges for b in led.blocks(STREAM)] == [0]
 
 
 def test_sage_tfx_dnd_needs_the_serve_subcommand(capsys):

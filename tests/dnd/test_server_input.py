@@ -35,6 +35,15 @@ def _state(service):
     return (st.instances(gid, SPEC.dim), st.passes(gid), st.outstanding(gid), st.run(gid))
 
 
+def _drawn(served):
+    """A client, the app, a live ticket and the run's state before anything else happens."""
+    p, service, app = served
+    c = TestClient(app)
+    alice = bearer(p.client("alice"))
+    t = c.post("/v1/draw", headers=alice).json()
+    return c, alice, t, _state(service)
+
+
 def _same(a, b):
     return all(np.array_equal(x[2], y[2]) and x[:2] == y[:2] for x, y in zip(a[0], b[0])) \
         and a[1:] == b[1:]
@@ -63,11 +72,8 @@ BAD_JSON_BODIES = {
 
 @pytest.mark.parametrize("name", list(BAD_JSON_BODIES))
 def test_bad_json_updates_are_422_and_change_nothing(served, name):
-    p, service, app = served
-    c = TestClient(app)
-    alice = bearer(p.client("alice"))
-    t = c.post("/v1/draw", headers=alice).json()
-    before = _state(service)
+    service = served[1]
+    c, alice, t, before = _drawn(served)
     r = c.post(f"/v1/discard/{t['ticket']}", content=BAD_JSON_BODIES[name].encode(),
                headers={"content-type": "application/json", **alice})
     assert r.status_code == 422, r.text
@@ -84,22 +90,16 @@ def test_bad_json_updates_are_422_and_change_nothing(served, name):
                                   encode(np.array([np.inf, 0.0, 0.0])),
                                   encode(np.array([1e300, 0.0, 0.0]))])
 def test_bad_binary_updates_are_422_and_change_nothing(served, body):
-    p, service, app = served
-    c = TestClient(app)
-    alice = bearer(p.client("alice"))
-    t = c.post("/v1/draw", headers=alice).json()
-    before = _state(service)
+    service = served[1]
+    c, alice, t, before = _drawn(served)
     r = c.post(f"/v1/discard/{t['ticket']}", content=body,
                headers={"content-type": BINARY, **alice})
     assert r.status_code == 422 and _same(_state(service), before)
 
 
 def test_other_bad_requests_are_4xx_and_change_nothing(served):
-    p, service, app = served
-    c = TestClient(app)
-    alice = bearer(p.client("alice"))
-    t = c.post("/v1/draw", headers=alice).json()
-    before = _state(service)
+    service = served[1]
+    c, alice, t, before = _drawn(served)
     body = json.dumps({"weights": [0.5, 0.5, 0.5]})
     cases = [
         ("post", f"/v1/discard/{t['ticket']}", dict(content=body, headers={
