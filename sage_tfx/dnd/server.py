@@ -40,7 +40,7 @@ import json
 import logging
 import os
 import sys
-from typing import Optional, Sequence
+from typing import Annotated, Optional, Sequence
 
 import numpy as np
 
@@ -101,7 +101,6 @@ def create_app(service: DnDService, auth: services.Authenticator, *,
     from fastapi.responses import JSONResponse, Response
     from pydantic import BaseModel, ConfigDict, Field, ValidationError
     from starlette.concurrency import run_in_threadpool
-    from typing import Annotated
 
     dim = service.spec.dim
     weight = Annotated[float, Field(strict=True, allow_inf_nan=False, ge=-MAX_ABS_WEIGHT,
