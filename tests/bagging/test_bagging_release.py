@@ -7,12 +7,12 @@ cursor is the ledger's: concurrent purchases (threads and real processes) never 
 points. (A server restart does not apply: bagging has no server.)
 """
 import json
-import multiprocessing
 import os
 import threading
 
 import numpy as np
 import pytest
+from racing import race
 
 from sage_tfx.bagging import (LABELS_RELEASE, BaggingConfig, TeacherCache, fit_dp_bagging,
                               plan_labels, purchase)
@@ -74,17 +74,7 @@ def _buy_in_child(url, grant_id, cache_dir, barrier, out):
 
 
 def run_children(url, grant_ids, cache_dirs):
-    ctx = multiprocessing.get_context("spawn")
-    barrier, out = ctx.Barrier(len(grant_ids)), ctx.Queue()
-    procs = [ctx.Process(target=_buy_in_child, args=(url, g, c, barrier, out))
-             for g, c in zip(grant_ids, cache_dirs)]
-    for p in procs:
-        p.start()
-    results = [out.get(timeout=300) for _ in procs]
-    for p in procs:
-        p.join(timeout=60)
-    assert all("error" not in r for r in results), results
-    return results
+    return race(_buy_in_child, [(url, g, c) for g, c in zip(grant_ids, cache_dirs)])
 
 
 def one_charge(ledger, grant_ids):

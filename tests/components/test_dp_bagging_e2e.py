@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from blockdata import make_example, write_block_file
+from racing import race
 
 pytestmark = pytest.mark.slow
 
@@ -269,18 +270,7 @@ def _train_in_child(world, run_id, name, barrier, out):
 
 
 def _children(world, run_id, names):
-    import multiprocessing
-    ctx = multiprocessing.get_context("spawn")
-    barrier, out = ctx.Barrier(len(names)), ctx.Queue()
-    procs = [ctx.Process(target=_train_in_child, args=(world, run_id, n, barrier, out))
-             for n in names]
-    for p in procs:
-        p.start()
-    results = [out.get(timeout=900) for _ in procs]
-    for p in procs:
-        p.join(timeout=60)
-    assert all("error" not in r for r in results), results
-    return results
+    return race(_train_in_child, [(world, run_id, n) for n in names], timeout=900)
 
 
 def _one_charge_one_release(world, grant_ids):
