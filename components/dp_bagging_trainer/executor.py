@@ -208,6 +208,10 @@ class Executor(base_beam_executor.BaseBeamExecutor):
             max_labels = exec_properties.get(spec.MAX_LABELS_KEY)
             key = cache_key(stream=grant.stream, blocks=blocks, k=config.k, n=config.n, salt=salt,
                             kind=config.teacher, settings=settings)
+            request = purchase.purchase_request(config, stream=grant.stream, blocks=blocks, salt=salt,
+                                                X_public=X_pub, settings=settings, max_labels=max_labels)
+            # a re-execution with other settings under this grant is refused, not replayed silently
+            purchase.recorded_purchase(ledger, grant.grant_id, request)
 
             def label(start, stop):
                 return self._label(config, plan, files, keys, exec_properties, mean, std, salt,
@@ -215,10 +219,7 @@ class Executor(base_beam_executor.BaseBeamExecutor):
 
             def produce_into(staging):
                 bought = purchase.buy_labels(
-                    ledger, grant.grant_id, label=label, exact=plan.formally_dp,
-                    request=purchase.purchase_request(config, stream=grant.stream, blocks=blocks,
-                                                      salt=salt, X_public=X_pub, settings=settings,
-                                                      max_labels=max_labels),
+                    ledger, grant.grant_id, label=label, exact=plan.formally_dp, request=request,
                     cursor=purchase.cursor_name(stream=grant.stream, blocks=blocks, config=config,
                                                 salt=salt, settings=settings),
                     reserve=purchase.reservation(plan.queries, public_size=len(X_pub),

@@ -30,10 +30,10 @@ import numpy as np
 
 from sage_tfx.bagging.cache import cache_key
 from sage_tfx.bagging.labelling import LabellingResult
-from sage_tfx.errors import InvalidRequestError, ReleaseConflictError
+from sage_tfx.errors import InvalidRequestError, MissingGrantError, ReleaseConflictError
 
 __all__ = ["LABELS_RELEASE", "MODEL_RELEASE", "Purchase", "cursor_name", "public_digest",
-           "purchase_request", "reservation", "buy_labels"]
+           "purchase_request", "reservation", "recorded_purchase", "buy_labels"]
 
 LABELS_RELEASE = "bagging/labels"      # a purchase's labels, range and report
 MODEL_RELEASE = "bagging/model"        # DPBaggingTrainer's model directory (student + report)
@@ -125,6 +125,24 @@ def _decode(grant_id: str, name: str, value: bytes, request: dict, *, replayed: 
                     doc["report"], replayed, digest)
 
 
+def recorded_purchase(ledger, grant_id: str, request: dict,
+                      name: str = LABELS_RELEASE) -> Optional[Purchase]:
+    """The purchase recorded under (grant, ``name``), or None; checked against ``request``.
+
+    Raises:
+      ReleaseConflictError: the grant bought labels for another request.
+    """
+    from sage_tfx.ledger.releases import digest_bytes
+    rec = ledger.recorded_release(grant_id, name)
+    if rec is None:
+        return None
+    if rec.value is None or digest_bytes(rec.value) != rec.digest:
+        raise MissingGrantError(f"the recorded release {name!r} of grant {grant_id} is not the "
+                                "purchase it names (no bytes, or bytes that do not match the "
+                                "digest): it cannot be replayed, and it is never re-drawn")
+    return _decode(grant_id, name, rec.value, request, replayed=True, digest=rec.digest)
+
+
 def buy_labels(ledger, grant_id: str, *, request: dict, cursor: str, reserve: int,
                exact: bool, public_size: int, label: Callable[[int, int], LabellingResult],
                name: str = LABELS_RELEASE) -> Purchase:
@@ -146,9 +164,11 @@ def buy_labels(ledger, grant_id: str, *, request: dict, cursor: str, reserve: in
     """
     from sage_tfx.ledger.releases import release_value_once
 
+    first = recorded_purchase(ledger, grant_id, request, name)
+    if first is not None:
+        return first
     need = reserve if exact else 1
-    recorded = ledger.recorded_release(grant_id, name)
-    if recorded is None and ledger.counter(cursor) + need > public_size:
+    if ledger.counter(cursor) + need > public_size:
         raise InvalidRequestError(
             f"this purchase needs {need} unlabelled public points but only "
             f"{max(0, public_size - ledger.counter(cursor))} of {public_size} are left for this "

@@ -291,6 +291,10 @@ def test_executor_replays_its_release_in_process_elsewhere_and_in_a_new_process(
     elsewhere = _published(_train(world, "bag-1", "b"))      # another output directory
     [child] = _children(world, "bag-1", ["c"])               # a new process (a retried pod)
     assert again == first and elsewhere == first and child == first
+    from sage_tfx.errors import ReleaseConflictError
+    with pytest.raises(ReleaseConflictError, match="already bought labels"):   # other settings
+        _train(world, "bag-1", "d", {**PROPS, "salt": "another"})
+    assert not os.path.exists(os.path.join(world["root"], "model-d"))
     report = json.loads(first["report"])
     assert report["formally_dp"] is True and report["not_differentially_private"] is False
     assert report["public_start"] == 0 and report["grant_id"] == g
