@@ -4,7 +4,8 @@ Bagging row of the replay matrix: a purchase repeated under one grant — in the
 new process, with another teacher-cache directory, in two concurrent processes — ends with one
 charge and one release, returned byte for byte, and a clean ``check_consistency``. The public
 cursor is the ledger's: concurrent purchases (threads and real processes) never label the same
-points. (A server restart does not apply: bagging has no server.)
+points. The racing tests run on SQLite and on PostgreSQL. (A server restart does not apply:
+bagging has no server.)
 """
 import json
 import os
@@ -36,8 +37,8 @@ def data(N=600, P=400, d=3, seed=0):
 PLAN = plan_labels(CFG, epsilon=EPS, delta=DELTA, public_size=400)
 
 
-def make_ledger(tmp_path):
-    url = f"sqlite:///{tmp_path}/ledger.db"
+def make_ledger(tmp_path, url=None):
+    url = url or f"sqlite:///{tmp_path}/ledger.db"
     ledger = open_ledger(url)
     ledger.create_stream("s", epsilon_g=100.0, delta_g=1e-3)
     ledger.add_blocks("s", [BlockSpec(b, str(tmp_path / b)) for b in BLOCKS])
@@ -127,8 +128,8 @@ def test_replay_in_the_same_process_another_cache_and_a_new_process(tmp_path):
     one_charge(ledger, [g])
 
 
-def test_two_concurrent_processes_under_one_grant_publish_one_release(tmp_path):
-    url, ledger = make_ledger(tmp_path)
+def test_two_concurrent_processes_under_one_grant_publish_one_release(tmp_path, ledger_url):
+    url, ledger = make_ledger(tmp_path, ledger_url)
     g = grant(ledger, "run-1")
     a, b = run_children(url, [g, g], [str(tmp_path / "ca"), str(tmp_path / "cb")])
     assert a["labels"] == b["labels"] and a["report"] == b["report"] and a["start"] == b["start"]
@@ -139,8 +140,8 @@ def test_two_concurrent_processes_under_one_grant_publish_one_release(tmp_path):
     one_charge(ledger, [g])
 
 
-def test_concurrent_purchases_in_processes_label_disjoint_points(tmp_path):
-    url, ledger = make_ledger(tmp_path)
+def test_concurrent_purchases_in_processes_label_disjoint_points(tmp_path, ledger_url):
+    url, ledger = make_ledger(tmp_path, ledger_url)
     grants = [grant(ledger, f"run-{i}") for i in range(3)]     # the reviewers' three purchases
     cache = str(tmp_path / "cache")   # shared: several processes may train the teachers at once
     results = run_children(url, grants, [cache] * 3)
