@@ -160,9 +160,19 @@ def _props(spec, **kw):
     return props
 
 
-def _run(mods, tmp_path, *, grant, model, examples, name="blessing", **kw):
+def _trained_under(model, grant):
+    """The record a DPTrainer writes on its Model once it verified what its loop ran."""
+    model.set_string_custom_property("grant_id", grant.grant_id)
+    model.set_string_custom_property("dp_algorithm", "dpsgd")
+    model.set_string_custom_property("dp_verification", "observed")
+    return model
+
+
+def _run(mods, tmp_path, *, grant, model, examples, name="blessing", trained=True, **kw):
     from tfx.types import standard_artifacts
     _, executor, spec, _, _ = mods
+    if trained:
+        _trained_under(model, grant)
     blessing = standard_artifacts.ModelBlessing()
     blessing.uri = str(tmp_path / name)
     executor.Executor().Do(
@@ -430,6 +440,40 @@ def test_examples_of_another_grant_are_refused(mods, tmp_path, examples_dir):
     grant = _grant(mods, tmp_path, _plan(("validate", 0.5)))
     _assert_refused(mods, tmp_path, grant, "were read under grant",
                     examples=_examples(examples_dir, grant_id="f" * 32))
+
+
+@pytest.mark.parametrize("record", ["none", "other_grant", "reported_not_observed"])
+def test_a_model_without_its_trainers_verified_record_is_never_blessed(
+        mods, tmp_path, examples_dir, good_model_uri, record):
+    """A good model (it would be ACCEPTed) that no Sage trainer recorded as trained and verified
+    under this grant — the stock Trainer's, or a DPTrainer model verified from a run_fn's report
+    instead of what ran — is refused with the reason, before the model or any example is read."""
+    from tfx.types import standard_artifacts
+    from sage_tfx.components.dp_trainer.guarantee import UnverifiedTrainingError
+    _, executor, spec, _, _ = mods
+    grant = _grant(mods, tmp_path, _plan(("validate", 1.0)))
+    model = _model(good_model_uri)
+    if record == "other_grant":
+        model.set_string_custom_property("grant_id", "f" * 32)
+    elif record == "reported_not_observed":
+        _trained_under(model, grant).set_string_custom_property("dp_verification", "reported")
+    blessing = standard_artifacts.ModelBlessing()
+    blessing.uri = str(tmp_path / "refused")
+    reason = ("not verified from the training the executor ran"
+              if record == "reported_not_observed" else "records no DP training under grant")
+    with pytest.raises(UnverifiedTrainingError, match=reason):
+        executor.Executor().Do(
+            {spec.EXAMPLES_KEY: [_examples(examples_dir)], spec.MODEL_KEY: [model],
+             spec.GRANT_INPUT_KEY: [grant]},
+            {spec.BLESSING_KEY: [blessing]}, _props(spec))
+    assert os.listdir(blessing.uri) == [spec.NOT_BLESSED_FILE_NAME]
+    assert blessing.get_int_custom_property("blessed") == 0
+    assert reason in blessing.get_string_custom_property("reason")
+    assert not blessing.has_custom_property("outcome")
+    # The same model with the trainer's record of this grant is validated and blessed.
+    accepted = _run(mods, tmp_path, name="accepted", grant=grant, model=_model(good_model_uri),
+                    examples=_examples(examples_dir))
+    assert accepted.get_int_custom_property("blessed") == 1
 
 
 # ---------------------------------------------------------------------------------------------
