@@ -11,11 +11,13 @@ import os
 import numpy as np
 import pytest
 
+from trainerdata import examples_artifact as _examples
+from trainerdata import grant_artifact as _grant
+
 pytestmark = pytest.mark.slow
 
 N_EVAL = 2000
 NOISE_SD = 0.1  # labels y = 2x + 1 + N(0, 0.1²): the good model's expected squared error is 0.01
-STREAM = "s"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -67,16 +69,6 @@ def examples_dir(tmp_path_factory, eval_data):
     return str(root)
 
 
-def _examples(examples_dir, grant_id=None):
-    from tfx.types import artifact_utils, standard_artifacts
-    ex = standard_artifacts.Examples()
-    ex.uri = examples_dir
-    ex.split_names = artifact_utils.encode_split_names(["train", "eval"])
-    if grant_id is not None:
-        ex.set_string_custom_property("grant_id", grant_id)
-    return ex
-
-
 def _save_model(model_uri, w, b, two_outputs):
     """A Keras model saved as the TFX Trainer does: serving signature on serialized tf.Example.
 
@@ -124,29 +116,6 @@ def _model(uri):
 def _plan(*parts):
     from sage_tfx.adaptive.plan import PlanPart, PrivacyPlan
     return PrivacyPlan.of(*[PlanPart(*p) if isinstance(p, tuple) else p for p in parts])
-
-
-def _grant(mods, tmp_path, plan, *, mode="basic", name="grant", epsilon_g=10.0,
-           write_plan=True):
-    """A SageGrant artifact holding a real ledger's decision on ``plan.cost()`` (and the plan)."""
-    from sage_tfx.ledger import BlockSpec, open_ledger
-    _, _, _, artifacts, plan_io = mods
-    url = f"sqlite:///{tmp_path}/{name}.db"
-    with open_ledger(url) as ledger:
-        ledger.create_stream(STREAM, epsilon_g=epsilon_g, delta_g=1e-5, mode=mode)
-        ledger.add_blocks(STREAM, [BlockSpec("b1", f"{tmp_path}/blocks/b1")])
-        decision = ledger.request(STREAM, run_id="run-1", blocks=["b1"], **plan.cost())
-    art = artifacts.SageGrant()
-    art.uri = str(tmp_path / name)
-    if decision.granted:
-        artifacts.write_grant(art, decision.grant, stream=STREAM, run_id="run-1",
-                              context="default", ledger_url=url)
-        if write_plan:
-            plan_io.write_plan(art, plan)
-    else:
-        artifacts.write_grant(art, None, stream=STREAM, run_id="run-1", context="default",
-                              ledger_url=url, reason=decision.reason)
-    return art
 
 
 def _props(spec, **kw):

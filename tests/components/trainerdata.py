@@ -9,6 +9,8 @@ import dp_accounting
 import numpy as np
 import pytest
 
+from blockdata import make_example
+
 N_TRAIN, N_EVAL = 360, 60
 STREAM = "flights"
 MODULE = "sage_tfx.pipelines.flights_dp_module"
@@ -46,14 +48,8 @@ def _flight(rng, i):
 
 
 def example(feats):
-    import tensorflow as tf
-    ex = tf.train.Example()
-    for k, v in feats.items():
-        if isinstance(v, int):
-            ex.features.feature[k].int64_list.value.append(v)
-        else:
-            ex.features.feature[k].float_list.value.append(v)
-    return ex.SerializeToString()
+    """A serialized tf.train.Example of {name: int | float}."""
+    return make_example(feats).SerializeToString()
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +83,10 @@ def examples_artifact(uri, grant_id=None):
 
 def grant_artifact(mods, tmp_path, plan, *, mode="basic", name="grant", epsilon_g=10.0,
                    write_plan=True):
-    """A SageGrant artifact with a real ledger's decision on ``plan.cost()`` and the plan."""
+    """A SageGrant artifact with a real ledger's decision on ``plan.cost()`` and the plan.
+
+    ``mods`` is the test module's fixture: its items 3 and 4 are ``artifacts`` and ``plan_io``.
+    """
     from sage_tfx.ledger import BlockSpec, open_ledger
     artifacts, plan_io = mods[3], mods[4]
     url = f"sqlite:///{tmp_path}/{name}.db"
