@@ -28,6 +28,7 @@ import re
 from typing import Any, Dict, Mapping, Optional, Sequence
 
 from sage_tfx.components.gate import component as gate_component
+from sage_tfx.components.gate import driver as gate_driver
 from sage_tfx.components.gate import spec as gate_spec
 
 # Kubeflow Pipelines' pipeline-name rule.
@@ -57,6 +58,8 @@ def for_orchestrator(pipeline, orchestrator: str):
     one's grant (one charge for two) or fail. Called here, after the pipeline is built, the ids
     are final (``with_id`` done, the pipeline named). Under LocalDagRunner the executor's
     context names the node and wins: the run ids stay those of a pipeline built without this.
+    For Airflow the gates also get a driver that names their grant artifacts per node (TFX's
+    legacy launcher names them ``grant:<run id>``, one name for every gate of a run).
 
     Args:
       pipeline: a ``tfx.dsl.Pipeline``.
@@ -72,6 +75,10 @@ def for_orchestrator(pipeline, orchestrator: str):
             node.exec_properties[gate_spec.PIPELINE_RUN_ID_KEY] = value
             node.exec_properties[gate_spec.NODE_ID_KEY] = node.id
             node.exec_properties[gate_spec.PIPELINE_ID_KEY] = name
+            if orchestrator == AIRFLOW:
+                node.driver_class = gate_driver.NodeScopedNamesDriver
+            else:
+                node.driver_class = type(node).DRIVER_CLASS
     return pipeline
 
 

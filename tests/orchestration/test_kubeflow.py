@@ -181,13 +181,16 @@ def test_gate_refuses_a_run_id_template_no_orchestrator_resolved(flights_blocks,
 
 
 def test_two_gates_are_two_grants_under_local_dag_runner(tmp_path):
-    """The reference: LocalDagRunner's executor context names each gate's node."""
+    """The reference: LocalDagRunner's executor context names each gate's node (built for
+    "local" as `build` does: the baked-in ids change nothing there)."""
     import twogates
     from tfx import v1 as tfx
+    from sage_tfx.pipelines import orchestration
 
     url = twogates.make_ledger(tmp_path)
-    tfx.orchestration.LocalDagRunner().run(twogates.create_pipeline(
-        "two-gates-local", str(tmp_path / "root"), str(tmp_path / "mlmd.db"), url))
+    pipeline = twogates.create_pipeline(
+        "two-gates-local", str(tmp_path / "root"), str(tmp_path / "mlmd.db"), url)
+    tfx.orchestration.LocalDagRunner().run(orchestration.for_orchestrator(pipeline, "local"))
     twogates.check_two_grants(url, "two-gates-local")
 
 
