@@ -32,6 +32,13 @@ PUBLIC_API: dict[str, tuple[str, ...]] = {
         "open_ledger", "Ledger", "Window", "BlockSpec", "BlockState", "Grant", "GrantedBlock",
         "Decision", "Stream", "AuditEntry", "AuditReport", "DEFAULT_CONTEXT", "BASIC", "RDP"),
     "sage_tfx.ledger.anchor": ("write_anchor", "verify_anchors", "read_key", "AnchorReport"),
+    "sage_tfx.ledger.releases": ("Release", "Outcome", "release_value_once", "release_tree_once",
+                                 "tree_digest", "MAX_VALUE_BYTES"),
+    "sage_tfx.ledger.access": ("Principal", "ADMIN", "PIPELINE", "AUDITOR", "CLIENT", "ROLES",
+                               "TOKEN_ENV", "TOKEN_FILE_ENV"),
+    "sage_tfx.ledger.secrets": ("resolve", "redact", "has_password", "check_no_password"),
+    "sage_tfx.ledger.keys": ("KeyProvider", "LocalKeyFile", "DataKey", "provider",
+                             "register_provider", "aad_for", "PROVIDER_ENV"),
     "sage_tfx.ledger.accounting": (
         "check_epsilon", "check_delta", "check_positive", "check_event", "event_to_json",
         "event_from_json", "rdp_epsilon", "DEFAULT_RDP_ORDERS"),
@@ -65,7 +72,8 @@ PUBLIC_API: dict[str, tuple[str, ...]] = {
     "sage_tfx.errors": (
         "SageError", "InvalidPrivacyParameterError", "AccountingModeError", "UnknownStreamError",
         "UnknownBlockError", "RetiredBlockError", "InvalidRequestError", "GrantStateError",
-        "MissingGrantError"),
+        "MissingGrantError", "ReleaseConflictError", "AuthenticationError",
+        "PermissionDeniedError", "LeaseTimeoutError"),
     "sage_tfx.dp.counts": (
         "CountSketch", "CountTable", "COUNT_MIN", "COUNT_MEDIAN", "key_hashes", "l1_sensitivity",
         "table_epsilons", "noise_scales"),

@@ -39,3 +39,19 @@ class GrantStateError(SageError, ValueError):
 
 class MissingGrantError(SageError, ValueError):
     """A DP component was run without a grant, or with a grant it cannot use."""
+
+
+class ReleaseConflictError(GrantStateError):
+    """A second, different release under one grant and name: one charge buys one release."""
+
+
+class AuthenticationError(SageError, PermissionError):
+    """The caller presented no credential, or one that no active principal holds (HTTP 401)."""
+
+
+class PermissionDeniedError(SageError, PermissionError):
+    """The authenticated principal's roles or bindings do not allow the action (HTTP 403)."""
+
+
+class LeaseTimeoutError(SageError, TimeoutError):
+    """An exclusive lease stayed held by another process past the caller's deadline."""

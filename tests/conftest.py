@@ -4,9 +4,16 @@ import os
 
 import pytest
 
-from sage_tfx.ledger import pgserver
+from sage_tfx.ledger import keys, pgserver
 
 _counter = itertools.count()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _session_key_provider(tmp_path_factory):
+    """Tests (and the processes they start) wrap data keys with a throw-away local KEK, never
+    the user's ``~/.config/sage-tfx/kek.json``."""
+    os.environ[keys.PROVIDER_ENV] = "file:" + str(tmp_path_factory.mktemp("kek") / "kek.json")
 
 
 @pytest.fixture(scope="session")

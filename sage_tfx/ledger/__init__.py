@@ -13,7 +13,11 @@ parameters, DpEvents, the basic and rdp accounting modes), :mod:`~sage_tfx.ledge
 :mod:`~sage_tfx.ledger.anchor` (chain heads anchored outside the database),
 :mod:`~sage_tfx.ledger.store` (SQLite / PostgreSQL), :mod:`~sage_tfx.ledger.pgserver` (a
 throw-away local PostgreSQL server for tests and benchmarks) and :mod:`~sage_tfx.ledger.loadgen`
-(multi-process load against a ledger).
+(multi-process load against a ledger), :mod:`~sage_tfx.ledger.releases` (release once: what each
+grant published), :mod:`~sage_tfx.ledger.access` (principals, roles, bindings),
+:mod:`~sage_tfx.ledger.leases` (leases and counters shared by processes),
+:mod:`~sage_tfx.ledger.secrets` (URLs and tokens by reference) and
+:mod:`~sage_tfx.ledger.schema` (tables and migrations).
 """
 from sage_tfx.ledger.accounting import BASIC, RDP
 from sage_tfx.ledger.audit import AuditEntry, AuditReport

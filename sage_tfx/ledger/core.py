@@ -25,8 +25,11 @@ from dp_accounting import dp_event as dp_event_lib
 
 from sage_tfx.errors import (AccountingModeError, GrantStateError, InvalidRequestError,
                              RetiredBlockError, UnknownBlockError, UnknownStreamError)
-from sage_tfx.ledger import accounting, audit, budget, pgrequest
-from sage_tfx.ledger.audit import AuditEntry, AuditReport
+from sage_tfx.ledger import access, accounting, budget, pgrequest, secrets
+from sage_tfx.ledger.access import AccessMixin
+from sage_tfx.ledger.auditing import AuditMixin
+from sage_tfx.ledger.leases import LeaseMixin
+from sage_tfx.ledger.releases import ReleaseMixin
 from sage_tfx.ledger.store import Store
 from sage_tfx.ledger.values import (ACTIVE, CANCELLED, DEFAULT_CONTEXT, RELEASED, RESERVED, RETIRED,
                                     BlockSpec, BlockState, Decision, Grant, GrantedBlock, Stream,
@@ -41,12 +44,25 @@ class _MorePages(Exception):
         self.page = page
 
 
-class Ledger:
-    """A connection to a block ledger. Not thread-safe: open one per thread or process."""
+class Ledger(AccessMixin, ReleaseMixin, LeaseMixin, AuditMixin):
+    """A connection to a block ledger. Not thread-safe: open one per thread or process.
 
-    def __init__(self, url: str):
+    ``url`` may be a reference (``env:NAME``, ``file:/path``; :mod:`~sage_tfx.ledger.secrets`),
+    resolved only here. ``token`` authenticates the caller once the ledger has principals
+    (default: ``$SAGE_LEDGER_TOKEN`` or the file ``$SAGE_LEDGER_TOKEN_FILE``).
+    """
+
+    def __init__(self, url: str, token: Optional[str] = None):
         self.url = url
-        self._store = Store(url)
+        self.redacted_url = secrets.redact(secrets.resolve(url))
+        self._store = Store(secrets.resolve(url))
+        try:
+            token = secrets.resolve(token, "token") if token else access.token_from_env()
+            self.principal = self._store.read(lambda: access.identify(self._store, token))
+        except BaseException:
+            self._store.close()
+            raise
+        self._store.principal = self.principal.name
         self._streams: dict[str, Stream] = {}
 
     def close(self) -> None:
@@ -97,6 +113,7 @@ class Ledger:
           InvalidPrivacyParameterError, InvalidRequestError: bad configuration or name taken.
         """
         check_name("stream name", name)
+        self.authorize(access.CONFIGURE)
         epsilon_g = accounting.check_epsilon(epsilon_g, "epsilon_g")
         if mode not in accounting.MODES:
             raise AccountingModeError(f"mode must be one of {accounting.MODES}, got {mode!r}")
@@ -169,6 +186,7 @@ class Ledger:
         Raises:
           UnknownStreamError, InvalidRequestError: unknown stream, duplicate or malformed block.
         """
+        self.authorize(access.CONFIGURE)
         s = self.stream(stream)
         specs = list(specs)
         if not specs:
@@ -229,6 +247,7 @@ class Ledger:
         """
         s = self.stream(stream)
         self._context(s, context)
+        self.authorize(access.READ, stream=stream, context=context)
         rows = self._q(self._BLOCK_COLS + "WHERE b.stream = ? AND u.context = ? ORDER BY b.seq",
                        (stream, context)).fetchall()
         return [self._block_state(s, r) for r in rows]
@@ -236,6 +255,7 @@ class Ledger:
     def block(self, stream: str, block_id: str, context: str = DEFAULT_CONTEXT) -> BlockState:
         s = self.stream(stream)
         self._context(s, context)
+        self.authorize(access.READ, stream=stream, context=context)
         row = self._q(self._BLOCK_COLS + "WHERE b.stream = ? AND u.context = ? AND b.block_id = ?",
                       (stream, context, block_id)).fetchone()
         if row is None:
@@ -246,6 +266,7 @@ class Ledger:
         """What is left of a block's budget: (ε, δ) in basic mode, per-order headroom in rdp."""
         s = self.stream(stream)
         self._context(s, context)
+        self.authorize(access.READ, stream=stream, context=context)
         row = self._q("SELECT eps_spent, delta_spent, rdp FROM budgets WHERE stream = ? AND "
                       "context = ? AND block_id = ?", (stream, context, block_id)).fetchone()
         if row is None:
@@ -255,6 +276,7 @@ class Ledger:
     def retire_block(self, stream: str, block_id: str, reason: str,
                      context: Optional[str] = None) -> None:
         """Retires a block for good (in one context, or all): it will never be charged again."""
+        self.authorize(access.CONFIGURE)
         s = self.stream(stream)
         contexts = s.contexts if context is None else (self._context(s, context),)
 
@@ -317,6 +339,7 @@ class Ledger:
         s = self.stream(stream)
         check_name("run id", run_id)
         self._context(s, context)
+        self.authorize(access.CHARGE, stream=stream, context=context)
         eps, dlt, event, event_json = self._normalize_cost(s, epsilon, delta, event)
         if (blocks is None) == (window is None):
             raise InvalidRequestError("give exactly one of blocks=[...] or window=Window(...)")
@@ -473,14 +496,18 @@ class Ledger:
 
     def grant(self, grant_id: str) -> Grant:
         """The grant with this id. Raises InvalidRequestError if there is none."""
-        return self._load_grant(grant_id)
+        g = self._load_grant(grant_id)
+        self.authorize(access.READ, stream=g.stream, context=g.context)
+        return g
 
     def grant_for_run(self, stream: str, run_id: str) -> Optional[Grant]:
         row = self._q("SELECT grant_id FROM grants WHERE stream = ? AND run_id = ?",
                       (stream, run_id)).fetchone()
-        return self._load_grant(row[0]) if row else None
+        return self.grant(row[0]) if row else None
 
     def grants(self, stream: str) -> list[Grant]:
+        """Every grant of the stream (an auditor's or admin's view), oldest first."""
+        self.authorize(access.AUDIT)
         ids = [r[0] for r in self._q("SELECT grant_id FROM grants WHERE stream = ? "
                                      "ORDER BY created_at", (stream,)).fetchall()]
         return [self._load_grant(g) for g in ids]
@@ -488,10 +515,11 @@ class Ledger:
     def release(self, grant_id: str) -> Grant:
         """Releases a reserved grant's data: only now are block locations handed out."""
         def txn():
-            row = self._q("SELECT status, stream FROM grants WHERE grant_id = ?" + self._for_update,
-                          (grant_id,)).fetchone()
+            row = self._q("SELECT status, stream, context FROM grants WHERE grant_id = ?" +
+                          self._for_update, (grant_id,)).fetchone()
             if row is None:
                 raise InvalidRequestError(f"unknown grant {grant_id!r}")
+            self.authorize(access.CHARGE, stream=row[1], context=row[2])
             if row[0] == CANCELLED:
                 raise GrantStateError(f"grant {grant_id} was cancelled; request a new one")
             if row[0] == RESERVED:
@@ -516,6 +544,7 @@ class Ledger:
             if row is None:
                 raise InvalidRequestError(f"unknown grant {grant_id!r}")
             stream, context, blocks = row[0], row[1], json.loads(row[2])
+            self.authorize(access.CHARGE, stream=stream, context=context)
             # Lock order as in request: the blocks (ascending seq), then the grant row.
             self._store.budget_rows(stream, context, blocks).fetchall()
             status = self._q("SELECT status FROM grants WHERE grant_id = ?" + self._for_update,
@@ -542,57 +571,14 @@ class Ledger:
             "SELECT epsilon, delta, event, blocks FROM grants WHERE stream = ? AND context = ? "
             "AND status <> ? ORDER BY created_at, grant_id", (s.name, context, CANCELLED)))
 
-    # -- audit and consistency --
-
-    def audit_log(self, stream: Optional[str] = None, limit: Optional[int] = None) -> list[AuditEntry]:
-        """Audit entries, oldest first (the last ``limit`` if given)."""
-        return audit.read(self._store, stream, limit)
-
-    def verify_audit(self) -> AuditReport:
-        """Recomputes the hash chain from the first entry to the head; reports the first break."""
-        return self._store.read_snapshot(
-            lambda: audit.verify(self._store, contiguous=self._store.kind == "sqlite"))
-
-    def audit_heads(self) -> dict[int, tuple[int, str]]:
-        """Every audit chain's head, read on one snapshot: chain -> (last seq, last hash)."""
-        return self._store.read_snapshot(lambda: audit.heads(self._store))
-
-    def check_consistency(self, stream: str) -> list[str]:
-        """Problems found by recomputing every block's budget from grants (empty list: none).
-
-        Checks: cached budget == derived budget; no block above its cap; every budget row has
-        its block and that block's location; every non-cancelled grant has an audit entry.
-        """
-        s = self.stream(stream)
-        return self._store.read_snapshot(lambda: self._problems(s))
-
-    def _problems(self, s: Stream) -> list[str]:
-        stream = s.name
-        problems = []
-        for context in s.contexts:
-            rows = self._q("SELECT block_id, eps_spent, delta_spent, rdp, charges FROM budgets "
-                           "WHERE stream = ? AND context = ?", (stream, context)).fetchall()
-            derived = self._derived_states(s, context)
-            for block_id, e, d, rdp, charges in rows:
-                problems += budget.problems(s, f"{context}/{block_id}", (e, d, rdp, charges),
-                                            derived.get(block_id) or budget.fresh(s))
-        for b, loc, mine in self._q(  # blocks.location is NOT NULL: None = no block
-                "SELECT u.block_id, b.location, u.location FROM budgets u LEFT JOIN blocks b ON "
-                "b.stream = u.stream AND b.block_id = u.block_id WHERE u.stream = ? AND (b.block_id "
-                "IS NULL OR u.location <> b.location)", (stream,)).fetchall():
-            problems.append(f"budget row of {b} has no block" if loc is None else
-                            f"budget row of {b} has location {mine!r}, its block {loc!r}")
-        audited = {e.payload["grant_id"] for e in self.audit_log(stream) if e.kind == "grant"}
-        for (gid,) in self._q("SELECT grant_id FROM grants WHERE stream = ?", (stream,)).fetchall():
-            if gid not in audited:
-                problems.append(f"grant {gid} has no audit entry")
-        return problems
-
-
-def open_ledger(url: str) -> Ledger:
+def open_ledger(url: str, token: Optional[str] = None) -> Ledger:
     """Opens (creating if needed) the ledger at a database URL.
 
     ``sqlite:///relative/path.db``, ``sqlite:////absolute/path.db`` or
-    ``postgresql://user@host:port/dbname``.
+    ``postgresql://user@host:port/dbname``, or a reference to one (``env:NAME``,
+    ``file:/path``). ``token``: the caller's credential once the ledger has principals.
+
+    Raises:
+      AuthenticationError: the ledger has principals and no valid token was given.
     """
-    return Ledger(url)
+    return Ledger(url, token)

@@ -74,7 +74,7 @@ _ARGS = ("p_stream TEXT, p_context TEXT, p_run_id TEXT, p_blocks TEXT[], p_last 
          "p_required INT, p_page INT, p_eps NUMERIC, p_delta NUMERIC, p_cap_e NUMERIC, "
          "p_cap_d NUMERIC, p_retire_e NUMERIC, p_grant_id TEXT, p_request TEXT, "
          "p_eps_f DOUBLE PRECISION, p_delta_f DOUBLE PRECISION, p_status TEXT, p_ts TEXT, "
-         "p_released_at TEXT, p_payload_tail TEXT")
+         "p_released_at TEXT, p_payload_tail TEXT, p_principal TEXT")
 _ARG_NAMES = ", ".join(a.split()[0] for a in _ARGS.split(", "))
 
 FUNCTIONS = [
@@ -155,6 +155,7 @@ FUNCTIONS = [
            prev := sage_audit_append(h.chain, s, prev, p_ts, p_stream, 'retire',
                      '{{"block":' || to_json(b)::text || ',"context":' || to_json(p_context)::text
                      || ',"grant_id":' || to_json(p_grant_id)::text
+                     || ',"principal":' || to_json(p_principal)::text
                      || ',"reason":"budget exhausted"}}');
          END LOOP;
          UPDATE ledger_head SET audit_seq = s, audit_hash = prev WHERE id = h.chain;
@@ -178,7 +179,8 @@ FUNCTIONS = [
 ]
 
 _TYPED = ("%s, %s, %s, %s::text[], %s::int, %s::int, %s::int, %s::numeric, %s::numeric, "
-          "%s::numeric, %s::numeric, %s::numeric, %s, %s, %s::float8, %s::float8, %s, %s, %s, %s")
+          "%s::numeric, %s::numeric, %s::numeric, %s, %s, %s::float8, %s::float8, %s, %s, %s, %s, "
+          "%s")
 _SELECT = f"SELECT * FROM sage_request({_TYPED})"  # inside BEGIN ... COMMIT (fault injection)
 _CALL = f"CALL sage_request_call({_TYPED}, NULL, NULL, NULL)"
 _EMPTY_BLOCKS = '{"blocks":[]'
@@ -198,8 +200,8 @@ def request(store, s: Stream, run_id: str, context: str, blocks: Optional[Sequen
     ts = now()
     status = RELEASED if release else RESERVED
     text = audit.payload_text({"blocks": [], "context": context, "delta": dlt, "epsilon": eps,
-                               "event": None, "grant_id": grant_id, "run_id": run_id,
-                               "status": status})
+                               "event": None, "grant_id": grant_id, "principal": store.principal,
+                               "run_id": run_id, "status": status})
     assert text.startswith(_EMPTY_BLOCKS), text  # sort_keys puts "blocks" first
     cap_e, cap_d = s.exact_caps
     params = (s.name, context, run_id, list(blocks) if blocks is not None else None,
@@ -207,7 +209,7 @@ def request(store, s: Stream, run_id: str, context: str, blocks: Optional[Sequen
               window.last + 8 if window else None, str(accounting.exact(eps)),
               str(accounting.exact(dlt)), str(cap_e), str(cap_d),
               str(accounting.exact(s.retire_epsilon)), grant_id, request_text, eps, dlt, status,
-              ts, ts if release else None, text[len(_EMPTY_BLOCKS):])
+              ts, ts if release else None, text[len(_EMPTY_BLOCKS):], store.principal)
     # The row locks are released at the grant's COMMIT, before the WAL flush that acknowledges
     # it: overlapping requests queue for the function's work, not for an fsync.
     if store.before_commit is None:  # idempotent: a lost session is retried on a new one

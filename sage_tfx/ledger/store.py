@@ -29,14 +29,13 @@ import time
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 from sage_tfx.errors import InvalidRequestError
-from sage_tfx.ledger import audit, pgrequest
-from sage_tfx.ledger.audit import GENESIS_HASH
+from sage_tfx.ledger import audit, schema
 from sage_tfx.ledger.queries import LOCATION
 from sage_tfx.ledger.values import ACTIVE, now
 
-SCHEMA_VERSION = 3
-PG_CHAINS = 64  # audit chains on PostgreSQL: more than the writers that run at once
-MAX_RETRIES = 12
+# Conflicts and lost sessions are retried until this many seconds have passed (a deadline, not
+# a count of attempts: under load and repeated session terminations a request keeps trying).
+RETRY_SECONDS = 120.0
 CHECKPOINT_EVERY = 64  # SQLite: commits of one connection between its WAL checkpoints
 APPLICATION_NAME = "sage-tfx-ledger"  # PostgreSQL sessions of the ledger (pg_stat_activity)
 
@@ -61,6 +60,7 @@ class _Backend:
     kind = ""
     real = "REAL"
     bigint = "INTEGER"
+    blob = "BLOB"
     serial_pk = "INTEGER PRIMARY KEY"
     lock = ""  # suffix that locks the budget rows a query returns
     hot = ""  # storage options of the budgets table
@@ -167,6 +167,7 @@ class _PostgresBackend(_Backend):
     kind = "postgresql"
     real = "DOUBLE PRECISION"
     bigint = "BIGINT"
+    blob = "BYTEA"
     serial_pk = "BIGSERIAL PRIMARY KEY"
     lock = " FOR UPDATE OF u"
     # Room in each page for the charged row's new version: HOT updates skip the index writes.
@@ -210,60 +211,6 @@ def _backend_for(url: str) -> _Backend:
         "postgresql://user@host:port/dbname")
 
 
-def _schema(b: _Backend) -> list[str]:
-    r, i = b.real, b.bigint
-    return [
-        f"""CREATE TABLE IF NOT EXISTS ledger_head (
-            id {i} PRIMARY KEY, audit_seq {i} NOT NULL, audit_hash TEXT NOT NULL,
-            schema_version {i} NOT NULL)""",
-        f"""CREATE TABLE IF NOT EXISTS streams (
-            stream TEXT PRIMARY KEY, epsilon_g {r} NOT NULL, delta_g {r} NOT NULL,
-            mode TEXT NOT NULL, granularity TEXT NOT NULL, contexts TEXT NOT NULL,
-            retire_epsilon {r} NOT NULL, orders TEXT NOT NULL, next_seq {i} NOT NULL,
-            created_at TEXT NOT NULL)""",
-        f"""CREATE TABLE IF NOT EXISTS blocks (
-            stream TEXT NOT NULL{b.block_fk}, block_id TEXT NOT NULL,
-            seq {i} NOT NULL, location TEXT NOT NULL, start_ts TEXT, end_ts TEXT,
-            records {i}, created_at TEXT NOT NULL,
-            PRIMARY KEY (stream, block_id), UNIQUE (stream, seq))""",
-        f"""CREATE TABLE IF NOT EXISTS budgets (
-            id {b.serial_pk}, stream TEXT NOT NULL, context TEXT NOT NULL,
-            block_id TEXT NOT NULL, seq {i} NOT NULL, status TEXT NOT NULL,
-            eps_spent TEXT NOT NULL, delta_spent TEXT NOT NULL, rdp TEXT, charges {i} NOT NULL,
-            location TEXT,
-            UNIQUE (stream, context, block_id){b.budget_fk}){b.hot}""",
-        "CREATE INDEX IF NOT EXISTS budgets_window ON budgets (stream, context, status, seq)",
-        f"""CREATE TABLE IF NOT EXISTS grants (
-            grant_id TEXT PRIMARY KEY, stream TEXT NOT NULL, context TEXT NOT NULL,
-            run_id TEXT NOT NULL, request TEXT NOT NULL, mode TEXT NOT NULL,
-            epsilon {r}, delta {r}, event TEXT, blocks TEXT NOT NULL, status TEXT NOT NULL,
-            created_at TEXT NOT NULL, released_at TEXT, UNIQUE (stream, run_id))""",
-        f"""CREATE TABLE IF NOT EXISTS audit (
-            seq {i} PRIMARY KEY, ts TEXT NOT NULL, stream TEXT, kind TEXT NOT NULL,
-            payload TEXT NOT NULL, prev_hash TEXT NOT NULL, hash TEXT NOT NULL,
-            chain {i} NOT NULL DEFAULT 1)""",
-    ]
-
-
-# PostgreSQL: the audit sequence, and a function that locks the head of a free chain (waiting
-# for a random one only when all are busy) and draws the next seq after that lock.
-_PG_FUNCTIONS = [
-    "CREATE SEQUENCE IF NOT EXISTS audit_seq_gen",
-    f"""CREATE OR REPLACE FUNCTION sage_audit_chain()
-        RETURNS TABLE (chain BIGINT, last_seq BIGINT, last_hash TEXT, next_seq BIGINT) AS $$
-        DECLARE h RECORD;
-        BEGIN
-          SELECT id, audit_seq, audit_hash INTO h FROM ledger_head
-            ORDER BY id FOR UPDATE SKIP LOCKED LIMIT 1;
-          IF NOT FOUND THEN
-            SELECT id, audit_seq, audit_hash INTO h FROM ledger_head
-              WHERE id = 1 + floor(random() * {PG_CHAINS})::int FOR UPDATE;
-          END IF;
-          RETURN QUERY SELECT h.id, h.audit_seq, h.audit_hash, nextval('audit_seq_gen');
-        END $$ LANGUAGE plpgsql""",
-]
-
-
 class Store:
     """One connection to the ledger database, with the dialect's write transactions.
 
@@ -280,15 +227,19 @@ class Store:
         self._chain_cur: Any = None
         self._analyze: set = set()
         self._flush_after_unlock = False
-        for attempt in range(MAX_RETRIES + 1):
+        self.principal = "local"  # who writes: set by the Ledger once the caller is identified
+        deadline = time.monotonic() + RETRY_SECONDS
+        attempt = 0
+        while True:
             try:
                 self.conn = self.backend.connect()
-                self._init_schema()
+                schema.init(self)
                 break
             except Exception as exc:  # a session ended by the server while opening: reopen
-                if self.backend.retry_kind(exc) is None or attempt == MAX_RETRIES:
+                if self.backend.retry_kind(exc) is None or time.monotonic() >= deadline:
                     raise
-                time.sleep(0.01 * (attempt + 1))
+                attempt += 1
+                time.sleep(min(0.5, 0.01 * attempt))
 
     @property
     def kind(self) -> str:
@@ -407,7 +358,10 @@ class Store:
             self._chain_cur = self.conn.execute("SELECT * FROM sage_audit_chain()")
 
     def audit(self, stream: Optional[str], kind: str, payload: dict) -> None:
-        """Buffers one audit entry of the current write transaction (chained at commit)."""
+        """Buffers one audit entry of the current write transaction (chained at commit).
+
+        Every entry names the principal that made the change (``principal``)."""
+        payload = dict(payload, principal=self.principal)
         self._pending.append((stream, kind, audit.payload_text(payload)))
 
     def update_budgets(self, updates: list) -> None:
@@ -481,17 +435,19 @@ class Store:
         return self.retrying(fn, idempotent=True)
 
     def retrying(self, fn: Callable[[], Any], idempotent: bool) -> Any:
-        """``fn()``, retried on conflicts and, if ``idempotent``, on a lost session."""
+        """``fn()``, retried on conflicts and, if ``idempotent``, on a lost session, until
+        :data:`RETRY_SECONDS` have passed (jittered exponential backoff, capped at 0.5 s)."""
         attempt = 0
+        deadline = time.monotonic() + RETRY_SECONDS
         while True:
             try:
                 return fn()
             except Exception as exc:
                 kind = self.backend.retry_kind(exc)
-                if kind is None or attempt >= MAX_RETRIES or (kind == "disconnect"
-                                                             and not idempotent):
+                if kind is None or time.monotonic() >= deadline or (kind == "disconnect"
+                                                                    and not idempotent):
                     raise
-                time.sleep(min(0.5, 0.002 * 2 ** attempt) * random.uniform(0.5, 1.5))
+                time.sleep(min(0.5, 0.002 * 2 ** min(attempt, 10)) * random.uniform(0.5, 1.5))
                 if kind == "disconnect":
                     self._reconnect()
                 attempt += 1
@@ -544,57 +500,3 @@ class Store:
             return fn()
         finally:
             self.conn.execute("COMMIT")
-
-    def _init_schema(self) -> None:
-        if self.kind == "sqlite":
-            self.conn.execute("BEGIN IMMEDIATE")
-        else:
-            self.conn.execute("BEGIN")
-            self.conn.execute("SELECT pg_advisory_xact_lock(727272)")
-        try:
-            for stmt in _schema(self.backend):
-                self.conn.execute(stmt)
-            row = self.q("SELECT max(schema_version) FROM ledger_head").fetchone()
-            if row[0] is not None and row[0] < 2:
-                self._migrate_v1()
-            if row[0] is not None and row[0] < 3:
-                self._migrate_v2()
-            chains = 1 if self.kind == "sqlite" else PG_CHAINS
-            have = {r[0] for r in self.q("SELECT id FROM ledger_head").fetchall()}
-            for c in range(1, chains + 1):
-                if c not in have:
-                    self.q("INSERT INTO ledger_head (id, audit_seq, audit_hash, schema_version) "
-                           "VALUES (?, 0, ?, ?)", (c, GENESIS_HASH, SCHEMA_VERSION))
-            if self.kind == "postgresql":
-                for stmt in _PG_FUNCTIONS + pgrequest.FUNCTIONS:
-                    self.conn.execute(stmt)
-                if row[0] is not None and row[0] < 2:
-                    self.conn.execute("SELECT setval('audit_seq_gen', "
-                                      "(SELECT GREATEST(COALESCE(max(seq), 0), 1) FROM audit))")
-            self.conn.execute("COMMIT")
-        except BaseException:
-            self.conn.execute("ROLLBACK")
-            raise
-
-    def _columns(self, table: str) -> list[str]:
-        if self.kind == "sqlite":
-            return [r[1] for r in self.q(f"PRAGMA table_info({table})").fetchall()]
-        return [r[0] for r in self.q("SELECT column_name FROM information_schema.columns WHERE "
-                                     "table_name = ? AND table_schema = current_schema()",
-                                     (table,)).fetchall()]
-
-    def _migrate_v1(self) -> None:
-        """Schema 1 had one chain and no ``audit.chain`` column."""
-        if "chain" not in self._columns("audit"):
-            self.conn.execute(f"ALTER TABLE audit ADD COLUMN chain {self.backend.bigint} "
-                              "NOT NULL DEFAULT 1")
-
-    def _migrate_v2(self) -> None:
-        """Schema 2 read a block's location from ``blocks`` on every request; 3 keeps it in the
-        block's budget rows too (written with them; a block's location never changes)."""
-        if "location" not in self._columns("budgets"):
-            self.conn.execute("ALTER TABLE budgets ADD COLUMN location TEXT")
-        self.q("UPDATE budgets SET location = (SELECT b.location FROM blocks b WHERE "
-               "b.stream = budgets.stream AND b.block_id = budgets.block_id) "
-               "WHERE location IS NULL")
-        self.q("UPDATE ledger_head SET schema_version = ?", (SCHEMA_VERSION,))

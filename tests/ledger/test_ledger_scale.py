@@ -1,7 +1,7 @@
 """Large streams: reads use indexes (never a scan of the stream); windows page further back."""
 import pytest
 
-from sage_tfx.ledger import BlockSpec, Window, open_ledger, pgrequest
+from sage_tfx.ledger import BlockSpec, Window, open_ledger, pgrequest, schema
 
 
 def _ledger(url, n):
@@ -135,7 +135,8 @@ def test_schema_2_ledger_gets_locations_in_its_budget_rows(ledger_url):
     led.close()
     led = open_ledger(ledger_url)
     assert led._q("SELECT count(*) FROM budgets WHERE location IS NULL").fetchone()[0] == 0
-    assert {r[0] for r in led._q("SELECT schema_version FROM ledger_head").fetchall()} == {3}
+    assert {r[0] for r in led._q("SELECT schema_version FROM ledger_head").fetchall()} == {
+        schema.SCHEMA_VERSION}
     d = led.request("s", run_id="after", blocks=["b00001", "b00002"], epsilon=0.1)
     assert [(b.block_id, b.location) for b in d.grant.blocks] == [
         ("b00001", "/store/b00001"), ("b00002", "/store/b00002")]

@@ -1,0 +1,167 @@
+"""What every sage-tfx HTTP service shares: authentication, body limits, error mapping.
+
+The PTK store and the Draw-and-Discard server (and any later service) are FastAPI apps. Each
+endpoint depends on :meth:`Authenticator.require` with the roles it admits; callers present
+``Authorization: Bearer <token>``, a token the ledger issued (:mod:`sage_tfx.ledger.access`).
+A ledger still in open mode (no principal: one user, the embedded default) has no tokens to
+check, so the service makes one itself at start (like Jupyter's), writes it to a 0600 file and
+admits only callers who present it: every endpoint authenticates in every mode.
+
+:class:`BodyLimit` refuses a body larger than the service's limit with 413 before reading it
+(Content-Length) or as soon as a chunked body passes it. :func:`install_error_handlers` maps
+:class:`~sage_tfx.errors.AuthenticationError` to 401, :class:`~sage_tfx.errors.PermissionDeniedError`
+to 403 and bad input (``ValueError``) to 400. FastAPI is imported by the services only.
+"""
+from __future__ import annotations
+
+import os
+import secrets as token_rng
+import threading
+import time
+from typing import Callable, Optional
+
+from sage_tfx.errors import AuthenticationError, PermissionDeniedError
+from sage_tfx.ledger import access, open_ledger
+
+DEFAULT_MAX_BODY = 1024 * 1024  # bytes
+_WWW = {"WWW-Authenticate": 'Bearer realm="sage-tfx"'}
+
+
+class BodyLimit:
+    """ASGI middleware: 413 for any request body over ``max_bytes`` (nothing past it is read)."""
+
+    def __init__(self, app, max_bytes: int = DEFAULT_MAX_BODY):
+        self.app, self.max_bytes = app, int(max_bytes)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    return await _reply(send, 400, b'{"error": "bad Content-Length"}')
+                if declared > self.max_bytes:
+                    return await _reply(send, 413, self._too_large())
+        seen = 0
+        started = False
+
+        async def limited_receive():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise _TooLarge()
+            return message
+
+        async def tracking_send(message):
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except _TooLarge:
+            if not started:
+                await _reply(send, 413, self._too_large())
+
+    def _too_large(self) -> bytes:
+        return b'{"error": "request body larger than %d bytes"}' % self.max_bytes
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _reply(send, status: int, body: bytes) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class Authenticator:
+    """Checks bearer tokens against the ledger's principals (cached for ``cache_seconds``).
+
+    Args:
+      ledger_url: the ledger whose principals authenticate callers (a reference is fine).
+      token: this service's own ledger credential (default: the environment's).
+      open_token_file: where to write the token a ledger in open mode is served with
+        (default: a 0600 file in the working directory, ``.sage-service-token``).
+      cache_seconds: how long a checked token stays valid without asking the ledger again
+        (a disabled principal is refused within this time).
+    """
+
+    def __init__(self, ledger_url: str, *, token: Optional[str] = None,
+                 open_token_file: Optional[str] = None, cache_seconds: float = 5.0):
+        self._ledger = open_ledger(ledger_url, token)
+        self._lock = threading.Lock()
+        self._cache: dict[str, tuple[float, access.Principal]] = {}
+        self.cache_seconds = cache_seconds
+        self.open_token: Optional[str] = None
+        self.open_token_file: Optional[str] = None
+        if self._ledger.open_mode:
+            self.open_token = access.TOKEN_PREFIX + token_rng.token_urlsafe(32)
+            self.open_token_file = os.path.abspath(open_token_file or ".sage-service-token")
+            fd = os.open(self.open_token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(self.open_token + "\n")
+
+    def close(self) -> None:
+        self._ledger.close()
+
+    def principal(self, authorization: Optional[str]) -> access.Principal:
+        """The principal of an ``Authorization`` header. Raises AuthenticationError."""
+        if not authorization or not authorization.startswith("Bearer "):
+            raise AuthenticationError("send Authorization: Bearer <token>")
+        token = authorization[len("Bearer "):].strip()
+        if self.open_token is not None:
+            if not token_rng.compare_digest(token.encode(), self.open_token.encode()):
+                raise AuthenticationError("unknown token")
+            return access.Principal("local", frozenset(access.ROLES))
+        now = time.monotonic()
+        key = access.token_digest(token)
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None and hit[0] > now:
+                return hit[1]
+            p = self._ledger.authenticate(token)
+            if len(self._cache) > 10000:
+                self._cache.clear()
+            self._cache[key] = (now + self.cache_seconds, p)
+            return p
+
+    def require(self, *roles: str) -> Callable:
+        """A FastAPI dependency: the caller's principal, which must hold one of ``roles``."""
+        from fastapi import Header
+
+        def dependency(authorization: Optional[str] = Header(default=None)) -> access.Principal:
+            p = self.principal(authorization)
+            if not (p.roles & set(roles)) and not p.has(access.ADMIN):
+                raise PermissionDeniedError(
+                    f"principal {p.name!r} (roles {sorted(p.roles)}) may not call this "
+                    f"endpoint: it needs one of {sorted(roles)}")
+            return p
+
+        return dependency
+
+
+def install_error_handlers(app) -> None:
+    """401 / 403 / 400 JSON answers for the project's errors (nothing was changed)."""
+    from fastapi.responses import JSONResponse
+
+    async def unauthenticated(_request, exc):
+        return JSONResponse({"error": str(exc)}, status_code=401, headers=_WWW)
+
+    async def forbidden(_request, exc):
+        return JSONResponse({"error": str(exc)}, status_code=403)
+
+    async def bad_input(_request, exc):
+        return JSONResponse({"error": f"{type(exc).__name__}: {exc}"}, status_code=400)
+
+    app.add_exception_handler(AuthenticationError, unauthenticated)
+    app.add_exception_handler(PermissionDeniedError, forbidden)
+    app.add_exception_handler(ValueError, bad_input)
