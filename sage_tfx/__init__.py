@@ -109,7 +109,8 @@ PUBLIC_API: dict[str, tuple[str, ...]] = {
     "sage_tfx.components.dp_transform.analyzers": (
         "DPPreprocessingFn", "dp_mean", "dp_scale_to_0_1", "dp_group_by_mean", "dp_count",
         "dp_quantiles"),
-    "sage_tfx.components.dp_trainer": ("report_guarantee", "train_part", "dpsgd_noise_for"),
+    "sage_tfx.components.dp_trainer": ("private_training", "report_guarantee", "train_part",
+                                       "dpsgd_noise_for"),
     # The PTK store (../shared/papers/ptk-sage-feature-store.md).
     "sage_tfx.ptk": (
         "PTKStore", "StoreConfig", "Reject", "PTK", "PTKType", "PrivacyCharge", "allocate",

@@ -22,7 +22,9 @@ depends on the eval data would itself release information.
 
 Assumptions, beyond those of ``sage_tfx.dp.validation``: the eval split was not used in training,
 and its records come from the granted blocks (an Examples artifact that records a ``grant_id``,
-as BlockExampleGen's do, must name this grant).
+as BlockExampleGen's do, must name this grant). Only a model its Sage trainer recorded as
+trained and verified under this grant is validated (``check_trained_model``): a model of unknown
+privacy is refused with the reason, never blessed.
 """
 from __future__ import annotations
 
@@ -48,6 +50,7 @@ from sage_tfx.adaptive import plan as plan_lib
 from sage_tfx.dp import validation
 from sage_tfx.components import artifacts, plan_io
 from sage_tfx.components.block_example_gen.spec import GRANT_ID_PROPERTY as EXAMPLES_GRANT_ID
+from sage_tfx.components.dp_trainer import guarantee as trainer_guarantee
 from sage_tfx.components.dp_trainer.guarantee import MEMBERSHIP_FILE_NAME
 from sage_tfx.components.dp_validator import spec
 from sage_tfx.errors import MissingGrantError
@@ -221,6 +224,35 @@ def check_examples_grant(examples: types.Artifact, grant_id: str) -> None:
                 f"the eval Examples ({examples.uri}) were read under grant {recorded}, but the "
                 f"grant input is {grant_id}: validation must spend the plan charged for the data "
                 "it reads")
+
+
+def check_trained_model(model: types.Artifact, grant_id: str) -> None:
+    """Refuses a model whose trainer did not record a verified DP training under this grant.
+
+    A Sage trainer writes the Model's ``grant_id`` only after checking what it ran against the
+    grant's plan (DnDTrainer: its RunBudget; DPTrainer: its own privacy loop, marked
+    ``dp_verification = "observed"``). A model without that record — the stock Trainer's, or one
+    whose DP training the trainer did not observe — has no known privacy: it is never blessed.
+
+    Raises:
+      UnverifiedTrainingError: no record of this grant, or a DPTrainer model not verified from
+        what ran.
+    """
+    prop = spec.GRANT_ID_PROPERTY
+    recorded = model.get_string_custom_property(prop) if model.has_custom_property(prop) else ""
+    if recorded != grant_id:
+        raise trainer_guarantee.UnverifiedTrainingError(
+            f"the model {model.uri} records no DP training under grant {grant_id} (its "
+            f"{prop!r} is {recorded!r}): only a model a Sage trainer (DPTrainer, DnDTrainer) "
+            "trained and verified under this grant is validated and blessed")
+    verification = trainer_guarantee.VERIFICATION_PROPERTY
+    if model.has_custom_property("dp_algorithm") and (
+            not model.has_custom_property(verification)
+            or model.get_string_custom_property(verification) != trainer_guarantee.OBSERVED):
+        raise trainer_guarantee.UnverifiedTrainingError(
+            f"the DPTrainer model {model.uri} was not verified from the training the executor "
+            f"ran ({verification!r} is not {trainer_guarantee.OBSERVED!r}): its privacy is what "
+            "a run_fn reported, not what ran")
 
 
 def refuse_not_dp_model(model: types.Artifact, blessing: types.Artifact) -> bool:
@@ -486,6 +518,8 @@ class Executor(base_executor.BaseExecutor):
           MissingGrantError: no grant, a denial, no privacy plan, no ``validate`` part, an rdp
             part that is not this validator's event, or eval Examples of another grant. Raised
             before the model or any example is read.
+          UnverifiedTrainingError: a model without its trainer's verified record of this grant
+            (``check_trained_model``); also raised before anything is read.
           ValueError, FileNotFoundError: bad configuration, split, model or signature.
         """
         self._log_startup(input_dict, output_dict, exec_properties)
@@ -509,6 +543,11 @@ class Executor(base_executor.BaseExecutor):
             raise
         if refuse_not_dp_model(model_artifact, blessing):  # NOT_BLESSED is already written
             return
+        try:
+            check_trained_model(model_artifact, grant.grant_id)
+        except trainer_guarantee.UnverifiedTrainingError as e:
+            blessing.set_string_custom_property(spec.REASON_PROPERTY, str(e))
+            raise
 
         files = eval_files(examples, config.eval_split)
         model = ServingModel(
