@@ -316,7 +316,8 @@ def release_request(input_dict: Dict[str, List[types.Artifact]],
         "preprocessing_fn": exec_properties.get(spec.PREPROCESSING_FN_KEY) or None,
         "custom_config": exec_properties.get(spec.CUSTOM_CONFIG_KEY) or None,
         "force_tf_compat_v1": int(bool(exec_properties.get(spec.FORCE_TF_COMPAT_V1_KEY, 0))),
-        "splits": {"analyze": list(splits.analyze), "transform": list(splits.transform)},
+        # Sorted: without a splits_config the stock resolution lists the splits in set order.
+        "splits": {"analyze": sorted(splits.analyze), "transform": sorted(splits.transform)},
         "public_features": list(public),
         "schema_sha256": release_io.file_digest(schema_file),
     }

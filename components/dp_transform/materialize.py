@@ -7,18 +7,21 @@ applied to one granted record — so they are never recorded in the ledger (they
 data). They are always computed here, from the graph as released (recorded or replayed), by a
 transform-only Beam pass (``tft_beam.TransformDataset`` over ``ReadTransformFn``: no analyzer
 runs, no noise is drawn), written with the stock Transform's encoder and layout
-(``Split-<name>/transformed_examples-*.gz``). The first run and every replay thus produce the
-same records from the same graph.
+(``Split-<name>/transformed_examples-*.gz``), each tf.Example serialized deterministically. The
+first run and every replay thus write the same records from the same graph (byte for byte on a
+runner that keeps the input order, such as the DirectRunner).
 """
 from __future__ import annotations
 
 import os
 from typing import Any, Callable, Dict, List
 
+import apache_beam as beam
 import tensorflow_transform.beam as tft_beam
 from tfx import types
 from tfx.components.transform import executor as transform_executor
 from tfx.components.transform import executor_utils
+from tfx.components.transform import labels as transform_labels
 from tfx.components.util import examples_utils, tfxio_utils
 from tfx.dsl.io import fileio
 from tfx.types import artifact_utils, standard_component_specs
@@ -45,6 +48,13 @@ def transformed_output_paths(input_dict: Dict[str, List[types.Artifact]],
     transformed = output_dict[spec.TRANSFORMED_EXAMPLES_KEY]
     executor_utils.SetSplitNames(splits_config.transform, transformed)
     return patterns, pattern_formats, executor_utils.GetSplitPaths(transformed)
+
+
+def canonical_example(serialized: bytes) -> bytes:
+    """A tf.Example re-serialized deterministically (features in key order): the encoder's
+    column order varies between runs, and the same records should give the same bytes."""
+    from tensorflow.core.example import example_pb2
+    return example_pb2.Example.FromString(serialized).SerializeToString(deterministic=True)
 
 
 def transform_examples(graph_uri: str, input_dict: Dict[str, List[types.Artifact]],
@@ -90,8 +100,17 @@ def transform_examples(graph_uri: str, input_dict: Dict[str, List[types.Artifact
                     ((raw, dataset.tfxio.TensorAdapterConfig()), transform_fn)
                     | f"Transform[{infix}]" >> tft_beam.TransformDataset(
                         output_record_batches=True))
-                _ = (transformed
-                     | f"EncodeAndWrite[{infix}]" >> processor._EncodeAndWrite(  # pylint: disable=protected-access
-                         schema=transformed_metadata.schema, file_format=file_format,
-                         output_path=dataset.materialize_output_path))
+                if file_format == transform_labels.FORMAT_TFRECORD:
+                    _ = (transformed
+                         | f"Encode[{infix}]" >> beam.ParDo(
+                             processor._RecordBatchToExamplesFn(transformed_metadata.schema))  # pylint: disable=protected-access
+                         | f"Values[{infix}]" >> beam.Values()
+                         | f"Canonical[{infix}]" >> beam.Map(canonical_example)
+                         | f"Write[{infix}]" >> beam.io.WriteToTFRecord(
+                             dataset.materialize_output_path, file_name_suffix=".gz"))
+                else:
+                    _ = (transformed
+                         | f"EncodeAndWrite[{infix}]" >> processor._EncodeAndWrite(  # pylint: disable=protected-access
+                             schema=transformed_metadata.schema, file_format=file_format,
+                             output_path=dataset.materialize_output_path))
     io_utils.delete_dir(temp_dir)
