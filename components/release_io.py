@@ -44,7 +44,7 @@ from tfx.utils import io_utils
 
 from sage_tfx.dp import granted
 from sage_tfx.errors import InvalidRequestError, MissingGrantError, ReleaseConflictError
-from sage_tfx.ledger import releases
+from sage_tfx.ledger import releases, secrets
 
 REPLAYED_PROPERTY = "replayed"
 RELEASE_NAME_PROPERTY = "release_name"
@@ -71,7 +71,7 @@ def ledger_url_for(grant_artifact: Artifact, ledger_url: Optional[str], *,
     if issued_by and issued_by != url:
         raise MissingGrantError(
             f"the grant was issued by another ledger than the one {component} trusts "
-            f"({url!r} pinned)")
+            f"({secrets.redact(url)!r} pinned)")
     return url
 
 
