@@ -41,7 +41,7 @@ from sage_tfx.components.block_example_gen.component import BlockExampleGen
 from sage_tfx.components.dp_trainer.component import DPTrainer
 from sage_tfx.components.dp_transform.component import DPTransform
 from sage_tfx.components.dp_validator import spec as validator_spec
-from sage_tfx.components.release_io import REPLAYED_PROPERTY
+from sage_tfx.components.release_io import RELEASE_NAME_PROPERTY, REPLAYED_PROPERTY
 from sage_tfx.components.dp_validator.component import DPModelValidator
 from sage_tfx.components.gate.component import SageGate
 from sage_tfx.ledger import Grant
@@ -188,9 +188,11 @@ class IterationResult:
       model_guarantee: the Model's ``dp_*`` custom properties (``dp_epsilon``, ``dp_delta``,
         ``dp_noise_multiplier``, ``dp_num_examples``, ...); empty if denied.
       replayed: artifact type name -> the ``replayed`` property (0/1) of this run's outputs
-        released once against the grant (``TransformGraph``, ``Examples`` (transformed),
-        ``ModelBlessing``, ...): 1 where the run published a release recorded by an earlier
-        execution under the same grant and drew no noise.
+        released once against the grant (those with a ``release_name``: ``TransformGraph``,
+        ``Examples`` (transformed), ``ModelBlessing``, ...): 1 where the run published a
+        release recorded by an earlier execution under the same grant and drew no noise. (The
+        SageGrant's own ``replayed`` says the gate's request was not charged again, which is
+        how every adaptive iteration's gate finds the allocator's charge.)
     """
 
     outcome: str
@@ -254,7 +256,7 @@ def read_iteration_result(metadata_path: str, pipeline_name: str,
         name = type_names[artifact.type_id]
         if name not in newest or artifact.id > newest[name].id:
             newest[name] = artifact
-        if REPLAYED_PROPERTY in artifact.custom_properties:
+        if RELEASE_NAME_PROPERTY in artifact.custom_properties:  # released once (release_io)
             replayed[name] = _value(artifact.custom_properties[REPLAYED_PROPERTY])
 
     grant = newest.get(sage_artifacts.SageGrant.TYPE_NAME)

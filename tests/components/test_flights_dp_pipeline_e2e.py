@@ -100,7 +100,7 @@ def test_accept_pushes_the_model_and_charges_the_plan_once(runs):
                                     "upper_bound", "lower_bound", "n_test_dp", "epsilon",
                                     "delta", "eta", "target", "loss_bound", "grant_id"}
     # Each DP output was drawn by this run (not a replay), and released once against its grant.
-    assert result.replayed.get("TransformGraph") == 0 and result.replayed.get("ModelBlessing") == 0
+    assert result.replayed == {"TransformGraph": 0, "Examples": 0, "ModelBlessing": 0}
     # The model's DP guarantee fits the plan's train part (and spends it, not wasted).
     train = plan.part("train")
     guarantee = result.model_guarantee
