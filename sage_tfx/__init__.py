@@ -66,9 +66,10 @@ PUBLIC_API: dict[str, tuple[str, ...]] = {
     "sage_tfx.dp.validation": (
         "Outcome", "ValidationResult", "LossValidator", "AccuracyValidator",
         "SumStatisticValidator"),
+    "sage_tfx.dp.granted": ("release_json_once", "validate_once", "adassp_once", "JsonRelease"),
     "sage_tfx.adaptive": (
         "PlanPart", "PrivacyPlan", "Allocator", "AdaptiveSearch", "SearchConfig",
-        "IterationRecord"),
+        "IterationRecord", "run_statistic_iteration", "StatisticIteration"),
     "sage_tfx.errors": (
         "SageError", "InvalidPrivacyParameterError", "AccountingModeError", "UnknownStreamError",
         "UnknownBlockError", "RetiredBlockError", "InvalidRequestError", "GrantStateError",

@@ -194,7 +194,8 @@ def test_accept_blesses_with_dp_quantities_only(mods, tmp_path, eval_data, examp
     assert _custom_properties(blessing) == {
         "blessed", "outcome", "metric_name", "dp_estimate", "upper_bound", "lower_bound",
         "n_test_dp", "epsilon", "delta", "eta", "target", "loss_bound", "grant_id",
-        "current_model", "current_model_id"}
+        "current_model", "current_model_id", "replayed", "release_name", "release_digest"}
+    assert blessing.get_int_custom_property("replayed") == 0  # this run drew the release
     raw_mean = float(_raw_losses(eval_data).mean())
     assert blessing.get_float_custom_property("dp_estimate") != raw_mean
     assert blessing.get_float_custom_property("n_test_dp") != float(N_EVAL)
@@ -338,7 +339,9 @@ def test_data_never_raises_empty_split_and_missing_labels_still_decide(mods, tmp
                     examples=_examples(str(empty)))
     assert blessing.get_string_custom_property("outcome") == "RETRY"
     assert os.path.exists(os.path.join(blessing.uri, spec.NOT_BLESSED_FILE_NAME))
-    # Missing labels count as the worst loss B = 1: far above the target.
+    # Missing labels count as the worst loss B = 1: far above the target (a second validation:
+    # a second grant).
+    grant = _grant(mods, tmp_path, _plan(("validate", 1.0)), name="grant2")
     blessing = _run(mods, tmp_path, name="unlabeled", grant=grant, model=_model(good_model_uri),
                     examples=_examples(examples_dir), label_key="no_such_feature")
     assert blessing.get_string_custom_property("outcome") == "REJECT"
@@ -486,12 +489,12 @@ def _push(tmp_path, model, blessing, name):
 
 
 def test_stock_pusher_pushes_only_accepted_models(mods, tmp_path, examples_dir, good_model_uri):
-    grant = _grant(mods, tmp_path, _plan(("validate", 1.0)))
     model = _model(good_model_uri)
-    accepted = _run(mods, tmp_path, name="accepted", grant=grant, model=model,
-                    examples=_examples(examples_dir))
-    retried = _run(mods, tmp_path, name="retried", grant=grant, model=model,
-                   examples=_examples(examples_dir), target=0.012)
+    accepted = _run(mods, tmp_path, name="accepted", model=model, examples=_examples(examples_dir),
+                    grant=_grant(mods, tmp_path, _plan(("validate", 1.0))))
+    retried = _run(mods, tmp_path, name="retried", model=model, examples=_examples(examples_dir),
+                   grant=_grant(mods, tmp_path, _plan(("validate", 1.0)), name="grant2"),
+                   target=0.012)
     assert accepted.get_string_custom_property("outcome") == "ACCEPT"
     assert retried.get_string_custom_property("outcome") == "RETRY"
 
