@@ -226,6 +226,8 @@ class Store:
         self._analyze: set = set()
         self._flush_after_unlock = False
         self.principal = "local"  # who writes: set by the Ledger once the caller is identified
+        # PostgreSQL: a role other than the ledger's owner (pgroles.restricted)
+        self.restricted = False
         for attempt in range(MAX_RETRIES + 1):
             try:
                 self.conn = self.backend.connect()
