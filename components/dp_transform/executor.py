@@ -37,7 +37,7 @@ from tfx.dsl.io import fileio
 from tfx.types import artifact_utils, standard_component_specs
 from tfx.utils import io_utils
 
-from sage_tfx.ledger import accounting
+from sage_tfx.ledger import accounting, secrets
 from sage_tfx.adaptive import plan as plan_lib
 from sage_tfx.components import artifacts
 from sage_tfx.components import plan_io
@@ -100,8 +100,8 @@ def verify_with_ledger(grant_artifact: types.Artifact, grant: Grant,
             f"grant artifact {grant_artifact.uri} records no ledger_url and none was given")
     if issued_by and issued_by != url:
         raise MissingGrantError(
-            f"grant {grant.grant_id} was issued by ledger {issued_by}, but this DPTransform only "
-            f"trusts ledger {url}")
+            f"grant {grant.grant_id} was issued by ledger {secrets.redact(issued_by)}, but this "
+            f"DPTransform only trusts ledger {secrets.redact(url)}")
     with open_ledger(url) as ledger:
         return block_example_gen_executor.verify_grant(grant, ledger, url)
 

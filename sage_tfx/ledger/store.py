@@ -204,8 +204,9 @@ def _backend_for(url: str) -> _Backend:
         return _SqliteBackend(url)
     if url.startswith(("postgresql://", "postgres://")):
         return _PostgresBackend(url)
+    from sage_tfx.ledger import secrets
     raise InvalidRequestError(
-        f"unsupported ledger URL {url!r}: use sqlite:///path/to/ledger.db or "
+        f"unsupported ledger URL {secrets.redact(url)!r}: use sqlite:///path/to/ledger.db or "
         "postgresql://user@host:port/dbname")
 
 
