@@ -209,7 +209,7 @@ class AccessMixin:
     def _bound(self, name: str, stream: str, context: str) -> bool:
         if self._store.restricted:  # a login role sees only its own principal's bindings
             return name == self.principal.name and self._store.q(
-                "SELECT 1 FROM sage_my_bindings() WHERE stream = ? AND context = ?",
+                f"SELECT 1 FROM {pgroles.SCOPE} WHERE stream = ? AND context = ?",
                 (stream, context)).fetchone() is not None
         return self._store.q("SELECT 1 FROM bindings WHERE principal = ? AND stream = ? AND "
                              "context = ?", (name, stream, context)).fetchone() is not None

@@ -48,10 +48,11 @@ LEDGER_TABLES = ("ledger_head", "streams", "blocks", "budgets", "grants", "audit
 PRINCIPAL_COLUMNS = "name, roles, status, pg_role, created_at, updated_at"  # not token_sha256
 REFUND = "sage_refund(TEXT, TEXT)"
 GRANT_KEYS = "sage_grant_keys(TEXT)"
-_SESSION = ("sage_identify(TEXT)", "sage_reads_all()", "sage_writes_all()",
-            "sage_my_bindings()")
+SCOPE = "sage_scope"  # the session's principal, its reach and its bindings (a view)
+_SESSION = ("sage_identify(TEXT)",)
 _PIPELINE_FUNCTIONS = _SESSION + ("sage_audit_has(BIGINT, BIGINT, TEXT)", REFUND, GRANT_KEYS)
-_DEFINER = _PIPELINE_FUNCTIONS  # every SECURITY DEFINER function (none is executable by PUBLIC)
+# every SECURITY DEFINER function (none is executable by PUBLIC)
+_DEFINER = _PIPELINE_FUNCTIONS + ("sage_may_charge(TEXT, TEXT)",)
 
 # Privileges of each sage role's login role (in addition to CONNECT, which PUBLIC has).
 _GRANTS = {
@@ -65,10 +66,11 @@ _GRANTS = {
         "SELECT, INSERT, UPDATE, DELETE ON leases",
         "SELECT, INSERT, UPDATE ON counters",
         "USAGE ON SEQUENCE audit_seq_gen",
+        f"SELECT ON {SCOPE}",
     ],
     "auditor": [
         "SELECT ON ledger_head, streams, blocks, budgets, grants, audit, releases, bindings, "
-        "leases, counters",
+        f"leases, counters, {SCOPE}",
         f"SELECT ({PRINCIPAL_COLUMNS}) ON principals",
     ],
     "client": [],
@@ -80,7 +82,6 @@ def _functions(schema: str) -> list[str]:
     """The SECURITY DEFINER helpers and trigger functions, for the ledger in ``schema``."""
     definer = f"SECURITY DEFINER SET search_path = {schema}, pg_temp"
     owner = f"(SELECT relowner FROM pg_class WHERE oid = '{schema}.ledger_head'::regclass)"
-    me = ("FROM principals p WHERE p.pg_role = session_user AND p.status = 'active'")
     refuse = ("RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege', MESSAGE = ")
     return [
         # Who the session is: the principal mapped to session_user (p_digest NULL) or holding
@@ -92,20 +93,22 @@ def _functions(schema: str) -> list[str]:
                 FROM (SELECT 1) AS one LEFT JOIN principals p ON CASE WHEN p_digest IS NULL
                   THEN p.pg_role = session_user ELSE p.token_sha256 = p_digest END
                 ORDER BY p.name LIMIT 1 $$""",
-        # The owner (or a member of it, or a superuser) sees and writes everything.
-        f"""CREATE OR REPLACE FUNCTION sage_reads_all() RETURNS BOOLEAN
-            LANGUAGE sql STABLE {definer} AS $$
+        # The session's active principal and its bindings (one row per binding, or one with
+        # no stream). A view, not a function: the planner inlines it into the row-level
+        # policies (one small join per statement), and it reads principals and bindings with
+        # its owner's rights while a login role may read only this.
+        f"""CREATE OR REPLACE VIEW {SCOPE} AS
+              SELECT p.name AS principal, p.roles::jsonb ?| array['admin', 'auditor'] AS reads_all,
+                     p.roles::jsonb ? 'admin' AS writes_all, b.stream, b.context
+                FROM principals p LEFT JOIN bindings b ON b.principal = p.name
+               WHERE p.pg_role = session_user AND p.status = 'active'""",
+        # The owner (or a member of it, or a superuser), an admin, or a principal bound to
+        # (stream, context).
+        f"""CREATE OR REPLACE FUNCTION sage_may_charge(p_stream TEXT, p_context TEXT)
+            RETURNS BOOLEAN LANGUAGE sql STABLE {definer} AS $$
               SELECT pg_has_role(session_user, {owner}, 'USAGE') OR EXISTS (
-                SELECT 1 {me} AND p.roles::jsonb ?| array['admin', 'auditor']) $$""",
-        f"""CREATE OR REPLACE FUNCTION sage_writes_all() RETURNS BOOLEAN
-            LANGUAGE sql STABLE {definer} AS $$
-              SELECT pg_has_role(session_user, {owner}, 'USAGE') OR EXISTS (
-                SELECT 1 {me} AND p.roles::jsonb ? 'admin') $$""",
-        f"""CREATE OR REPLACE FUNCTION sage_my_bindings()
-            RETURNS TABLE (stream TEXT, context TEXT) LANGUAGE sql STABLE {definer} AS $$
-              SELECT b.stream, b.context FROM bindings b JOIN principals p
-                ON p.name = b.principal WHERE p.pg_role = session_user
-                AND p.status = 'active' $$""",
+                SELECT 1 FROM {SCOPE} s WHERE s.writes_all
+                  OR (s.stream = p_stream AND s.context = p_context)) $$""",
         f"""CREATE OR REPLACE FUNCTION sage_audit_has(p_chain BIGINT, p_seq BIGINT, p_hash TEXT)
             RETURNS BOOLEAN LANGUAGE sql STABLE {definer} AS $$
               SELECT EXISTS (SELECT 1 FROM audit WHERE chain = p_chain AND seq = p_seq
@@ -132,8 +135,7 @@ def _functions(schema: str) -> list[str]:
               IF NOT FOUND THEN
                 RAISE EXCEPTION 'unknown grant %', p_grant_id USING ERRCODE = 'invalid_parameter_value';
               END IF;
-              IF NOT (sage_writes_all() OR (g.stream, g.context) IN
-                      (SELECT b.stream, b.context FROM sage_my_bindings() b)) THEN
+              IF NOT sage_may_charge(g.stream, g.context) THEN
                 {refuse} format('database role %s is not bound to stream %s, context %s',
                                 session_user, g.stream, g.context);
               END IF;
@@ -191,8 +193,7 @@ def _functions(schema: str) -> list[str]:
               IF NOT FOUND THEN
                 RAISE EXCEPTION 'unknown grant %', p_grant_id USING ERRCODE = 'invalid_parameter_value';
               END IF;
-              IF NOT (sage_writes_all() OR (g.stream, g.context) IN
-                      (SELECT b.stream, b.context FROM sage_my_bindings() b)) THEN
+              IF NOT sage_may_charge(g.stream, g.context) THEN
                 {refuse} format('database role %s is not bound to stream %s, context %s',
                                 session_user, g.stream, g.context);
               END IF;
@@ -230,7 +231,7 @@ def _functions(schema: str) -> list[str]:
             DECLARE mine TEXT;
             BEGIN
               IF pg_has_role(current_user, {owner}, 'USAGE') THEN RETURN NEW; END IF;
-              SELECT i.name INTO mine FROM sage_identify(NULL) i WHERE i.status = 'active';
+              SELECT s.principal INTO mine FROM {SCOPE} s LIMIT 1;
               IF mine IS NOT NULL AND NEW.payload::jsonb ->> 'principal' = mine THEN
                 RETURN NEW;
               END IF;
@@ -250,9 +251,9 @@ def _functions(schema: str) -> list[str]:
     ]
 
 
-_BOUND = "(stream, context) IN (SELECT b.stream, b.context FROM sage_my_bindings() b)"
-_READ = f"(SELECT sage_reads_all()) OR {_BOUND}"
-_WRITE = f"(SELECT sage_writes_all()) OR {_BOUND}"
+_BOUND = f"(stream, context) IN (SELECT s.stream, s.context FROM {SCOPE} s)"
+_READ = f"coalesce((SELECT bool_or(s.reads_all) FROM {SCOPE} s), false) OR " + _BOUND
+_WRITE = f"coalesce((SELECT bool_or(s.writes_all) FROM {SCOPE} s), false) OR " + _BOUND
 
 
 def _policies() -> list[str]:
@@ -450,7 +451,7 @@ def revoke(store, role: str) -> None:
     """Takes every ledger privilege from ``role`` (a disabled principal's role keeps none)."""
     conn = store.conn
     who = _ident(conn, role)
-    conn.execute(f"REVOKE ALL ON {', '.join(LEDGER_TABLES)} FROM {who}")
+    conn.execute(f"REVOKE ALL ON {', '.join(LEDGER_TABLES + (SCOPE,))} FROM {who}")
     conn.execute(f"REVOKE ALL ON SEQUENCE audit_seq_gen FROM {who}")
     for fn in _DEFINER:
         conn.execute(f"REVOKE ALL ON FUNCTION {fn} FROM {who}")
