@@ -10,8 +10,8 @@ Examples::
     sage-tfx request flights --run-id train-1 --last 30 --epsilon 0.1 --delta 1e-8
     sage-tfx audit --limit 20
     sage-tfx principal add alice --role admin                         # prints alice's token once
-    sage-tfx --token file:~/.sage/alice principal add etl --role pipeline --pg-role
-    sage-tfx --token file:~/.sage/alice principal bind etl --stream flights --context default
+    sage-tfx --token file:$HOME/.sage/alice.token principal add etl --role pipeline --pg-role
+    sage-tfx principal bind etl --stream flights --context default   # token: $SAGE_LEDGER_TOKEN
     sage-tfx audit anchor --file /mnt/worm/ledger-anchors.jsonl --key-file anchor.key
     sage-tfx verify --anchors /mnt/worm/ledger-anchors.jsonl --key-file anchor.key
     sage-tfx compile --target kubeflow flights-dp --image IMAGE ...   # KFP v2 job JSON

@@ -2,13 +2,15 @@
 
 ::
 
-    sage-tfx principal add alice --role admin                 # the first one turns auth on
-    sage-tfx --token file:~/.sage/alice principal add etl --role pipeline --pg-role
-    sage-tfx --token file:~/.sage/alice principal bind etl --stream flights --context team-a
-    sage-tfx --token file:~/.sage/alice principal list
-    sage-tfx --token file:~/.sage/alice principal rotate etl [--pg-password]
-    sage-tfx --token file:~/.sage/alice principal unbind etl --stream flights --context team-a
-    sage-tfx --token file:~/.sage/alice principal disable etl
+    sage-tfx principal add alice --role admin        # the first one turns authentication on
+    export SAGE_LEDGER_TOKEN_FILE=$HOME/.sage/alice.token            # (saved as printed)
+    sage-tfx principal add etl --role pipeline --pg-role             # + a PostgreSQL login role
+    sage-tfx principal bind etl --stream flights --context team-a
+    sage-tfx principal list
+    sage-tfx principal rotate etl [--pg-password]
+    sage-tfx principal unbind etl --stream flights --context team-a
+    sage-tfx principal disable etl
+    sage-tfx --token file:$HOME/.sage/alice.token principal list     # or env:NAME
 
 Tokens and database passwords are printed once, when issued; the ledger keeps a SHA-256 digest
 of each token and PostgreSQL a SCRAM verifier of each password.
@@ -66,16 +68,17 @@ def add_parser(sub) -> None:
 
 
 def _token_lines(name: str, token: str) -> list[str]:
+    path = f"$HOME/.sage/{name}.token"
     return [
         f"token of {name} (shown once; the ledger keeps only its SHA-256 digest):",
         f"  {token}",
-        "use it, in this order of preference:",
-        "  a file:   umask 077; echo TOKEN > ~/.sage/TOKEN_FILE; export "
-        f"{access.TOKEN_FILE_ENV}=~/.sage/TOKEN_FILE",
-        f"  a Kubernetes Secret mapped to ${access.TOKEN_ENV} in the pod "
+        "use it (a file or a Secret keeps it out of shell history and process lists):",
+        f"  umask 077; mkdir -p $HOME/.sage; printf %s '{token}' > {path}",
+        f"  export {access.TOKEN_FILE_ENV}={path}       # or: sage-tfx --token file:{path} ...",
+        f"  export {access.TOKEN_ENV}=...                   # or: sage-tfx --token "
+        f"env:{access.TOKEN_ENV} ...",
+        f"  in Kubernetes: a Secret key mapped to ${access.TOKEN_ENV} "
         "(sage-tfx compile --token-secret NAME:KEY)",
-        f"  the environment: export {access.TOKEN_ENV}=TOKEN  (or: sage-tfx --token "
-        f"env:{access.TOKEN_ENV} ...)",
     ]
 
 

@@ -133,15 +133,17 @@ def _functions(schema: str) -> list[str]:
               SELECT stream, context, status, blocks, mode, request INTO g FROM grants
                 WHERE grant_id = p_grant_id FOR UPDATE;
               IF NOT FOUND THEN
-                RAISE EXCEPTION 'unknown grant %', p_grant_id USING ERRCODE = 'invalid_parameter_value';
+                RAISE EXCEPTION 'unknown grant %', p_grant_id
+                  USING ERRCODE = 'invalid_parameter_value';
               END IF;
               IF NOT sage_may_charge(g.stream, g.context) THEN
                 {refuse} format('database role %s is not bound to stream %s, context %s',
                                 session_user, g.stream, g.context);
               END IF;
               IF g.status <> 'reserved' THEN
-                RAISE EXCEPTION 'grant % is %: only a reservation that never released data can be cancelled',
-                  p_grant_id, g.status USING ERRCODE = 'object_not_in_prerequisite_state';
+                RAISE EXCEPTION 'grant % is %: only a reservation that never released data can %',
+                  p_grant_id, g.status, 'be cancelled'
+                  USING ERRCODE = 'object_not_in_prerequisite_state';
               END IF;
               IF (SELECT count(*) <> count(DISTINCT x.block) FROM json_to_recordset(p_rows::json)
                   AS x(block TEXT)) THEN
@@ -161,7 +163,8 @@ def _functions(schema: str) -> list[str]:
                 IF NOT FOUND THEN
                   {refuse} format('block %s has no budget row', r.block);
                 END IF;
-                IF r.eps::numeric > u.eps_spent::numeric OR r.delta::numeric > u.delta_spent::numeric
+                IF r.eps::numeric > u.eps_spent::numeric
+                   OR r.delta::numeric > u.delta_spent::numeric
                    OR r.charges > u.charges OR r.charges < u.charges - 1 OR r.eps::numeric < 0
                    OR r.delta::numeric < 0
                    OR (g.mode = 'basic' AND (r.eps::numeric < u.eps_spent::numeric - ge
@@ -191,7 +194,8 @@ def _functions(schema: str) -> list[str]:
               SELECT x.stream, x.context, x.status, x.blocks INTO g FROM grants x
                 WHERE x.grant_id = p_grant_id;
               IF NOT FOUND THEN
-                RAISE EXCEPTION 'unknown grant %', p_grant_id USING ERRCODE = 'invalid_parameter_value';
+                RAISE EXCEPTION 'unknown grant %', p_grant_id
+                  USING ERRCODE = 'invalid_parameter_value';
               END IF;
               IF NOT sage_may_charge(g.stream, g.context) THEN
                 {refuse} format('database role %s is not bound to stream %s, context %s',

@@ -113,6 +113,11 @@ def test_a_pipeline_role_works_through_the_library_in_its_bound_context(ledger):
                                                   ("b3", "kek1", b"key-b3")]
         with pytest.raises(GrantStateError, match="cancelled"):
             pgroles.grant_keys(etl._store, res.grant_id)
+        # leases and counters, which the systems share across processes
+        assert etl.next_range("cursor", 5) == 0 and etl.next_range("cursor", 5) == 5
+        with etl.lease("window", ttl=30, wait=5):
+            assert etl.lease_holder("window") is not None
+        assert etl.lease_holder("window") is None
         # what the library refuses before the database would
         with pytest.raises(PermissionDeniedError, match="not bound"):
             etl.request("s", run_id="x", blocks=["b0"], epsilon=0.1, context="team-b")
