@@ -81,8 +81,21 @@ _FUNCTIONS_OF = {"pipeline": _PIPELINE_FUNCTIONS, "auditor": _SESSION, "client":
 def _functions(schema: str) -> list[str]:
     """The SECURITY DEFINER helpers and trigger functions, for the ledger in ``schema``."""
     definer = f"SECURITY DEFINER SET search_path = {schema}, pg_temp"
-    owner = f"(SELECT relowner FROM pg_class WHERE oid = '{schema}.ledger_head'::regclass)"
+    owner = (f"(SELECT relowner FROM pg_catalog.pg_class "
+             f"WHERE oid = '{schema}.ledger_head'::regclass)")
+    # Triggers run as the writer, whose temporary objects come first in an unqualified lookup
+    # unless pg_temp is named last: a login role must not shadow what a guard reads.
+    fixed = f"SET search_path = {schema}, pg_temp"
     refuse = ("RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege', MESSAGE = ")
+    # After loading grant p_grant_id into g: it exists, and the caller may charge its context.
+    grant_checks = f"""IF NOT FOUND THEN
+                RAISE EXCEPTION 'unknown grant %', p_grant_id
+                  USING ERRCODE = 'invalid_parameter_value';
+              END IF;
+              IF NOT sage_may_charge(g.stream, g.context) THEN
+                {refuse} format('database role %s is not bound to stream %s, context %s',
+                                session_user, g.stream, g.context);
+              END IF;"""
     return [
         # Who the session is: the principal mapped to session_user (p_digest NULL) or holding
         # the token digest, and how many principals exist (0: open mode).
@@ -132,14 +145,7 @@ def _functions(schema: str) -> list[str]:
             BEGIN
               SELECT stream, context, status, blocks, mode, request INTO g FROM grants
                 WHERE grant_id = p_grant_id FOR UPDATE;
-              IF NOT FOUND THEN
-                RAISE EXCEPTION 'unknown grant %', p_grant_id
-                  USING ERRCODE = 'invalid_parameter_value';
-              END IF;
-              IF NOT sage_may_charge(g.stream, g.context) THEN
-                {refuse} format('database role %s is not bound to stream %s, context %s',
-                                session_user, g.stream, g.context);
-              END IF;
+              {grant_checks}
               IF g.status <> 'reserved' THEN
                 RAISE EXCEPTION 'grant % is %: only a reservation that never released data can %',
                   p_grant_id, g.status, 'be cancelled'
@@ -193,14 +199,7 @@ def _functions(schema: str) -> list[str]:
             BEGIN
               SELECT x.stream, x.context, x.status, x.blocks INTO g FROM grants x
                 WHERE x.grant_id = p_grant_id;
-              IF NOT FOUND THEN
-                RAISE EXCEPTION 'unknown grant %', p_grant_id
-                  USING ERRCODE = 'invalid_parameter_value';
-              END IF;
-              IF NOT sage_may_charge(g.stream, g.context) THEN
-                {refuse} format('database role %s is not bound to stream %s, context %s',
-                                session_user, g.stream, g.context);
-              END IF;
+              {grant_checks}
               IF g.status <> 'released' THEN
                 RAISE EXCEPTION 'grant % is %: only a released grant''s keys are handed out',
                   p_grant_id, g.status USING ERRCODE = 'object_not_in_prerequisite_state';
@@ -210,7 +209,8 @@ def _functions(schema: str) -> list[str]:
                 JOIN block_keys k ON k.stream = g.stream AND k.block_id = e.b ORDER BY e.ord;
             END $$""",
         # Triggers (run as the writer): the owner passes, everyone else is checked.
-        f"""CREATE OR REPLACE FUNCTION sage_guard_budgets() RETURNS trigger LANGUAGE plpgsql AS $$
+        f"""CREATE OR REPLACE FUNCTION sage_guard_budgets() RETURNS trigger LANGUAGE plpgsql
+            {fixed} AS $$
             BEGIN
               IF pg_has_role(current_user, {owner}, 'USAGE') THEN RETURN NEW; END IF;
               {refuse} format('database role %s may not lower spent budget, un-retire a block '
@@ -218,7 +218,8 @@ def _functions(schema: str) -> list[str]:
                 'and a refund goes through sage_refund', current_user, OLD.block_id,
                 OLD.stream, OLD.context);
             END $$""",
-        f"""CREATE OR REPLACE FUNCTION sage_guard_grants() RETURNS trigger LANGUAGE plpgsql AS $$
+        f"""CREATE OR REPLACE FUNCTION sage_guard_grants() RETURNS trigger LANGUAGE plpgsql
+            {fixed} AS $$
             BEGIN
               IF pg_has_role(current_user, {owner}, 'USAGE') THEN RETURN NEW; END IF;
               IF TG_OP = 'INSERT' AND NEW.status IN ('reserved', 'released') THEN
@@ -231,7 +232,8 @@ def _functions(schema: str) -> list[str]:
                 '%s -> %s)', current_user, NEW.grant_id,
                 CASE WHEN TG_OP = 'UPDATE' THEN OLD.status END, NEW.status);
             END $$""",
-        f"""CREATE OR REPLACE FUNCTION sage_guard_audit() RETURNS trigger LANGUAGE plpgsql AS $$
+        f"""CREATE OR REPLACE FUNCTION sage_guard_audit() RETURNS trigger LANGUAGE plpgsql
+            {fixed} AS $$
             DECLARE mine TEXT;
             BEGIN
               IF pg_has_role(current_user, {owner}, 'USAGE') THEN RETURN NEW; END IF;
@@ -242,7 +244,8 @@ def _functions(schema: str) -> list[str]:
               {refuse} format('database role %s may only append audit entries naming its own '
                 'principal %s', current_user, coalesce(mine, '(none)'));
             END $$""",
-        f"""CREATE OR REPLACE FUNCTION sage_guard_head() RETURNS trigger LANGUAGE plpgsql AS $$
+        f"""CREATE OR REPLACE FUNCTION sage_guard_head() RETURNS trigger LANGUAGE plpgsql
+            {fixed} AS $$
             BEGIN
               IF pg_has_role(current_user, {owner}, 'USAGE') THEN RETURN NEW; END IF;
               IF NEW.audit_seq > OLD.audit_seq

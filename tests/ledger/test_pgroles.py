@@ -222,6 +222,13 @@ def test_direct_sql_as_a_pipeline_role_changes_nothing_it_may_not(ledger):
                     context="team-a")
     before = _state(url, tokens["root"])
     conn = psycopg.connect(as_role(url, roles["pipeline"], password), autocommit=True)
+    # Temporary objects come first in an unqualified lookup: shadows of what the guards read.
+    conn.execute("CREATE TEMP VIEW sage_scope AS SELECT 'root'::text AS principal, "
+                 "true AS reads_all, true AS writes_all, 's'::text AS stream, "
+                 "'team-b'::text AS context")
+    conn.execute("CREATE TEMP TABLE pg_class AS SELECT oid, "
+                 "(SELECT oid FROM pg_catalog.pg_roles WHERE rolname = current_user) AS relowner "
+                 "FROM pg_catalog.pg_class")
     for what, sql, error in FORBIDDEN:
         with pytest.raises(getattr(psycopg.errors, error)):
             conn.execute(_fill(sql, grants))
