@@ -5,16 +5,19 @@ installed), and as a pipeline principal's login role (row-level security, guard 
     .venv/bin/python benchmarks/sage/bench_pgroles.py [--requests 400] [--blocks 10]
 
 Starts a throw-away PostgreSQL server (sage_tfx.ledger.pgserver); prints median and p90
-latency per configuration, requests interleaved so that machine load hits all alike.
+latency per configuration, requests interleaved so that machine load hits all alike, and the
+server-side time of one ``sage_request`` call (the basic-mode request function) inside a
+transaction that is rolled back: no commit, no fsync, only the work the roles add.
 """
 import argparse
+import json
 import random
 import statistics
 import time
 import urllib.parse
 import uuid
 
-from sage_tfx.ledger import BlockSpec, open_ledger, pgserver
+from sage_tfx.ledger import BlockSpec, open_ledger, pgrequest, pgserver
 
 
 def _ledger(base: str, n_blocks: int) -> str:
@@ -59,6 +62,29 @@ def main() -> None:
             ts.sort()
             print(f"  {name:<26} median {statistics.median(ts) * 1e3:6.2f} ms   "
                   f"p90 {ts[int(0.9 * len(ts))] * 1e3:6.2f} ms")
+        print("server time of one sage_request call (rolled back), per configuration")
+        for name, led in conns.items():
+            ts = []
+            for i in range(args.requests):
+                start = rnd.randrange(0, 2000 - args.blocks)
+                tail = json.dumps({"context": "default", "delta": 0.0, "epsilon": 0.001,
+                                   "event": None, "grant_id": "g", "principal": led.principal.name,
+                                   "run_id": "x", "status": "released"}, sort_keys=True)
+                params = ("s", "default", f"srv-{i}",
+                          [f"b{j}" for j in range(start, start + args.blocks)], None, None, None,
+                          "0.001", "0", "1000000000", "0.5", "0.000001", uuid.uuid4().hex, "{}",
+                          0.001, 0.0, "released", "t", "t", "," + tail[1:].split(",", 1)[1],
+                          led.principal.name)
+                conn = led._store.conn
+                conn.execute("BEGIN")
+                t0 = time.perf_counter()
+                outcome = conn.execute(pgrequest._SELECT, params).fetchone()[0]
+                ts.append(time.perf_counter() - t0)
+                conn.execute("ROLLBACK")
+                assert outcome == "granted", outcome
+            ts.sort()
+            print(f"  {name:<26} median {statistics.median(ts) * 1e3:6.3f} ms   "
+                  f"p90 {ts[int(0.9 * len(ts))] * 1e3:6.3f} ms")
         for led in conns.values():
             led.close()
 

@@ -258,9 +258,15 @@ def _functions(schema: str) -> list[str]:
     ]
 
 
-_BOUND = f"(stream, context) IN (SELECT s.stream, s.context FROM {SCOPE} s)"
-_READ = f"coalesce((SELECT bool_or(s.reads_all) FROM {SCOPE} s), false) OR " + _BOUND
-_WRITE = f"coalesce((SELECT bool_or(s.writes_all) FROM {SCOPE} s), false) OR " + _BOUND
+def _scope(table: str, reach: str) -> str:
+    """A row of ``table`` is in the session's scope: its principal reaches every row
+    (``reach``: reads_all / writes_all) or is bound to the row's (stream, context).
+
+    A correlated EXISTS, checked per row the query reaches: the planner still drives the
+    request path by the index (a hashed IN subplan made it scan every budget row).
+    """
+    return (f"EXISTS (SELECT 1 FROM {SCOPE} s WHERE s.{reach} OR (s.stream = {table}.stream "
+            f"AND s.context = {table}.context))")
 
 
 def _policies() -> list[str]:
@@ -270,13 +276,15 @@ def _policies() -> list[str]:
                           ("releases", ("INSERT",))):
         out.append(f"ALTER TABLE {table} ENABLE ROW LEVEL SECURITY")
         out.append(f"DROP POLICY IF EXISTS sage_read ON {table}")
-        out.append(f"CREATE POLICY sage_read ON {table} FOR SELECT USING ({_READ})")
+        out.append(f"CREATE POLICY sage_read ON {table} FOR SELECT "
+                   f"USING ({_scope(table, 'reads_all')})")
         for cmd in writes:
             name = f"sage_{cmd.lower()}"
             out.append(f"DROP POLICY IF EXISTS {name} ON {table}")
-            using = f"USING ({_WRITE}) " if cmd == "UPDATE" else ""
+            write = _scope(table, "writes_all")
+            using = f"USING ({write}) " if cmd == "UPDATE" else ""
             out.append(f"CREATE POLICY {name} ON {table} FOR {cmd} {using}"
-                       f"WITH CHECK ({_WRITE})")
+                       f"WITH CHECK ({write})")
     return out
 
 

@@ -15,7 +15,7 @@ from dp_accounting import dp_event
 
 from sage_tfx.errors import (AuthenticationError, GrantStateError, InvalidRequestError,
                              PermissionDeniedError)
-from sage_tfx.ledger import BlockSpec, Window, open_ledger, pgroles
+from sage_tfx.ledger import BlockSpec, Window, open_ledger, pgrequest, pgroles
 
 pytestmark = pytest.mark.postgres
 psycopg = pytest.importorskip("psycopg")
@@ -315,3 +315,29 @@ def test_role_lifecycle_and_refusals(ledger, sqlite_url):
     with open_ledger(sqlite_url) as local:
         with pytest.raises(InvalidRequestError, match="PostgreSQL"):
             local.add_principal("a", ["admin"], pg_role="a")
+
+
+def test_a_pipeline_roles_request_reads_use_indexes(postgres_url):
+    """Row-level security keeps the request path index-driven: a 20,000-block stream, and no
+    locking read of the server-side request touches more than a window's worth of rows."""
+    from test_ledger_scale import _rows_touched
+
+    role = f"etl_{uuid.uuid4().hex[:8]}"
+    with open_ledger(postgres_url) as led:
+        led.create_stream("s", epsilon_g=1.0, delta_g=1e-6)
+        led.add_blocks("s", [BlockSpec(f"b{i:05d}", f"/store/b{i:05d}") for i in range(20_000)])
+        led._q("ANALYZE")
+        token = led.add_principal("root", ["admin"])
+    with open_ledger(postgres_url, token=token) as root:
+        root.add_principal("etl", ["pipeline"], pg_role=role, create_pg_role=True)
+        root.bind("etl", "s", "default")
+    with open_ledger(as_role(postgres_url, role)) as etl:
+        assert etl.request("s", run_id="w", window=Window(last=30), epsilon=0.01).granted
+        params = {"stream": "s", "context": "default", "page": 38,
+                  "blocks": [f"b{i:05d}" for i in range(100, 130)]}
+        for sql in (pgrequest.WINDOW_ROWS, pgrequest.BLOCK_ROWS):
+            plan = etl._store.conn.execute(
+                "EXPLAIN (ANALYZE, FORMAT JSON) " + sql.format(**{k: f"%({k})s" for k in params}),
+                params).fetchone()[0]
+            touched = _rows_touched(plan[0]["Plan"])
+            assert touched and all(n <= 100 for _, _, n in touched), touched
