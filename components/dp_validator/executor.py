@@ -223,6 +223,25 @@ def check_examples_grant(examples: types.Artifact, grant_id: str) -> None:
                 "it reads")
 
 
+def refuse_not_dp_model(model: types.Artifact, blessing: types.Artifact) -> bool:
+    """True (and the blessing says why) if ``model`` was trained without a DP guarantee.
+
+    A model whose artifact carries ``not_differentially_private = 1`` (its trainer ran a
+    non-DP mode under an explicit opt-in) is never blessed as DP, whatever its accuracy: the
+    opt-in was to train it, not to release it as a DP model. Nothing is read or spent.
+    """
+    if not (model.has_custom_property(spec.NOT_DP_PROPERTY)
+            and model.get_int_custom_property(spec.NOT_DP_PROPERTY) == 1):
+        return False
+    blessing.set_int_custom_property(spec.NOT_DP_PROPERTY, 1)
+    blessing.set_string_custom_property(spec.REASON_PROPERTY, (
+        f"the model {model.uri} is not differentially private (its trainer ran under an explicit "
+        "non-DP opt-in): a DP validator never blesses it"))
+    logging.warning("DPModelValidator: NOT_BLESSED: %s",
+                    blessing.get_string_custom_property(spec.REASON_PROPERTY))
+    return True
+
+
 # ---------------------------------------------------------------------------------------------
 # Per-example values (numpy; NaN marks a value that cannot be computed: the worst one).
 
@@ -488,6 +507,8 @@ class Executor(base_executor.BaseExecutor):
         except MissingGrantError as e:
             blessing.set_string_custom_property(spec.REASON_PROPERTY, str(e))
             raise
+        if refuse_not_dp_model(model_artifact, blessing):  # NOT_BLESSED is already written
+            return
 
         files = eval_files(examples, config.eval_split)
         model = ServingModel(

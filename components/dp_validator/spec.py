@@ -65,6 +65,9 @@ MEMBERSHIP_AUC_PROPERTY = "membership_auc"
 MEMBERSHIP_ADVANTAGE_PROPERTY = "membership_advantage"
 GRANT_ID_PROPERTY = "grant_id"
 REASON_PROPERTY = "reason"  # why validation was refused (no usable grant); refusals only
+# int 1 on a Model trained without a DP guarantee under an explicit opt-in (DP bagging's paper
+# mode): such a model is never blessed, and the blessing carries the same int 1 and a reason.
+NOT_DP_PROPERTY = "not_differentially_private"
 # Float properties holding the ValidationResult field of the same name. MLMD cannot store
 # ±inf / NaN (its SQL breaks), so a non-finite value (e.g. an upper bound of inf when the DP
 # count is too small for any evidence) is left out here; validation.json always has it.
