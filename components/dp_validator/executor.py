@@ -20,9 +20,20 @@ missing or non-numeric label, a NaN prediction, a log-loss prediction outside [0
 the worst value (loss B, or a wrong prediction) rather than raising, because an exception that
 depends on the eval data would itself release information.
 
+Released once. The validation result (``ValidationResult.to_dict()``: the DP quantities and the
+decision) is recorded against the grant (``release_io.release_json_once``, name
+:data:`RELEASE_NAME`) with the run's request (:func:`release_request`: the configuration, ε and
+the model's digest) before the blessing is written. A retried or re-run execution under the same
+grant gets the recorded result byte for byte and writes the same decision without loading the
+model, reading an example or drawing noise; validating another model or with another
+configuration under the same grant is refused (``ReleaseConflictError``, recorded as the
+blessing's ``reason``; NOT_BLESSED). The blessing carries ``replayed`` = 0/1.
+
 Assumptions, beyond those of ``sage_tfx.dp.validation``: the eval split was not used in training,
 and its records come from the granted blocks (an Examples artifact that records a ``grant_id``,
-as BlockExampleGen's do, must name this grant).
+as BlockExampleGen's do, must name this grant). Only a model its Sage trainer recorded as
+trained and verified under this grant is validated (``check_trained_model``): a model of unknown
+privacy is refused with the reason, never blessed.
 """
 from __future__ import annotations
 
@@ -46,13 +57,19 @@ from tfx.utils import path_utils
 from sage_tfx.ledger import accounting
 from sage_tfx.adaptive import plan as plan_lib
 from sage_tfx.dp import validation
-from sage_tfx.components import artifacts, plan_io
+from sage_tfx.components import artifacts, plan_io, release_io
+from sage_tfx.components.block_example_gen.executor import verify_grant
 from sage_tfx.components.block_example_gen.spec import GRANT_ID_PROPERTY as EXAMPLES_GRANT_ID
+from sage_tfx.components.dp_trainer import guarantee as trainer_guarantee
 from sage_tfx.components.dp_trainer.guarantee import MEMBERSHIP_FILE_NAME
 from sage_tfx.components.dp_validator import spec
-from sage_tfx.errors import MissingGrantError
+from sage_tfx.errors import MissingGrantError, ReleaseConflictError
+from sage_tfx.ledger import open_ledger
 
 _GZIP_FILE_FORMAT = "tfrecords_gzip"  # ExampleGen's default output (examples_utils)
+# The release of a DPModelValidator run: its DP validation result (the noisy count and sum, the
+# bounds and the decision), once per grant (one validate part per plan).
+RELEASE_NAME = "dp_validator/validation"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -221,6 +238,35 @@ def check_examples_grant(examples: types.Artifact, grant_id: str) -> None:
                 f"the eval Examples ({examples.uri}) were read under grant {recorded}, but the "
                 f"grant input is {grant_id}: validation must spend the plan charged for the data "
                 "it reads")
+
+
+def check_trained_model(model: types.Artifact, grant_id: str) -> None:
+    """Refuses a model whose trainer did not record a verified DP training under this grant.
+
+    A Sage trainer writes the Model's ``grant_id`` only after checking what it ran against the
+    grant's plan (DnDTrainer: its RunBudget; DPTrainer: its own privacy loop, marked
+    ``dp_verification = "observed"``). A model without that record — the stock Trainer's, or one
+    whose DP training the trainer did not observe — has no known privacy: it is never blessed.
+
+    Raises:
+      UnverifiedTrainingError: no record of this grant, or a DPTrainer model not verified from
+        what ran.
+    """
+    prop = spec.GRANT_ID_PROPERTY
+    recorded = model.get_string_custom_property(prop) if model.has_custom_property(prop) else ""
+    if recorded != grant_id:
+        raise trainer_guarantee.UnverifiedTrainingError(
+            f"the model {model.uri} records no DP training under grant {grant_id} (its "
+            f"{prop!r} is {recorded!r}): only a model a Sage trainer (DPTrainer, DnDTrainer) "
+            "trained and verified under this grant is validated and blessed")
+    verification = trainer_guarantee.VERIFICATION_PROPERTY
+    if model.has_custom_property("dp_algorithm") and (
+            not model.has_custom_property(verification)
+            or model.get_string_custom_property(verification) != trainer_guarantee.OBSERVED):
+        raise trainer_guarantee.UnverifiedTrainingError(
+            f"the DPTrainer model {model.uri} was not verified from the training the executor "
+            f"ran ({verification!r} is not {trainer_guarantee.OBSERVED!r}): its privacy is what "
+            "a run_fn reported, not what ran")
 
 
 def refuse_not_dp_model(model: types.Artifact, blessing: types.Artifact) -> bool:
@@ -465,6 +511,35 @@ def write_decision(blessing: types.Artifact, result: validation.ValidationResult
         f.write(json.dumps(record, sort_keys=True, indent=2))
 
 
+def validate_model(config: ValidatorConfig, validator: Any, epsilon: float,
+                   examples: types.Artifact, model_artifact: types.Artifact
+                   ) -> validation.ValidationResult:
+    """Runs the model on the eval split and draws the DP validation (OpenDP noise, never
+    seeded): what a DPModelValidator releases, called only when the ledger has no release of
+    this grant's validation."""
+    files = eval_files(examples, config.eval_split)
+    model = ServingModel(
+        path_utils.serving_model_path(model_artifact.uri,
+                                      path_utils.is_old_model_artifact(model_artifact)),
+        signature_name=config.signature_name, prediction_key=config.prediction_key)
+    labels, predictions = labels_and_predictions(
+        files, model, label_key=config.label_key, batch_size=config.batch_size)
+    values = per_example_values(config.metric, config.loss_fn, labels, predictions)
+    del labels, predictions
+    return validator.validate(values, epsilon=epsilon)
+
+
+def release_request(config: ValidatorConfig, epsilon: float,
+                    model_artifact: types.Artifact) -> dict:
+    """What a DPModelValidator run asks, recorded with its release: the configuration that
+    decides the outcome, ε, and the model by digest (a replay validates the same model or is
+    refused; the eval examples are fixed by the grant)."""
+    fields = dataclasses.asdict(config)
+    fields.pop("batch_size")  # how many examples per model call: no bearing on the result
+    return {"component": "DPModelValidator", "plan_part": plan_lib.VALIDATE, **fields,
+            "epsilon": epsilon, "model_sha256": release_io.tree_digest(model_artifact.uri)}
+
+
 class Executor(base_executor.BaseExecutor):
     """Validates a model with Sage's SLAed DP validator at the plan's validate ε."""
 
@@ -484,8 +559,12 @@ class Executor(base_executor.BaseExecutor):
 
         Raises:
           MissingGrantError: no grant, a denial, no privacy plan, no ``validate`` part, an rdp
-            part that is not this validator's event, or eval Examples of another grant. Raised
-            before the model or any example is read.
+            part that is not this validator's event, eval Examples of another grant, or a grant
+            the ledger does not confirm. Raised before the model or any example is read.
+          UnverifiedTrainingError: a model without its trainer's verified record of this grant
+            (``check_trained_model``); also raised before anything is read.
+          ReleaseConflictError: the grant already released a validation for another model or
+            configuration.
           ValueError, FileNotFoundError: bad configuration, split, model or signature.
         """
         self._log_startup(input_dict, output_dict, exec_properties)
@@ -504,25 +583,33 @@ class Executor(base_executor.BaseExecutor):
             grant = artifacts.read_grant(grant_artifact)
             epsilon = validation_epsilon(plan, validator)
             check_examples_grant(examples, grant.grant_id)
+            url = release_io.ledger_url_for(
+                grant_artifact, exec_properties.get(spec.LEDGER_URL_KEY),
+                component="DPModelValidator")
         except MissingGrantError as e:
             blessing.set_string_custom_property(spec.REASON_PROPERTY, str(e))
             raise
         if refuse_not_dp_model(model_artifact, blessing):  # NOT_BLESSED is already written
             return
+        try:
+            check_trained_model(model_artifact, grant.grant_id)
+        except trainer_guarantee.UnverifiedTrainingError as e:
+            blessing.set_string_custom_property(spec.REASON_PROPERTY, str(e))
+            raise
 
-        files = eval_files(examples, config.eval_split)
-        model = ServingModel(
-            path_utils.serving_model_path(model_artifact.uri,
-                                          path_utils.is_old_model_artifact(model_artifact)),
-            signature_name=config.signature_name, prediction_key=config.prediction_key)
-        labels, predictions = labels_and_predictions(
-            files, model, label_key=config.label_key, batch_size=config.batch_size)
-        values = per_example_values(config.metric, config.loss_fn, labels, predictions)
-        del labels, predictions
-
-        # Noise from OpenDP (the validator's default): never seeded, safe from Mironov's attack.
-        result = validator.validate(values, epsilon=epsilon)
-        del values
+        request = release_request(config, epsilon, model_artifact)
+        with open_ledger(url) as ledger:
+            try:
+                grant = verify_grant(grant, ledger, ledger.redacted_url)
+                released = release_io.release_json_once(
+                    ledger, grant.grant_id, RELEASE_NAME,
+                    lambda: validate_model(config, validator, epsilon, examples,
+                                           model_artifact).to_dict(),
+                    request=request, component="DPModelValidator", artifacts=[blessing])
+            except (MissingGrantError, ReleaseConflictError) as e:
+                blessing.set_string_custom_property(spec.REASON_PROPERTY, str(e))
+                raise
+        result = validation.ValidationResult.from_dict(released.value)
 
         membership = read_membership_audit(model_artifact)
         write_decision(blessing, result, loss_bound=config.loss_bound,
