@@ -10,6 +10,9 @@ Examples::
     sage-tfx blocks flights
     sage-tfx request flights --run-id train-1 --last 30 --epsilon 0.1 --delta 1e-8
     sage-tfx audit --limit 20
+    sage-tfx principal add alice --role admin                         # prints alice's token once
+    sage-tfx --token file:$HOME/.sage/alice.token principal add etl --role pipeline --pg-role
+    sage-tfx principal bind etl --stream flights --context default   # token: $SAGE_LEDGER_TOKEN
     sage-tfx audit anchor --file /mnt/worm/ledger-anchors.jsonl --key-file anchor.key
     sage-tfx verify --anchors /mnt/worm/ledger-anchors.jsonl --key-file anchor.key
     sage-tfx compile --target kubeflow flights-dp --image IMAGE ...   # KFP v2 job JSON
@@ -18,7 +21,10 @@ Examples::
     sage-tfx dnd serve --ledger sqlite:///ledger.db --stream s ...    # a Draw-and-Discard server
 
 The ledger URL comes from ``--ledger``, else ``$SAGE_LEDGER_URL``, else
-``sqlite:///sage-ledger.db`` in the working directory.
+``sqlite:///sage-ledger.db`` in the working directory (either may be a reference,
+``env:NAME`` or ``file:/path``). Once the ledger has principals, the caller's token comes from
+``--token`` (``env:NAME`` / ``file:/path``), else ``$SAGE_LEDGER_TOKEN`` or the file
+``$SAGE_LEDGER_TOKEN_FILE`` (``sage-tfx principal --help``).
 """
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ import os
 import sys
 from typing import Optional, Sequence
 
+from sage_tfx import cli_principals
 from sage_tfx.ledger import accounting
 from sage_tfx.errors import InvalidRequestError, SageError
 from sage_tfx.ledger import DEFAULT_CONTEXT, BlockSpec, Grant, Window, open_ledger
@@ -245,9 +252,11 @@ def _cmd_verify(led, a) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sage-tfx", description=(
         "Operate a Sage block ledger: streams, blocks, grants and the audit log."))
-    p.add_argument("--ledger", default=os.environ.get("SAGE_LEDGER_URL", DEFAULT_URL),
-                   help="ledger URL: sqlite:///path.db or postgresql://user@host:port/db "
-                        "(default: $SAGE_LEDGER_URL or %(default)s)")
+    p.add_argument("--ledger", default=None,
+                   help="ledger URL: sqlite:///path.db or postgresql://user@host:port/db, or a "
+                        "reference env:NAME / file:/path (default: $SAGE_LEDGER_URL, else "
+                        f"{DEFAULT_URL})")
+    cli_principals.token_argument(p)
     sub = p.add_subparsers(dest="command", required=True)
 
     c = sub.add_parser("create-stream", help="create a stream with a global (epsilon_g, delta_g)")
@@ -358,6 +367,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--key-file", help="HMAC key the anchor lines were signed with")
     c.set_defaults(fn=_cmd_verify)
 
+    cli_principals.add_parser(sub)
+
     c = sub.add_parser("compile", add_help=False, prefix_chars="\0",
                        help="compile a pipeline for Kubeflow Pipelines or Airflow: "
                             "compile --target kubeflow|airflow PIPELINE ... (compile --help)")
@@ -392,10 +403,18 @@ def _compile(args: argparse.Namespace) -> int:
     in a child process, as the core never imports the TFX layers."""
     import subprocess
     env = dict(os.environ)
-    if args.ledger != DEFAULT_URL:  # --ledger given: the compiled pipeline's ledger
+    if args.ledger:  # --ledger given: the compiled pipeline's ledger
         env["SAGE_LEDGER_URL"] = args.ledger
     return subprocess.call([sys.executable, "-m", "sage_tfx.pipelines.compile", *args.args],
                            env=env)
+
+
+def ledger_url(given: Optional[str], environ=os.environ) -> str:
+    """``--ledger``, else a reference to ``$SAGE_LEDGER_URL`` (its value, which may hold a
+    password, is read only when connecting), else the local SQLite default."""
+    if given:
+        return given
+    return "env:SAGE_LEDGER_URL" if environ.get("SAGE_LEDGER_URL") else DEFAULT_URL
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -405,7 +424,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command in ("ptk", "dnd"):
         return _system_command(args)
     try:
-        with open_ledger(args.ledger) as led:
+        with open_ledger(ledger_url(args.ledger), token=args.token) as led:
             return args.fn(led, args)
     except (SageError, ValueError) as exc:
         print(f"sage-tfx: error: {exc}", file=sys.stderr)

@@ -38,7 +38,7 @@ from tfx.proto import example_gen_pb2
 from tfx.types import artifact_utils, standard_component_specs
 from tfx.utils import proto_utils
 
-from sage_tfx.ledger import accounting
+from sage_tfx.ledger import accounting, secrets
 from sage_tfx.streams import reading
 from sage_tfx.components import artifacts
 from sage_tfx.components.block_example_gen import spec
@@ -76,11 +76,11 @@ def verify_grant(grant: Grant, ledger: Ledger, ledger_url: str) -> Grant:
         recorded = ledger.grant(grant.grant_id)
     except InvalidRequestError as e:
         raise MissingGrantError(
-            f"grant {grant.grant_id!r} is not in ledger {ledger_url}: no block data may be read "
+            f"grant {grant.grant_id!r} is not in ledger {secrets.redact(ledger_url)}: no block data may be read "
             "without a grant the ledger issued") from e
     if recorded.status != RELEASED:
         raise MissingGrantError(
-            f"grant {grant.grant_id} in ledger {ledger_url} is {recorded.status}, not "
+            f"grant {grant.grant_id} in ledger {secrets.redact(ledger_url)} is {recorded.status}, not "
             f"{RELEASED}: its blocks' data was not released")
     mismatches = []
     for field in ("stream", "run_id", "context", "mode", "epsilon", "delta", "status"):
@@ -100,7 +100,7 @@ def verify_grant(grant: Grant, ledger: Ledger, ledger_url: str) -> Grant:
             mismatches.append(f"locations of block(s) {moved[:10]} differ from the ledger's")
     if mismatches:
         raise MissingGrantError(
-            f"grant.json of grant {grant.grant_id} does not match ledger {ledger_url} "
+            f"grant.json of grant {grant.grant_id} does not match ledger {secrets.redact(ledger_url)} "
             f"({'; '.join(mismatches)}): the grant file was altered; refusing to read any block")
     return recorded
 
@@ -187,8 +187,8 @@ class Executor(base_example_gen_executor.BaseExampleGenExecutor):
                 f"grant artifact {grant_artifact.uri} records no ledger_url and none was given")
         if issued_by and issued_by != ledger_url:
             raise MissingGrantError(
-                f"grant {grant.grant_id} was issued by ledger {issued_by}, but this "
-                f"BlockExampleGen only trusts ledger {ledger_url}")
+                f"grant {grant.grant_id} was issued by ledger {secrets.redact(issued_by)}, but "
+                f"this BlockExampleGen only trusts ledger {secrets.redact(ledger_url)}")
         mismatched = [k for k in ("stream", "run_id") if getattr(grant_artifact, k)
                       and getattr(grant_artifact, k) != getattr(grant, k)]
         if mismatched:

@@ -18,7 +18,7 @@ from tfx import types
 from tfx.dsl.components.base import base_executor
 from tfx.types import artifact_utils
 
-from sage_tfx.ledger import accounting
+from sage_tfx.ledger import accounting, secrets
 from sage_tfx.adaptive import plan as plan_lib
 from sage_tfx.components import artifacts, plan_io
 from sage_tfx.components.gate import spec
@@ -47,13 +47,18 @@ def check_name(kind: str, name: Any) -> str:
 
 
 def check_ledger_url(url: Any) -> str:
-    """Checks the form of a ledger URL (sqlite:///path or postgresql://...)."""
+    """Checks the form of a ledger URL (sqlite:///path or postgresql://...), or a reference to
+    one (``env:NAME``, ``file:/path``: resolved where the ledger is opened), that holds no
+    password: component properties land in ML Metadata, compiled specs and DAG files."""
+    if secrets.is_reference(url) and url.partition(":")[2]:
+        return url
     if not isinstance(url, str) or not url.startswith(
             ("sqlite:///", "postgresql://", "postgres://")) or url == "sqlite:///":
         raise InvalidRequestError(
-            f"ledger_url must be sqlite:///path/to/ledger.db or postgresql://user@host:port/db, "
-            f"got {url!r}")
-    return url
+            f"ledger_url must be sqlite:///path/to/ledger.db, postgresql://user@host:port/db or "
+            f"a reference env:NAME / file:/path, got {secrets.redact(url)!r}")
+    return secrets.check_no_password(url, "the pipeline's component properties (ML Metadata, "
+                                          "compiled specs, DAG files)")
 
 
 def derive_run_id(pipeline_name: str, node_id: str, pipeline_run_id: str) -> str:
@@ -233,6 +238,34 @@ def _too_few_reason(grant, ledger, stream: str, context: str, min_records: int) 
     return ""
 
 
+def node_identity(context: Any, exec_properties: Dict[str, Any]) -> tuple:
+    """``(pipeline id, node id)`` of the gate, from which its default run id is derived.
+
+    The executor context's ids where it has them (LocalDagRunner), else the ``pipeline_id`` /
+    ``node_id`` exec properties baked in when the pipeline was built for its orchestrator
+    (Kubeflow and Airflow give an executor no pipeline node).
+
+    Raises:
+      InvalidRequestError: neither names the node (or the pipeline): two gates of one pipeline
+        run would share one run id, and the second would replay the first one's grant.
+    """
+    node = getattr(context, "pipeline_node", None) if context is not None else None
+    info = getattr(context, "pipeline_info", None) if context is not None else None
+    node_id = (node.node_info.id if node is not None else "") or _get(exec_properties,
+                                                                      spec.NODE_ID_KEY)
+    pipeline_id = (info.id if info is not None else "") or _get(exec_properties,
+                                                               spec.PIPELINE_ID_KEY)
+    if not node_id or not pipeline_id:
+        missing = " and ".join(k for k, v in (("pipeline node id", node_id),
+                                              ("pipeline name", pipeline_id)) if not v)
+        raise InvalidRequestError(
+            f"SageGate cannot derive its run id: the orchestrator gave no {missing} and the gate "
+            f"has no {spec.NODE_ID_KEY!r} / {spec.PIPELINE_ID_KEY!r} exec property. Build the "
+            "pipeline for its orchestrator (sage_tfx.pipelines.orchestration.for_orchestrator; "
+            "compile_kubeflow and airflow_dag do) or pass run_id")
+    return str(pipeline_id), str(node_id)
+
+
 class Executor(base_executor.BaseExecutor):
     """Asks the ledger for the run's blocks and writes the decision (grant or denial)."""
 
@@ -253,11 +286,8 @@ class Executor(base_executor.BaseExecutor):
             raise InvalidRequestError(
                 "SageGate needs a run id: pass run_id=... or run it in a pipeline whose "
                 "orchestrator provides a pipeline run id")
-        pipeline_name = (ctx.pipeline_info.id if ctx is not None and ctx.pipeline_info
-                         else "pipeline")
-        node_id = (ctx.pipeline_node.node_info.id if ctx is not None and ctx.pipeline_node
-                   else "SageGate")
-        return derive_run_id(pipeline_name, node_id, pipeline_run_id)
+        pipeline_id, node_id = node_identity(ctx, exec_properties)
+        return derive_run_id(pipeline_id, node_id, pipeline_run_id)
 
     def Do(self, input_dict: Dict[str, List[types.Artifact]],
            output_dict: Dict[str, List[types.Artifact]],
@@ -301,7 +331,8 @@ class Executor(base_executor.BaseExecutor):
         if decision.granted:
             grant = decision.grant
             logging.info("SageGate: ledger %s granted run %s on stream %s: grant %s, %d block(s)"
-                         "%s", ledger_url, run_id, stream, grant.grant_id, len(grant.blocks),
+                         "%s", secrets.redact(ledger_url), run_id, stream, grant.grant_id,
+                         len(grant.blocks),
                          " (replayed, not charged again)" if decision.replayed else "")
             artifacts.write_grant(grant_artifact, grant, stream=stream, run_id=run_id,
                                   context=context, ledger_url=ledger_url)
@@ -309,8 +340,8 @@ class Executor(base_executor.BaseExecutor):
                 plan_lib.check_grant_matches(plan, grant)
                 plan_io.write_plan(grant_artifact, plan)
         else:
-            logging.warning("SageGate: ledger %s denied run %s on stream %s: %s", ledger_url,
-                            run_id, stream, decision.reason)
+            logging.warning("SageGate: ledger %s denied run %s on stream %s: %s",
+                            secrets.redact(ledger_url), run_id, stream, decision.reason)
             artifacts.write_grant(grant_artifact, None, stream=stream, run_id=run_id,
                                   context=context, ledger_url=ledger_url,
                                   reason=decision.reason)

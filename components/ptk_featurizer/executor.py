@@ -15,6 +15,7 @@ from tfx.dsl.components.base import base_executor
 from tfx.types import artifact_utils
 
 from sage_tfx.components.ptk_trainer import examples_io, spec
+from sage_tfx.ledger import secrets
 from sage_tfx.ptk.abstraction import UnknownPTKError, resolve_reference
 from sage_tfx.ptk.lake import Lake
 
@@ -35,7 +36,8 @@ class Executor(base_executor.BaseExecutor):
         finally:
             lake.close()
         if v is None:
-            raise UnknownPTKError(f"PTK {ptk_id!r} has no version {version} in {url}")
+            raise UnknownPTKError(f"PTK {ptk_id!r} has no version {version} in "
+                                  f"{secrets.redact(url)}")
         examples = artifact_utils.get_single_instance(input_dict[spec.EXAMPLES_KEY])
         out = artifact_utils.get_single_instance(output_dict[spec.FEATURIZED_KEY])
         splits = artifact_utils.decode_split_names(examples.split_names)

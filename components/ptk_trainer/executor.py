@@ -23,7 +23,7 @@ from sage_tfx.components.gate.spec import GRANT_KEY
 from sage_tfx.components.ptk_trainer import examples_io, spec
 from sage_tfx.dp import noise as dp_noise
 from sage_tfx.errors import MissingGrantError
-from sage_tfx.ledger import open_ledger
+from sage_tfx.ledger import open_ledger, secrets
 from sage_tfx.ptk.abstraction import PTKType, UnknownPTKError, batches_of
 from sage_tfx.ptk.lake import Lake
 from sage_tfx.ptk.notify import Notifier
@@ -59,7 +59,7 @@ class Executor(base_executor.BaseExecutor):
                 grant = verify_grant(grant, ledger, url)
             rec = lake.ptk(ptk_id)
             if rec is None or rec["status"] != "active":
-                raise UnknownPTKError(f"no registered PTK {ptk_id!r} in {url}")
+                raise UnknownPTKError(f"no registered PTK {ptk_id!r} in {secrets.redact(url)}")
             ptype = PTKType(rec["train_dp_ref"], rec["eval_ref"], rec["dp_event_ref"],
                             rec["erm_ref"])
             if grant.epsilon is None:

@@ -25,7 +25,7 @@ from dp_accounting import dp_event as dp_event_lib
 
 from sage_tfx.errors import (AccountingModeError, GrantStateError, InvalidRequestError,
                              RetiredBlockError, UnknownBlockError, UnknownStreamError)
-from sage_tfx.ledger import access, accounting, budget, pgrequest, secrets
+from sage_tfx.ledger import access, accounting, budget, pgrequest, pgroles, secrets
 from sage_tfx.ledger.access import AccessMixin
 from sage_tfx.ledger.auditing import AuditMixin
 from sage_tfx.ledger.blockkeys import BlockKeyMixin
@@ -559,23 +559,31 @@ class Ledger(AccessMixin, ReleaseMixin, LeaseMixin, AuditMixin, BlockKeyMixin):
                 raise GrantStateError(
                     f"grant {grant_id} is {status}: only a reservation that never released data "
                     "can be cancelled; released data stays charged")
-            self._q("UPDATE grants SET status = ? WHERE grant_id = ?", (CANCELLED, grant_id))
             s = self.stream(stream)
-            derived = self._derived_states(s, context)
-            for b in blocks:
-                self._q("UPDATE budgets SET eps_spent = ?, delta_spent = ?, rdp = ?, charges = ? "
-                        "WHERE stream = ? AND context = ? AND block_id = ?",
-                        budget.stored(s, derived.get(b) or budget.fresh(s)) + (stream, context, b))
+            derived = self._derived_states(s, context, without=grant_id)
+            states = [budget.stored(s, derived.get(b) or budget.fresh(s)) for b in blocks]
+            if self._store.kind == "postgresql":  # checked by the server (pgroles.refund)
+                pgroles.refund(self._store, grant_id, json.dumps(
+                    [dict(zip(("block", "eps", "delta", "rdp", "charges"), (b,) + st))
+                     for b, st in zip(blocks, states)]))
+            else:
+                self._q("UPDATE grants SET status = ? WHERE grant_id = ?", (CANCELLED, grant_id))
+                self._store.many("UPDATE budgets SET eps_spent = ?, delta_spent = ?, rdp = ?, "
+                                 "charges = ? WHERE stream = ? AND context = ? AND block_id = ?",
+                                 [st + (stream, context, b) for b, st in zip(blocks, states)])
             self._audit(stream, "cancel", {"grant_id": grant_id, "blocks": blocks})
             return self._load_grant(grant_id)
 
         return self._store.write(txn)
 
-    def _derived_states(self, s: Stream, context: str) -> dict[str, budget.Derived]:
-        """Every charged block's (ε, δ, RDP curve, charges) recomputed from non-cancelled grants."""
+    def _derived_states(self, s: Stream, context: str,
+                        without: str = "") -> dict[str, budget.Derived]:
+        """Every charged block's (ε, δ, RDP curve, charges) recomputed from non-cancelled grants
+        (other than ``without``)."""
         return budget.derive(s, self._q(
             "SELECT epsilon, delta, event, blocks FROM grants WHERE stream = ? AND context = ? "
-            "AND status <> ? ORDER BY created_at, grant_id", (s.name, context, CANCELLED)))
+            "AND status <> ? AND grant_id <> ? ORDER BY created_at, grant_id",
+            (s.name, context, CANCELLED, without)))
 
 def open_ledger(url: str, token: Optional[str] = None) -> Ledger:
     """Opens (creating if needed) the ledger at a database URL.
