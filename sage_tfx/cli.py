@@ -6,7 +6,7 @@ Examples::
         --granularity time:timestamp:day
     sage-tfx import flights data.csv --scheme time:timestamp:day --block-root blocks/ \
         [--beam-arg=--runner=PortableRunner --beam-arg=--job_endpoint=localhost:8099 ...]
-    sage-tfx keys status|migrate|shred|rotate                         # block keys ($SAGE_KEY_PROVIDER)
+    sage-tfx keys status|migrate|shred|rotate                 # block keys ($SAGE_KEY_PROVIDER)
     sage-tfx blocks flights
     sage-tfx request flights --run-id train-1 --last 30 --epsilon 0.1 --delta 1e-8
     sage-tfx audit --limit 20

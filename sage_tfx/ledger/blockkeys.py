@@ -2,8 +2,8 @@
 when the blocks retire (crypto-shredding).
 
 The splitter encrypts every block with its own data key (:mod:`sage_tfx.streams.blockfiles`);
-the ledger keeps that key only wrapped by the key-encryption key (KEK, :mod:`~sage_tfx.ledger.keys`),
-one ``block_keys`` row per block, inserted in the transaction that registers the block
+the ledger keeps that key only wrapped by the key-encryption key (KEK,
+:mod:`~sage_tfx.ledger.keys`), one ``block_keys`` row per block, inserted in the transaction that registers the block
 (``BlockSpec.wrapped_key``): a block never exists without its key, and a registration that fails
 leaves no key behind.
 

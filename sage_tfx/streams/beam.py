@@ -6,7 +6,7 @@ by ``sage_tfx.streams.example_codec``, and every block is written encrypted with
 of its own (:mod:`sage_tfx.streams.blockfiles`), wrapped on the worker by the KEK the driver
 names (a provider spec, never key material). Shape of the pipeline:
 
-    files -> ParDo(read + type + assign block) -> GroupByKey(block id) -> ParDo(encrypt, write block)
+    files -> ParDo(read + type + assign block) -> GroupByKey(block id) -> ParDo(encrypt + write)
                     \\-> malformed (tagged output) -> count, first examples, counts by reason
 
 One ``GroupByKey`` and one writing ``DoFn`` serve any number of blocks (a year of daily blocks is

@@ -170,8 +170,8 @@ def test_a_retired_block_cannot_be_decrypted_with_files_database_and_kek_in_hand
     secret = re.search(rb'"encryptedKeyset":\s*"([^"]+)"', wrapped).group(1)
 
     def db_bytes():
-        return b"".join(open(f"{tmp_path}/ledger.db{suffix}", "rb").read()
-                        for suffix in ("", "-wal") if os.path.exists(f"{tmp_path}/ledger.db{suffix}"))
+        paths = [f"{tmp_path}/ledger.db{suffix}" for suffix in ("", "-wal")]
+        return b"".join(open(p, "rb").read() for p in paths if os.path.exists(p))
 
     assert secret in db_bytes()  # the scan below would find it, were it there
     led.retire_block("s", "b1", "retire")
