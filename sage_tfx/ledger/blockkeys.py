@@ -237,6 +237,10 @@ class BlockKeyMixin:
         """The wrapped data keys of a released grant's blocks: block id -> key, or None for a
         block registered without one (plaintext, or its key destroyed).
 
+        A PostgreSQL login role (:mod:`~sage_tfx.ledger.pgroles`) may not read ``block_keys``:
+        the server hands it the keys through ``sage_grant_keys``, which makes the same checks,
+        and it leaves the destruction of due keys to the ledger's owner.
+
         Raises:
           InvalidRequestError: unknown grant.
           GrantStateError: the grant is not released (a reservation or cancelled).
@@ -254,9 +258,14 @@ class BlockKeyMixin:
             if status != RELEASED:
                 raise GrantStateError(f"grant {grant_id} is {status}: only a released grant's "
                                       "blocks can be decrypted")
-            self._shred_due(stream, throttle=True)
             ids = json.loads(row[3])
-            found = {k.block_id: k for k in self._keys_of(stream, ids)}
+            if getattr(st, "restricted", False):
+                from sage_tfx.ledger import pgroles
+                found = {r[0]: WrappedKey(stream, r[0], r[1], r[2])
+                         for r in pgroles.grant_keys(st, grant_id)}
+            else:
+                self._shred_due(stream, throttle=True)
+                found = {k.block_id: k for k in self._keys_of(stream, ids)}
             st.audit(stream, "grant_keys", {"grant_id": grant_id, "context": context,
                                             "blocks": len(ids), "keys": len(found)})
             return {b: found.get(b) for b in ids}

@@ -229,3 +229,28 @@ def test_files_that_cannot_be_deleted_do_not_undo_the_shred(tmp_path, kek, monke
     monkeypatch.undo()
     report = led.shred_keys()  # the sweep deletes them later
     assert report.files_removed == 1 and report.shredded == ()
+
+
+@pytest.mark.postgres
+def test_a_pipeline_login_role_gets_its_grants_keys_from_the_server(postgres_url, tmp_path, kek):
+    import urllib.parse
+    import uuid
+    led = _ledger(postgres_url, str(tmp_path / "blocks"), kek, contexts=("a", "b"))
+    tokens = {"root": led.add_principal("root", ["admin"])}
+    led.close()
+    role, password = f"etl_{uuid.uuid4().hex[:8]}", "pw-" + uuid.uuid4().hex
+    with open_ledger(postgres_url, token=tokens["root"]) as root:
+        root.add_principal("etl", ["pipeline"], pg_role=role, create_pg_role=True,
+                           pg_password=password)
+        root.bind("etl", "s", "a")
+        other = root.request("s", run_id="theirs", blocks=["b0"], epsilon=0.1, context="b").grant
+    parts = urllib.parse.urlsplit(postgres_url)
+    url = urllib.parse.urlunsplit(parts._replace(
+        netloc=f"{role}:{password}@{parts.hostname}:{parts.port}"))
+    with open_ledger(url) as etl:
+        g = etl.request("s", run_id="mine", blocks=["b1", "b2"], epsilon=0.1, context="a").grant
+        assert _read(etl, g, kek)["b2"][0] == FIELD + b"-b2-0"
+        with pytest.raises((PermissionDeniedError, InvalidRequestError)):  # invisible to it
+            etl.grant_keys(other.grant_id)
+        with pytest.raises(PermissionDeniedError):
+            etl.block_keys("s")
