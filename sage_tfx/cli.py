@@ -6,6 +6,7 @@ Examples::
         --granularity time:timestamp:day
     sage-tfx import flights data.csv --scheme time:timestamp:day --block-root blocks/ \
         [--beam-arg=--runner=PortableRunner --beam-arg=--job_endpoint=localhost:8099 ...]
+    sage-tfx keys status|migrate|shred|rotate                 # block keys ($SAGE_KEY_PROVIDER)
     sage-tfx blocks flights
     sage-tfx request flights --run-id train-1 --last 30 --epsilon 0.1 --delta 1e-8
     sage-tfx audit --limit 20
@@ -112,8 +113,49 @@ def _cmd_import(led, a) -> int:
     scheme = scheme_from_spec(a.scheme)
     result = split_and_register(led, a.stream, a.source, scheme, a.block_root,
                                 on_malformed=a.on_malformed, verbose=True,
-                                pipeline_options=list(a.beam_arg) or None)
-    print(f"imported {len(result.blocks)} blocks into {a.stream}")
+                                pipeline_options=list(a.beam_arg) or None,
+                                key_provider=a.key_provider)
+    print(f"imported {len(result.blocks)} encrypted blocks into {a.stream}")
+    return 0
+
+
+def _cmd_keys(led, a) -> int:
+    """``sage-tfx keys status|migrate|shred|rotate``: the blocks' data keys."""
+    from sage_tfx.ledger import blockkeys, keys
+    if a.action == "status":
+        kek = keys.provider(a.key_provider)
+        live = led.block_keys(a.stream)
+        print(f"KEK {kek.kek_id} ({kek.previous_versions()} older version(s) not destroyed)")
+        rows = []
+        for s in [led.stream(a.stream)] if a.stream else led.streams():
+            active = set.union(*({b.block_id for b in led.blocks(s.name, c) if b.active}
+                                 for c in s.contexts))
+            mine = [k for k in live if k.stream == s.name]
+            rows.append((s.name, len(led.blocks(s.name, s.contexts[0])), len(active),
+                         len(mine), len(active - {k.block_id for k in mine}),
+                         sum(k.kek_id != kek.kek_id for k in mine)))
+        print(_table(rows, ("stream", "blocks", "active", "keys", "active without key",
+                            "keys under an older KEK version")))
+        return 0
+    if a.action == "rotate":
+        r = blockkeys.rotate_kek(led, keys.provider(a.key_provider), destroy=not a.keep_previous)
+        print(f"KEK rotated to {r['kek_id']}{' (resumed)' if r['resumed'] else ''}: "
+              f"{r['rewrapped']} key(s) re-wrapped; older versions "
+              f"{'destroyed' if r['destroyed'] else 'kept (--keep-previous)'}")
+        return 0
+    if a.action == "shred":
+        r = led.shred_keys(a.stream, hold=a.hold)
+        print(f"destroyed {len(r.shredded)} key(s), deleted {r.files_removed} file(s); "
+              f"{len(r.held)} retired block(s) still held by a grant; database "
+              f"{'wiped' if r.wiped else 'not wiped (readers held the WAL: run again)'}")
+        return 0
+    from sage_tfx.streams.migrate import migrate_ledger
+    r = migrate_ledger(led, stream=a.stream, key_provider=a.key_provider, hold=a.hold)
+    print(f"encrypted {len(r.encrypted)} block(s), finished {len(r.finished)}, skipped "
+          f"{len(r.skipped)}; retired blocks: {r.shred.files_removed} plaintext file(s) "
+          f"deleted, {len(r.shred.held)} still held by a grant")
+    for stream, block_id, why in r.skipped[:20]:
+        print(f"  skipped {stream}/{block_id}: {why}")
     return 0
 
 
@@ -166,7 +208,8 @@ def _cmd_cancel(led, a) -> int:
 
 def _cmd_retire(led, a) -> int:
     led.retire_block(a.stream, a.block_id, a.reason, context=a.context)
-    print(f"retired {a.stream}/{a.block_id}")
+    print(f"retired {a.stream}/{a.block_id}" + ("" if a.context else
+                                                "; its data key and local files are destroyed"))
     return 0
 
 
@@ -248,7 +291,22 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--beam-arg", action="append", default=[], metavar="FLAG",
                    help="one Beam pipeline option for the split, e.g. --beam-arg=--runner="
                         "PortableRunner (repeatable; default DirectRunner)")
+    c.add_argument("--key-provider", help="KEK that wraps the blocks' data keys, e.g. "
+                                          "file:/path/kek.json (default $SAGE_KEY_PROVIDER)")
     c.set_defaults(fn=_cmd_import)
+
+    c = sub.add_parser("keys", help="block keys: status | migrate (encrypt plaintext blocks) | "
+                                    "shred (destroy retired blocks' keys) | rotate (new KEK)")
+    c.add_argument("action", choices=("status", "migrate", "shred", "rotate"))
+    c.add_argument("--stream", help="one stream (default: all)")
+    c.add_argument("--key-provider", help="the KEK (default $SAGE_KEY_PROVIDER, else "
+                                          "file:~/.config/sage-tfx/kek.json)")
+    c.add_argument("--hold", type=float, help="shred/migrate: seconds a released grant keeps "
+                                              "its retired blocks' keys (default "
+                                              "$SAGE_KEY_HOLD_SECONDS or 86400)")
+    c.add_argument("--keep-previous", action="store_true",
+                   help="rotate: re-wrap but keep the older KEK versions")
+    c.set_defaults(fn=_cmd_keys)
 
     c = sub.add_parser("blocks", help="show blocks and remaining budget")
     c.add_argument("stream")
