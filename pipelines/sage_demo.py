@@ -91,8 +91,8 @@ def make_statistic_iteration(ledger, target: float, eta: float):
     validator = SumStatisticValidator(target=target, value_bound=MEAN_DELAY_BOUND, eta=eta)
 
     def iteration(*, pipeline_name, run_id, blocks, epsilon, delta):
-        def read(locations):  # the run's grant's blocks (at ``locations``), decrypted through it
-            values = read_float_feature(ledger, ledger.grant_for_run(STREAM, run_id), "dep_delay")
+        def read(grant):  # the run's granted blocks, decrypted through the grant
+            values = read_float_feature(ledger, grant, "dep_delay")
             return np.clip(values + MEAN_DELAY_SHIFT, 0.0, MEAN_DELAY_BOUND)
 
         # Through the gate: the allocator charged this run id; the request replays that grant.

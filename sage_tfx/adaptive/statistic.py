@@ -36,7 +36,7 @@ class StatisticIteration:
 def run_statistic_iteration(ledger: Ledger, stream: str, *, run_id: str, blocks: Sequence[str],
                             epsilon: float, delta: Optional[float],
                             validator: SumStatisticValidator,
-                            read_values: Callable[[Sequence[str]], Any], name: str,
+                            read_values: Callable[[Grant], Any], name: str,
                             context: str = DEFAULT_CONTEXT,
                             request: Optional[dict] = None) -> StatisticIteration:
     """Releases a DP statistic of an iteration's blocks once and validates it.
@@ -46,8 +46,9 @@ def run_statistic_iteration(ledger: Ledger, stream: str, *, run_id: str, blocks:
         this cost, or is charged now.
       stream, run_id, blocks, epsilon, delta, context: the iteration's charge.
       validator: the statistic's validator (it spends ``epsilon`` on the count and the sum).
-      read_values: ``read_values(block_locations)`` -> the per-record values (called only when
-        the statistic is not recorded yet).
+      read_values: ``read_values(grant)`` -> the per-record values of the released grant's
+        blocks, read through it (``sage_tfx.streams.reading``: encrypted blocks open only with
+        the grant's keys); called only when the statistic is not recorded yet.
       name: the release name, e.g. ``"mean-delay/dp_mean"``.
       request: further request fields (e.g. the feature read and its shift).
 
@@ -68,7 +69,7 @@ def run_statistic_iteration(ledger: Ledger, stream: str, *, run_id: str, blocks:
     if grant.status == RESERVED:  # charged by the allocator as a reservation: released now
         grant = ledger.release(grant.grant_id)
     result, replayed = validate_once(
-        ledger, grant.grant_id, name, validator, lambda: read_values(grant.locations),
+        ledger, grant.grant_id, name, validator, lambda: read_values(grant),
         epsilon=epsilon,
         request={"stream": stream, "blocks": list(grant.block_ids), **(request or {})})
     return StatisticIteration(result, grant, replayed)

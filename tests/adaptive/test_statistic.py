@@ -16,7 +16,8 @@ class Reader:
     def __init__(self):
         self.reads = 0
 
-    def __call__(self, locations):
+    def __call__(self, grant):
+        locations = grant.locations
         self.reads += 1
         return np.concatenate([VALUES[loc] for loc in locations])
 
