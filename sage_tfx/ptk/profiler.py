@@ -134,7 +134,7 @@ def profile_entry(ptk_type: PTKType, config: dict, data: dict, epsilon_train: fl
     charge = ptk_type.charge(epsilon_train, config)
     rows = len(next(iter(data.values()))) if data else 0
     expected_rows = float(rows if expected_rows is None else expected_rows)
-    with_erm = ptk_type.erm_ref is not None
+    with_erm = ptk_type.has_erm
     if expected_rows < params.records_needed(with_erm):
         raise InvalidRequestError(
             f"the profile slice has {expected_rows:.0f} records; Fig. 3 with m={params.m}, "
@@ -178,7 +178,7 @@ def profile_menu(ptk_type: PTKType, config: dict, data: dict, menu_eps: Sequence
     maximum over entries, not the sum."""
     if not menu_eps or len(set(menu_eps)) != len(menu_eps):
         raise InvalidRequestError(f"the epsilon menu must be non-empty and distinct: {menu_eps!r}")
-    need = params.records_needed(ptk_type.erm_ref is not None)
+    need = params.records_needed(ptk_type.has_erm)
     rows = len(next(iter(data.values()))) if data else 0
     J = len(menu_eps)
     if rows < need * J:

@@ -3,10 +3,11 @@ import numpy as np
 import pytest
 
 from sage_tfx.dp.noise import SeededNoise
-from sage_tfx.ptk import PTKStore, StoreConfig
+from sage_tfx.ptk import PTKStore, StoreConfig, TypeRegistry
+from sage_tfx.ptk.kernels import histstats
 
-HS = "sage_tfx.ptk.kernels.histstats"
-CV = "sage_tfx.ptk.kernels.covariance"
+HS = "histstats"  # registered PTK type names (the built-in ptklib kernels)
+CV = "covariance"
 HS_CONFIG = {"key": "city", "domain": ["a", "b", "c", "d"], "value": "delay",
              "lower": 0.0, "upper": 10.0}
 CV_CONFIG = {"columns": ["x0", "x1", "x2"], "center": [0, 0, 0], "scale": [2, 2, 2], "k": 1,
@@ -28,13 +29,27 @@ def window(n: int, seed: int) -> dict:
             "x2": rng.normal(size=n) * 0.1}
 
 
+def test_registry() -> TypeRegistry:
+    """The built-in kernels plus two broken types the refusal tests register by name."""
+    reg = TypeRegistry()
+    reg.register("hist_wrong_event", train_dp=histstats.train_dp, eval=histstats.eval,
+                 dp_event=wrong_event, erm=histstats.erm)
+    reg.register("hist_bad_eval", train_dp=histstats.train_dp, eval=bad_eval,
+                 dp_event=histstats.dp_event)
+    return reg
+
+
+test_registry.__test__ = False
+
+
 @pytest.fixture
 def make_store(tmp_path):
     stores = []
 
-    def make(url=None, config=SMALL, noise=None):
+    def make(url=None, config=SMALL, noise=None, data=None, registry=None):
         url = url or f"sqlite:///{tmp_path}/ledger.db"
-        s = PTKStore(url, str(tmp_path / "data"), config, noise=noise or SeededNoise(0))
+        s = PTKStore(url, str(data or tmp_path / "data"), config, noise=noise or SeededNoise(0),
+                     registry=registry or test_registry())
         stores.append(s)
         return s
     yield make
@@ -43,7 +58,7 @@ def make_store(tmp_path):
 
 
 def register_hist(store, tau=0.2, **kw):
-    return store.register_ptk(f"{HS}:train_dp", f"{HS}:eval", kw.pop("train_frequency", 1),
+    return store.register_ptk(kw.pop("ptk_type", HS), kw.pop("train_frequency", 1),
                               config=kw.pop("config", HS_CONFIG), tau=tau, **kw)
 
 

@@ -46,7 +46,7 @@ def test_gated_ptk_training_and_pinned_featurization(tmp_path):
     url = f"sqlite:///{tmp_path}/ledger.db"
     write_blocks(str(tmp_path / "blocks"), url)
     store = PTKStore(url, str(tmp_path / "ptkdata"), StoreConfig(stream="ptk"))
-    pid = store.register_ptk(f"{HS}:train_dp", f"{HS}:eval", config=HS_CONFIG, tau=0.2,
+    pid = store.register_ptk(HS, config=HS_CONFIG, tau=0.2,
                              menu=[(0.5, 200)])
     store.close()
     mlmd = run_local(pipeline_root=str(tmp_path / "root"), ledger_url=url, stream=STREAM,

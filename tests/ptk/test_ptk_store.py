@@ -66,7 +66,7 @@ def test_one_charge_per_partition_and_idempotent_window(make_store):
     store = make_store()
     store.advance_window(window(20000, 0), user_key="user")
     a = register_hist(store, tau=0.2)
-    b = store.register_ptk(f"{CV}:train_dp", f"{CV}:eval", 1, config=CV_CONFIG, tau=0.3)
+    b = store.register_ptk(CV, 1, config=CV_CONFIG, tau=0.3)
     assert isinstance(a, str) and isinstance(b, str), (a, b)
     plan = store.plan()
     before = len(store.ledger.grants("ptk"))
@@ -92,13 +92,13 @@ def test_bad_input_changes_nothing(make_store):
     pid = register_hist(store)
     snap = snapshot(store)
     bad = [
-        (FunctionReferenceError, lambda: store.register_ptk("nope.mod:f", f"{HS}:eval", tau=0.2)),
-        (FunctionReferenceError, lambda: store.register_ptk(f"{HS}:train_dp", "x", tau=0.2)),
+        (FunctionReferenceError, lambda: store.register_ptk("nope.mod:f", tau=0.2)),
+        (FunctionReferenceError, lambda: store.register_ptk("no_such_type", tau=0.2)),
         (PerformanceTargetError, lambda: register_hist(store, tau=0.0)),
         (PerformanceTargetError, lambda: register_hist(store, tau=1.5)),
         (InvalidRequestError, lambda: register_hist(store, train_frequency=0)),
         (InvalidRequestError, lambda: register_hist(store, train_frequency=-2)),
-        (UnaccountableEventError, lambda: register_hist(store, dp_event_fn="conftest:wrong_event")),
+        (UnaccountableEventError, lambda: register_hist(store, ptk_type="hist_wrong_event")),
         (InvalidRequestError, lambda: register_hist(store, config={"key": "city"})),
         (UnknownPTKError, lambda: store.deregister_ptk("ptk-unknown")),
         (UnknownPTKError, lambda: store.update_ptk_config("ptk-unknown", HS_CONFIG)),
