@@ -31,13 +31,18 @@ Config = Annotated[dict[Name, ConfigValue], Field(max_length=64)]
 Tau = Annotated[float, Field(strict=True, gt=0, le=1, allow_inf_nan=False)]
 TypeName = Annotated[str, Field(pattern=NAME_PATTERN, max_length=64)]
 PTKId = Annotated[str, Field(pattern=PTK_ID_PATTERN, max_length=64)]
-MenuEntry = tuple[Annotated[float, Field(strict=True, gt=0, allow_inf_nan=False)],
-                  Annotated[int, Field(strict=True, ge=1, le=MAX_INT)]]
 Column = Annotated[list[Union[Int, Finite, Text]], Field(min_length=1, max_length=MAX_RECORDS)]
 
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class MenuEntry(_Body):
+    """One developer-supplied profile point: ``n`` samples reach the target at ``epsilon``."""
+
+    epsilon: Annotated[float, Field(strict=True, gt=0, allow_inf_nan=False)]
+    n: Annotated[int, Field(strict=True, ge=1, le=MAX_INT)]
 
 
 class RegisterRequest(_Body):

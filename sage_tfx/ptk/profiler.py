@@ -56,6 +56,8 @@ class ProfileParams:
             raise InvalidRequestError(f"n_max must be an integer >= 2, got {self.n_max!r}")
         if not (isinstance(self.tau, (int, float)) and 0 < self.tau <= 1):
             raise InvalidRequestError(f"tau must lie in (0, 1], got {self.tau!r}")
+        self.m  # noqa: B018 - refuses a tau or epsilon whose validation set cannot exist
+
 
     @property
     def T(self) -> int:  # noqa: N802 - the paper's name
@@ -64,7 +66,15 @@ class ProfileParams:
     @property
     def m(self) -> int:
         t = self.tau
-        return int(math.ceil(2 * (t ** -2 + 1 / (self.epsilon * t)) * math.log(100 * self.T)))
+        try:
+            m = 2 * (t ** -2 + 1 / (self.epsilon * t)) * math.log(100 * self.T)
+        except (OverflowError, ZeroDivisionError):
+            m = math.inf
+        if not m < 2 ** 53:
+            raise InvalidRequestError(
+                f"tau={t!r} with profiler epsilon={self.epsilon!r} needs a validation set of "
+                f"{m:.3g} records (Fig. 3's m): no profile can hold it")
+        return int(math.ceil(m))
 
     def delta_star(self, n: int) -> float:
         return math.sqrt(math.log(100 * self.T) / (2 * n))

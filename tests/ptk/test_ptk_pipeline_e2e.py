@@ -51,7 +51,7 @@ def test_gated_ptk_training_and_pinned_featurization(tmp_path):
     store.close()
     mlmd = run_local(pipeline_root=str(tmp_path / "root"), ledger_url=url, stream=STREAM,
                      window_last=2, ptk_id=pid, window_index=0,
-                     featurize_fn=f"{HS}:featurize")
+                     featurize_fn=HS)
     with open_ledger(url) as ledger:
         (grant,) = ledger.grants(STREAM)
         spent = {b.block_id: b.epsilon_spent for b in ledger.blocks(STREAM)}

@@ -83,7 +83,7 @@ def test_http_api_end_to_end_with_retried_callbacks(make_store, tmp_path):
                       json={"endpoint": f"http://127.0.0.1:{free_port()}/cb"}).status_code == 400
         assert len(store.lake.ptks()) == 1
         # REJECT is a 409 with the reason
-        r = c.post("/ptks", json=dict(body, menu=[[1.0, 10**7]]))
+        r = c.post("/ptks", json=dict(body, menu=[{"epsilon": 1.0, "n": 10**7}]))
         assert r.status_code == 409 and "N_max" in r.json()["reject"]
         assert c.post(f"/ptks/{pid}/subscriptions",
                       json={"endpoint": f"{rbase}/cb"}).status_code == 201

@@ -17,9 +17,13 @@ def snapshot(store):
     db = store.lake.db
     out = {}
     for t in ("ptk_registry", "ptk_versions", "ptk_subscriptions", "ptk_outbox", "ptk_plans",
-              "ptk_windows"):
+              "ptk_windows", "ptk_window_keys", "ptk_profiles"):
         out[t] = sorted(map(repr, db.q(f"SELECT * FROM {t}").fetchall()))
-    out["grants"] = sorted(g.grant_id for g in store.ledger.grants(store.cfg.stream))
+    grants = store.ledger.grants(store.cfg.stream)
+    out["grants"] = sorted(g.grant_id for g in grants)
+    out["releases"] = sorted((r.grant_id, r.name, r.digest) for g in grants
+                             for r in store.ledger.releases(g.grant_id))
+    out["blocks"] = sorted((b.block_id, b.epsilon_spent) for b in store.ledger.blocks("ptk"))
     return out
 
 
