@@ -87,6 +87,8 @@ class WindowRunner:
         self.store = store
         self.files = WindowFiles(store.lake, store.cfg.stream, data_root, key_provider)
         self.data_root = self.files.data_root
+        # a holder that dies (kill -9) blocks the others for at most lease_ttl seconds
+        self.lease_ttl, self.lease_wait = LEASE_TTL, LEASE_WAIT
 
     @property
     def lake(self):
@@ -98,8 +100,8 @@ class WindowRunner:
 
     def lease(self):
         """The exclusive lease every window change and every read of window data holds."""
-        return self.store.ledger.lease(f"ptk/{self.store.cfg.stream}/windows", ttl=LEASE_TTL,
-                                       wait=LEASE_WAIT)
+        return self.store.ledger.lease(f"ptk/{self.store.cfg.stream}/windows",
+                                       ttl=self.lease_ttl, wait=self.lease_wait)
 
     # --- ingest ---------------------------------------------------------------------------
     def _ingest(self, w: int, columns: dict, user_key: Optional[str], plan_seq: int) -> None:
