@@ -60,8 +60,8 @@ class _BodyLimits:
         return await (self.windows if big else self.default)(scope, receive, send)
 
 
-_BEARER = HTTPBearer(auto_error=False, description="a token the ledger issued "
-                     "('sage-tfx principal add'), or the open-mode service token")
+_BEARER = HTTPBearer(auto_error=False, description="a token the ledger issued to the caller, "
+                     "or the service's own token on an open-mode ledger")
 
 
 def _bearer(auth: services.Authenticator, *roles: str):
@@ -217,8 +217,8 @@ def serve(url: str, data_root: str, *, host: str = "127.0.0.1", port: int = 8765
               f"'Authorization: Bearer <token>' with the token in {auth.open_token_file}",
               flush=True)
     else:
-        print(f"PTK store on http://{host}:{port}: callers send a ledger-issued token "
-              "('sage-tfx principal add NAME --role pipeline')", flush=True)
+        print(f"PTK store on http://{host}:{port}: callers send 'Authorization: Bearer "
+              "<token>' with a token the ledger issued to them", flush=True)
     try:
         uvicorn.run(create_app(store, auth=auth, max_window_body=max_window_body), host=host,
                     port=port, log_level="warning")

@@ -9,7 +9,7 @@ from sage_tfx.dp.noise import SeededNoise
 from sage_tfx.ptk import PTKStore
 from sage_tfx.ptk.abstraction import canonical_json
 
-from conftest import HS, HS_CONFIG, SMALL, test_registry, window
+from ptk_data import HS, HS_CONFIG, SMALL, test_registry, window
 
 
 def open_store(url, data_root, seed=0, lease_ttl=None):

@@ -86,7 +86,8 @@ def test_a_new_process_and_another_store_directory(make_store, tmp_path):
     (tmp_path / "data").rename(tmp_path / "hidden")
     p = SPAWN.Pool(1)
     try:
-        out = p.apply(workers.train_again, (store.url, str(tmp_path / "elsewhere"), 1))
+        out = p.apply_async(workers.train_again,
+                            (store.url, str(tmp_path / "elsewhere"), 1)).get(timeout=600)
     finally:
         p.close()
         p.join()

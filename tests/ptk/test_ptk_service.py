@@ -145,3 +145,42 @@ def test_sage_tfx_ptk_plan_is_the_same_command(make_store, capsys):
     assert cli.main(["ptk", "plan", "--url", store.url]) == 0
     out = capsys.readouterr().out
     assert "K = 1" in out and pid in out
+
+
+def test_serve_binds_loopback_and_prints_the_token_file(tmp_path):
+    """``sage-tfx ptk serve`` on an open-mode ledger: 127.0.0.1 by default, a 0600 token file
+    whose path it prints, and every endpoint but /health closed without that token."""
+    import os
+    import stat
+    import subprocess
+    import sys
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sage_tfx.cli", "ptk", "serve", "--url",
+         f"sqlite:///{tmp_path}/ledger.db", "--data-root", str(tmp_path / "data"), "--port",
+         str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert f"http://127.0.0.1:{port}" in line and "open mode" in line, line
+        token_file = tmp_path / "data" / ".ptk-service-token"
+        assert str(token_file) in line
+        assert stat.S_IMODE(os.stat(token_file).st_mode) == 0o600
+        token = token_file.read_text().strip()
+        assert token not in line
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 60
+        while True:
+            try:
+                assert httpx.get(f"{base}/health").json() == {"ok": True}
+                break
+            except httpx.HTTPError:
+                assert time.time() < deadline, "the service did not start"
+                time.sleep(0.1)
+        assert httpx.get(f"{base}/ptk-types").status_code == 401
+        r = httpx.get(f"{base}/ptk-types", headers={"Authorization": f"Bearer {token}"})
+        assert r.status_code == 200 and HS in r.json()["types"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        proc.stdout.close()

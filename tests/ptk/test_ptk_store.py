@@ -206,3 +206,24 @@ def test_train_frequency_and_config_update(make_store):
     assert plan.feasible and store.lake.ptk(every2)["config"] == new
     store.advance_window(window(3000, 6), user_key="user")
     assert store.get_ptk(every2).config == new
+
+
+def test_a_training_failure_is_released_as_a_failure_and_the_window_closes(make_store):
+    """A PTK whose train_dp fails on the window's data after the partition's charge: the
+    failure (its class only) is the release, the other PTK of the partition trains, nothing is
+    charged twice and the window still closes."""
+    import ptk_workers
+    store = make_store()
+    store.advance_window(window(20000, 0), user_key="user")
+    bad = register_hist(store, ptk_type="hist_fails_on_data", menu=[(0.25, 700)])
+    good = register_hist(store, menu=[(0.25, 800)])
+    out = store.advance_window(window(20000, 1), user_key="user")
+    by = {t["ptk_id"]: t for t in out["trained"]}
+    assert "ArithmeticError" in by[bad]["skipped"] and by[good]["version"] == 1
+    (g,) = [g for g in store.ledger.grants("ptk") if g.run_id.startswith("ptk.w1.")]
+    rel = store.ledger.recorded_release(g.grant_id, f"ptk/train/{bad}/w1")
+    assert json.loads(rel.value) == {"failed": "ArithmeticError"}
+    assert store.windows.train(1)[0]["skipped"] == by[bad]["skipped"]   # a replay: the same
+    store.advance_window(window(20000, 2), user_key="user")
+    assert store.lake.window(1)["status"] == "closed" and store.lake.version(bad) is None
+    ptk_workers.released_everything(store)
