@@ -12,6 +12,20 @@ from sage_tfx.ptk.abstraction import canonical_json
 from ptk_data import HS, HS_CONFIG, SMALL, test_registry, window
 
 
+_BARRIER = None
+
+
+def init(barrier) -> None:
+    """Pool initializer: the barrier the two workers start their task at."""
+    global _BARRIER
+    _BARRIER = barrier
+
+
+def start() -> None:
+    if _BARRIER is not None:
+        _BARRIER.wait(timeout=120)
+
+
 def open_store(url, data_root, seed=0, lease_ttl=None):
     store = PTKStore(url, data_root, SMALL, noise=SeededNoise(seed), registry=test_registry())
     if lease_ttl is not None:
@@ -19,7 +33,7 @@ def open_store(url, data_root, seed=0, lease_ttl=None):
     return store
 
 
-def register_many(url, data_root, prefix, count, profiled, barrier):
+def register_many(url, data_root, prefix, count, profiled):
     """Registers ``count`` PTKs with supplied menus (and one profiled if ``profiled``); each
     allocation takes 0.2 s longer than it would, so the two processes' re-plans overlap."""
     store = open_store(url, data_root)
@@ -32,7 +46,7 @@ def register_many(url, data_root, prefix, count, profiled, barrier):
 
     store._allocate = slow
     try:
-        barrier.wait(timeout=120)
+        start()
         ids = [store.register_ptk(HS, config=HS_CONFIG, tau=0.2, menu=[(0.05, 200 + i)],
                                   ptk_id=f"ptk-{prefix}{i}") for i in range(count)]
         if profiled:
@@ -43,22 +57,21 @@ def register_many(url, data_root, prefix, count, profiled, barrier):
         store.close()
 
 
-def advance_many(url, data_root, seeds, barrier):
+def advance_many(url, data_root, seeds):
     """Advances one window per seed (racing the other process for the window lease)."""
     store = open_store(url, data_root, seed=seeds[0])
     try:
-        barrier.wait(timeout=120)
+        start()
         return [store.advance_window(window(6000, s), user_key="user")["window"] for s in seeds]
     finally:
         store.close()
 
 
-def train_again(url, data_root, w, barrier=None):
+def train_again(url, data_root, w):
     """Re-runs window ``w``'s training (a replay); returns what it reported."""
     store = open_store(url, data_root)
     try:
-        if barrier is not None:
-            barrier.wait(timeout=120)
+        start()
         return [{k: t.get(k) for k in ("ptk_id", "version", "grant_id")}
                 for t in store.windows.train(w)]
     finally:

@@ -14,13 +14,11 @@ SPAWN = mp.get_context("spawn")
 
 
 def run_two(fn, args_a, args_b):
-    """Runs fn(*args, barrier) in two spawned processes that start together; returns results."""
-    with SPAWN.Manager() as manager:
-        barrier = manager.Barrier(2)
-        with SPAWN.Pool(2) as pool:
-            a = pool.apply_async(fn, (*args_a, barrier))
-            b = pool.apply_async(fn, (*args_b, barrier))
-            return a.get(timeout=600), b.get(timeout=600)
+    """Runs fn(*args) in two spawned processes that start it together; returns the results."""
+    with SPAWN.Pool(2, initializer=workers.init, initargs=(SPAWN.Barrier(2),)) as pool:
+        a = pool.apply_async(fn, args_a)
+        b = pool.apply_async(fn, args_b)
+        return a.get(timeout=600), b.get(timeout=600)
 
 
 def run_one(fn, *args):

@@ -15,9 +15,6 @@ import ptk_workers as workers
 from conftest import HS, HS_CONFIG, window
 from test_ptk_processes import SPAWN, run_two
 
-MENU = [(0.5, 1000)]
-
-
 def trained_store(make_store, tmp_path):
     """A store whose window 1 trained two PTKs; returns (store, ids, window 1's releases)."""
     store = make_store()
@@ -99,15 +96,10 @@ def test_a_new_process_and_another_store_directory(make_store, tmp_path):
 
 
 def test_two_concurrent_processes_release_once(make_store, tmp_path):
-    store = make_store()
-    store.advance_window(window(20000, 0), user_key="user")
-    ids = [store.register_ptk(HS, config=HS_CONFIG, tau=0.2, menu=[(0.25, 800 + i)])
-           for i in range(2)]
-    store.advance_window(window(20000, 1), user_key="user")
+    store, ids, _ = trained_store(make_store, tmp_path)
     # window 2 arrives but is not trained: two processes train it at once, outside any lease
     with store.windows.lease():
-        store.windows._ingest(2, {k: v for k, v in window(20000, 2).items()}, "user",
-                              store.lake.plan_seq())
+        store.windows._ingest(2, window(20000, 2), "user", store.lake.plan_seq())
     a, b = run_two(workers.train_again, (store.url, str(tmp_path / "a"), 2),
                    (store.url, str(tmp_path / "b"), 2))
     assert sorted(t["ptk_id"] for t in a) == sorted(t["ptk_id"] for t in b) == sorted(ids)
