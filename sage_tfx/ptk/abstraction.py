@@ -113,7 +113,8 @@ class PTKType:
     def from_module(cls, name: str, module: ModuleType) -> "PTKType":
         """The type a kernel module defines (``train_dp``, ``eval``, ``dp_event``; optionally
         ``erm`` and ``featurize``)."""
-        need = [f for f in ("train_dp", "eval", "dp_event") if not callable(getattr(module, f, None))]
+        need = [f for f in ("train_dp", "eval", "dp_event")
+                if not callable(getattr(module, f, None))]
         if need:
             raise FunctionReferenceError(
                 f"module {module.__name__!r} does not define {need}: not a PTK type")

@@ -1,4 +1,4 @@
-"""The PTK store over HTTP (FastAPI + uvicorn): ``sage-tfx ptk serve`` / ``python -m sage_tfx.ptk.service``.
+"""The PTK store over HTTP (FastAPI + uvicorn): ``sage-tfx ptk serve``.
 
 Routes (JSON bodies typed in :mod:`sage_tfx.ptk.api`): ``POST /ptks`` register a PTK of a
 registered type (201 with the id, 409 with the REJECT reason), ``DELETE /ptks/{id}``,
@@ -84,7 +84,8 @@ def create_app(store: PTKStore, *, auth: Optional[services.Authenticator] = None
                max_window_body: int = MAX_WINDOW_BODY) -> FastAPI:
     """The API of ``store``; ``auth`` defaults to the ledger's principals (open mode: a token
     written to ``<data root>/.ptk-service-token``)."""
-    if auth is None:
+    owned = auth is None
+    if owned:
         os.makedirs(store.windows.data_root, exist_ok=True)
         auth = services.Authenticator(
             store.url, open_token_file=os.path.join(store.windows.data_root, TOKEN_FILE))
@@ -104,6 +105,8 @@ def create_app(store: PTKStore, *, auth: Optional[services.Authenticator] = None
         yield
         stop.set()
         t.join(timeout=5)
+        if owned:
+            auth.close()
 
     app = FastAPI(title="Sage PTK store", lifespan=lifespan)
     app.state.auth = auth

@@ -57,8 +57,9 @@ def test_the_builtins_eval_payload_is_refused_before_any_import(served, monkeypa
     marker = tmp_path / "pwned"
     code = f"__import__('os').system('touch {marker}')"
     payloads = [  # the reported one, and the same idea through every field that names a type
-        {"train_dp_fn": f"sage_tfx.ptk.kernels.{HS}:train_dp", "eval_fn": f"sage_tfx.ptk.kernels.{HS}:eval",
-         "dp_event_fn": "builtins:eval", "tau": 0.2, "menu": [[code, 1]]},
+        {"train_dp_fn": f"sage_tfx.ptk.kernels.{HS}:train_dp",
+         "eval_fn": f"sage_tfx.ptk.kernels.{HS}:eval", "dp_event_fn": "builtins:eval",
+         "tau": 0.2, "menu": [[code, 1]]},
         {"ptk_type": "builtins:eval", "tau": 0.2, "menu": [{"epsilon": 0.5, "n": 100}],
          "config": {"x": code}},
         {"ptk_type": "os:system", "tau": 0.2},

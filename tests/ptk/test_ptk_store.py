@@ -227,3 +227,35 @@ def test_a_training_failure_is_released_as_a_failure_and_the_window_closes(make_
     store.advance_window(window(20000, 2), user_key="user")
     assert store.lake.window(1)["status"] == "closed" and store.lake.version(bad) is None
     ptk_workers.released_everything(store)
+
+
+def test_a_lake_from_before_the_type_registry_migrates_without_importing(tmp_path, monkeypatch):
+    """Old rows named code by reference: the built-in kernels' references map to their type
+    names (a string match), anything else stays without a type and is never imported."""
+    import importlib
+    import sqlite3
+
+    from sage_tfx.ptk.lake import Lake
+    path = tmp_path / "old.db"
+    con = sqlite3.connect(path)
+    con.execute("""CREATE TABLE ptk_registry (
+        ptk_id TEXT PRIMARY KEY, name TEXT NOT NULL, train_dp_ref TEXT NOT NULL,
+        eval_ref TEXT NOT NULL, dp_event_ref TEXT NOT NULL, erm_ref TEXT, config TEXT NOT NULL,
+        tau REAL NOT NULL, train_frequency INTEGER NOT NULL, status TEXT NOT NULL,
+        menu TEXT NOT NULL, profile TEXT, registered_window INTEGER, created_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL)""")
+    for pid, ref in (("ptk-old", "sage_tfx.ptk.kernels.histstats"), ("ptk-evil", "builtins")):
+        con.execute("INSERT INTO ptk_registry VALUES (?, ?, ?, ?, ?, NULL, '{}', 0.2, 1, "
+                    "'active', '[]', NULL, 0, 't', 't')",
+                    (pid, pid, f"{ref}:train_dp" if ref != "builtins" else "builtins:eval",
+                     f"{ref}:eval", f"{ref}:dp_event"))
+    con.commit()
+    con.close()
+    calls = []
+    monkeypatch.setattr(importlib, "import_module", lambda *a, **k: calls.append(a))
+    lake = Lake(f"sqlite:///{path}")
+    try:
+        assert lake.ptk("ptk-old")["ptk_type"] == "histstats"
+        assert lake.ptk("ptk-evil")["ptk_type"] is None and calls == []
+    finally:
+        lake.close()
