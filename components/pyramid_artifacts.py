@@ -1,7 +1,10 @@
 """Artifact types of the Pyramid components.
 
 * :class:`PyramidWindowTable` — one sealed window of DP count tables.
-    - ``{uri}/window.json``: window id, run id, grant id, ε charged, per-table ε and noise scales.
+    - ``{uri}/window.json``: window id, run id, grant id, ε charged, per-table ε and noise scales,
+      the ledger release name and whether this run replayed it.
+    - ``{uri}/tables.npz``: the window's noisy tables, byte for byte the release recorded
+      against the grant (the store's ``sealed/w<id>.npz`` is another copy).
 * :class:`PyramidFeaturization` — a snapshot of the featurization (sum of the live windows).
     - ``{uri}/featurization.npz``: ``sage_tfx.pyramid.Featurization.save`` (summed sketches,
       noisy label prior, noise variances, the count spec, the live windows).
@@ -16,6 +19,7 @@ from tfx.types.artifact import Artifact
 from sage_tfx.components.artifacts import _custom_property
 
 WINDOW_FILE = "window.json"
+TABLES_FILE = "tables.npz"
 FEATURIZATION_FILE = "featurization.npz"
 
 WINDOW_PROPERTY = "window"

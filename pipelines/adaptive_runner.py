@@ -62,7 +62,8 @@ class IterationLog:
 
 
 # run_iteration(pipeline_name=..., run_id=..., blocks=..., epsilon=..., delta=..., **kwargs)
-# -> (Outcome, detail dict)
+# -> (Outcome, detail dict); detail["replayed"] = 1 when the iteration published releases
+# already recorded against its grant (a re-run: no new noise was drawn).
 IterationFn = Callable[..., tuple]
 
 
@@ -111,6 +112,8 @@ def run_adaptive(ledger: Ledger, stream: str, arrivals: Sequence[BlockSpec],
                 if outcome == Outcome.REJECT and not spec.final_reject:
                     outcome, note = Outcome.RETRY, " (validator: REJECT for this model)"
                     detail = {**detail, "validator_outcome": "REJECT"}
+                if detail.get("replayed"):
+                    note += " (replayed the grant's recorded release: no new noise)"
                 record = search.report(outcome, now=step)
                 logs.append(IterationLog(spec.name, step, record, time.time() - t0, detail))
                 progress(f"step {step:>3}: {spec.name} iteration {record.iteration}: "

@@ -34,10 +34,16 @@ def create_pipeline(pipeline_name: str, pipeline_root: str, metadata_path: str, 
                     lam: Optional[float] = None, mode: str = "fixed_queries",
                     accountant: str = "rdp", rdp_stream: bool = False,
                     cache_dir: Optional[str] = None, run_id: Optional[str] = None,
-                    beam_pipeline_args: Optional[Sequence[str]] = None) -> tfx.dsl.Pipeline:
-    """Builds the DP bagging pipeline (λ defaults to the paper's 2/n)."""
+                    beam_pipeline_args: Optional[Sequence[str]] = None,
+                    accept_not_differentially_private: bool = False) -> tfx.dsl.Pipeline:
+    """Builds the DP bagging pipeline (λ defaults to the paper's 2/n).
+
+    ``mode="paper"`` is not differentially private and is refused here, before anything is
+    charged, unless ``accept_not_differentially_private=True``.
+    """
     lam = 2.0 / n if lam is None else lam
-    config = BaggingConfig(k=k, n=n, lam=lam, mode=mode, accountant=accountant)
+    config = BaggingConfig(k=k, n=n, lam=lam, mode=mode, accountant=accountant,
+                           accept_not_differentially_private=accept_not_differentially_private)
     cost = bagging_cost(config, epsilon=epsilon, delta=delta, public_size=public_size, rdp=rdp_stream)
     # min_records=n: a window whose ledger block sizes hold fewer than n records cannot give every
     # partition n non-empty chunks (units <= records), so the gate denies it and refunds the
@@ -59,7 +65,8 @@ def create_pipeline(pipeline_name: str, pipeline_root: str, metadata_path: str, 
                                    public_examples=public.outputs["examples"], public_declared=True,
                                    grant=gate.outputs["grant"], k=k, n=n, lam=lam, mode=mode,
                                    accountant=accountant, label_key=label_key, unit_key=unit_key,
-                                   feature_keys=feature_keys, cache_dir=cache_dir)
+                                   feature_keys=feature_keys, cache_dir=cache_dir,
+                                   accept_not_differentially_private=accept_not_differentially_private)
     return tfx.dsl.Pipeline(
         pipeline_name=pipeline_name, pipeline_root=pipeline_root,
         components=[gate, private, public, trainer], enable_cache=False,

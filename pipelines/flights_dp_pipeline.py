@@ -41,6 +41,7 @@ from sage_tfx.components.block_example_gen.component import BlockExampleGen
 from sage_tfx.components.dp_trainer.component import DPTrainer
 from sage_tfx.components.dp_transform.component import DPTransform
 from sage_tfx.components.dp_validator import spec as validator_spec
+from sage_tfx.components.release_io import RELEASE_NAME_PROPERTY, REPLAYED_PROPERTY
 from sage_tfx.components.dp_validator.component import DPModelValidator
 from sage_tfx.components.gate.component import SageGate
 from sage_tfx.ledger import Grant
@@ -151,7 +152,7 @@ def create_pipeline(*, pipeline_name: str, pipeline_root: str, metadata_path: st
             examples=example_gen.outputs["examples"], model=trainer.outputs["model"],
             grant=gate.outputs["grant"], label_key=LABEL_KEY, target=target,
             metric=flights_plan.LOSS, loss_bound=bound, eta=eta,
-            prediction_key=flights_plan.PREDICTION_KEY)
+            prediction_key=flights_plan.PREDICTION_KEY, ledger_url=ledger_url)
         pusher = tfx.components.Pusher(
             model=trainer.outputs["model"], model_blessing=validator.outputs["blessing"],
             push_destination=tfx.proto.PushDestination(
@@ -186,6 +187,12 @@ class IterationResult:
         ``grant_id``); empty if denied.
       model_guarantee: the Model's ``dp_*`` custom properties (``dp_epsilon``, ``dp_delta``,
         ``dp_noise_multiplier``, ``dp_num_examples``, ...); empty if denied.
+      replayed: artifact type name -> the ``replayed`` property (0/1) of this run's outputs
+        released once against the grant (those with a ``release_name``: ``TransformGraph``,
+        ``Examples`` (transformed), ``ModelBlessing``, ...): 1 where the run published a
+        release recorded by an earlier execution under the same grant and drew no noise. (The
+        SageGrant's own ``replayed`` says the gate's request was not charged again, which is
+        how every adaptive iteration's gate finds the allocator's charge.)
     """
 
     outcome: str
@@ -194,6 +201,7 @@ class IterationResult:
     blocks: tuple
     blessing: dict
     model_guarantee: dict
+    replayed: dict = dataclasses.field(default_factory=dict)
 
 
 def _value(value) -> object:
@@ -243,11 +251,13 @@ def read_iteration_result(metadata_path: str, pipeline_name: str,
     output_ids = sorted({ev.artifact_id for ev in store.get_events_by_execution_ids(execution_ids)
                          if ev.type == metadata_store_pb2.Event.OUTPUT})
     type_names = {t.id: t.name for t in store.get_artifact_types()}
-    newest = {}
+    newest, replayed = {}, {}
     for artifact in store.get_artifacts_by_id(output_ids):  # newest (largest id) per type wins
         name = type_names[artifact.type_id]
         if name not in newest or artifact.id > newest[name].id:
             newest[name] = artifact
+        if RELEASE_NAME_PROPERTY in artifact.custom_properties:  # released once (release_io)
+            replayed[name] = _value(artifact.custom_properties[REPLAYED_PROPERTY])
 
     grant = newest.get(sage_artifacts.SageGrant.TYPE_NAME)
     if grant is None:
@@ -275,6 +285,7 @@ def read_iteration_result(metadata_path: str, pipeline_name: str,
         blocks=tuple(granted.block_ids),
         blessing=blessing,
         model_guarantee={k: v for k, v in _custom(model).items() if k.startswith("dp_")},
+        replayed=replayed,
     )
 
 

@@ -28,6 +28,7 @@ import re
 from typing import Any, Dict, Mapping, Optional, Sequence
 
 from sage_tfx.components.gate import component as gate_component
+from sage_tfx.components.gate import driver as gate_driver
 from sage_tfx.components.gate import spec as gate_spec
 
 # Kubeflow Pipelines' pipeline-name rule.
@@ -48,7 +49,17 @@ def check_pipeline_name(name: str) -> str:
 
 
 def for_orchestrator(pipeline, orchestrator: str):
-    """Points every SageGate of a built pipeline at ``orchestrator``'s pipeline run id.
+    """Points every SageGate of a built pipeline at ``orchestrator``'s pipeline run id, and
+    bakes its node id and the pipeline name into its exec properties.
+
+    A gate's default ledger run id is ``<pipeline>.<node id>.<pipeline run id>``. Kubeflow pods
+    and Airflow tasks hand their executor no pipeline node, so without the baked-in ids every
+    gate of a pipeline run would derive one run id, and the second gate would replay the first
+    one's grant (one charge for two) or fail. Called here, after the pipeline is built, the ids
+    are final (``with_id`` done, the pipeline named). Under LocalDagRunner the executor's
+    context names the node and wins: the run ids stay those of a pipeline built without this.
+    For Airflow the gates also get a driver that names their grant artifacts per node (TFX's
+    legacy launcher names them ``grant:<run id>``, one name for every gate of a run).
 
     Args:
       pipeline: a ``tfx.dsl.Pipeline``.
@@ -58,9 +69,16 @@ def for_orchestrator(pipeline, orchestrator: str):
       The same pipeline (modified in place).
     """
     value = gate_component.pipeline_run_id_for(orchestrator)
+    name = pipeline.pipeline_info.pipeline_name
     for node in pipeline.components:
         if isinstance(node, gate_component.SageGate):
             node.exec_properties[gate_spec.PIPELINE_RUN_ID_KEY] = value
+            node.exec_properties[gate_spec.NODE_ID_KEY] = node.id
+            node.exec_properties[gate_spec.PIPELINE_ID_KEY] = name
+            if orchestrator == AIRFLOW:
+                node.driver_class = gate_driver.NodeScopedNamesDriver
+            else:
+                node.driver_class = type(node).DRIVER_CLASS
     return pipeline
 
 

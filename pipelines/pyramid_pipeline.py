@@ -11,7 +11,9 @@ Pusher copies to ``serving_dir``: it serves raw tf.Examples, no snapshot beside 
 spec must use ``hash_family="tf_siphash"`` (a hash the graph computes too).
 
 The count window's gate charges exactly the tables' ε under the idempotent run id of (stream,
-count spec, window); PyramidCountTable seals with that grant and charges nothing more. The hot
+count spec, window); PyramidCountTable seals with that grant, charges nothing more, and records
+the window's tables against it, so a re-run (a retried node, another ``store_dir``) publishes
+those same tables and draws no new noise. The hot
 window's raw rows are what Pyramid trains on; they are not protected by DP in Pyramid's threat
 model (§II.B), and the ledger still records their read (its own gate and cost, ``hot_epsilon``).
 

@@ -9,6 +9,8 @@
    - ``delay-nn``: a DP-SGD network (TF Privacy fast clipping) on the same task (same TFX chain);
    - ``mean-delay``: a DP statistic, the mean departure delay, with an absolute-error target
      (read through the gate, released with the Laplace mechanism, SLAed validation).
+   Every DP output is released once against its grant (``sage_tfx.adaptive.statistic``, the
+   components' release records): an iteration run again replays it and draws no noise.
    Every iteration is charged before any data is released; ACCEPTed models are pushed.
 4. Prints every iteration and a summary, and draws the block × time budget heat-map and each
    pipeline's iterations.
@@ -71,29 +73,37 @@ def make_tfx_iteration(out: str, ledger_url: str):
             serving_model_dir=os.path.join(out, "serving", pipeline_name), **kwargs)
         if result.outcome == "DENIED":
             raise RuntimeError(f"{run_id}: the gate denied an iteration the allocator charged")
-        return Outcome(result.outcome), {"pushed": result.pushed, **result.blessing}
+        return Outcome(result.outcome), {"pushed": result.pushed, **result.blessing,
+                                         "replayed": int(any(result.replayed.values()))}
 
     return iteration
 
 
 def make_statistic_iteration(ledger, target: float, eta: float):
-    """The DP statistic pipeline: mean departure delay of the granted blocks (Sage §3.3)."""
+    """The DP statistic pipeline: mean departure delay of the granted blocks (Sage §3.3),
+    released once against the iteration's grant (a re-run replays it, drawing no noise)."""
     import numpy as np
 
+    from sage_tfx.adaptive import run_statistic_iteration
     from sage_tfx.dp.validation import SumStatisticValidator
     from sage_tfx.streams.reading import read_float_feature
 
     validator = SumStatisticValidator(target=target, value_bound=MEAN_DELAY_BOUND, eta=eta)
 
+    def read(locations):
+        values = read_float_feature(locations, "dep_delay")
+        return np.clip(values + MEAN_DELAY_SHIFT, 0.0, MEAN_DELAY_BOUND)
+
     def iteration(*, pipeline_name, run_id, blocks, epsilon, delta):
         # Through the gate: the allocator charged this run id; the request replays that grant.
-        decision = ledger.request(STREAM, run_id=run_id, blocks=blocks, epsilon=epsilon,
-                                  delta=delta)
-        values = read_float_feature(decision.grant.locations, "dep_delay")
-        values = np.clip(values + MEAN_DELAY_SHIFT, 0.0, MEAN_DELAY_BOUND)
-        result = validator.validate(values, epsilon=epsilon)  # OpenDP noise
+        it = run_statistic_iteration(
+            ledger, STREAM, run_id=run_id, blocks=blocks, epsilon=epsilon, delta=delta,
+            validator=validator, read_values=read, name=f"{pipeline_name}/dp_mean",
+            request={"feature": "dep_delay", "shift": MEAN_DELAY_SHIFT})
+        result = it.result
         estimate = result.dp_estimate - MEAN_DELAY_SHIFT
-        return result.outcome, {"dp_mean_dep_delay": estimate, "error_bound": result.upper_bound}
+        return result.outcome, {"dp_mean_dep_delay": estimate, "error_bound": result.upper_bound,
+                                "replayed": int(it.replayed)}
 
     return iteration
 

@@ -66,9 +66,10 @@ PUBLIC_API: dict[str, tuple[str, ...]] = {
     "sage_tfx.dp.validation": (
         "Outcome", "ValidationResult", "LossValidator", "AccuracyValidator",
         "SumStatisticValidator"),
+    "sage_tfx.dp.granted": ("release_json_once", "validate_once", "adassp_once", "JsonRelease"),
     "sage_tfx.adaptive": (
         "PlanPart", "PrivacyPlan", "Allocator", "AdaptiveSearch", "SearchConfig",
-        "IterationRecord"),
+        "IterationRecord", "run_statistic_iteration", "StatisticIteration"),
     "sage_tfx.errors": (
         "SageError", "InvalidPrivacyParameterError", "AccountingModeError", "UnknownStreamError",
         "UnknownBlockError", "RetiredBlockError", "InvalidRequestError", "GrantStateError",
@@ -109,7 +110,8 @@ PUBLIC_API: dict[str, tuple[str, ...]] = {
     "sage_tfx.components.dp_transform.analyzers": (
         "DPPreprocessingFn", "dp_mean", "dp_scale_to_0_1", "dp_group_by_mean", "dp_count",
         "dp_quantiles"),
-    "sage_tfx.components.dp_trainer": ("report_guarantee", "train_part", "dpsgd_noise_for"),
+    "sage_tfx.components.dp_trainer": ("private_training", "report_guarantee", "train_part",
+                                       "dpsgd_noise_for"),
     # The PTK store (../shared/papers/ptk-sage-feature-store.md).
     "sage_tfx.ptk": (
         "PTKStore", "StoreConfig", "Reject", "PTK", "PTKType", "PrivacyCharge", "allocate",

@@ -8,6 +8,13 @@ before a record is read. Every unit (``client_key``) sends exactly ``passes`` up
 a :class:`~sage_tfx.dnd.budget.RunBudget` of that charge; noise is OpenDP's, server coins a CSPRNG,
 the spam check (post-processing) is on by default. Only the average model and an aggregate report
 leave: no instance, draw, slot or per-client value is written or logged.
+
+Release once. The model directory (SavedModel, ``dnd_model.json``, ``privacy_report.json``) is
+recorded against the grant as ``dnd_trainer/model``
+(:func:`sage_tfx.ledger.releases.release_tree_once`) before it is published: a re-executed
+trainer (a retried pod or task, a re-run with the same run id) receives the replayed grant, finds
+the record and writes the recorded model byte for byte without reading a record or running the
+protocol again.
 """
 from __future__ import annotations
 
@@ -107,10 +114,13 @@ _one = functools.partial(artifacts.single_artifact, component="DnDTrainer")
 
 
 class Executor(base_executor.BaseExecutor):
-    """Checks the charge, runs Draw-and-Discard over the window, exports the average."""
+    """Checks the charge, runs Draw-and-Discard over the window, exports the average — once per
+    grant: a re-execution returns the recorded model byte for byte."""
 
     def Do(self, input_dict: Dict[str, List[types.Artifact]], output_dict: Dict[str, List[types.Artifact]],
            exec_properties: Dict[str, Any]) -> None:
+        from sage_tfx.ledger import open_ledger
+        from sage_tfx.ledger.releases import release_tree_once
         grant_artifact = _one(input_dict, spec.GRANT_INPUT_KEY, what="SageGrant (from SageGate)")
         grant = artifacts.read_grant(grant_artifact)  # a denial raises with the ledger's reason
         settings, features = settings_from_exec_properties(exec_properties)
@@ -122,35 +132,55 @@ class Executor(base_executor.BaseExecutor):
         if recorded != grant.grant_id:
             raise MissingGrantError(f"the examples were read under grant {recorded or 'none'}, not "
                                     f"{grant.grant_id}: read them with BlockExampleGen from this grant")
-        budget = RunBudget(dataclasses.replace(grant, epsilon=eps, delta=dlt, event=event),
-                           settings.client, settings.spec.dim, settings.passes)
-        x, y, units = read_rows(_files(examples, exec_properties.get(spec.SPLIT_KEY) or spec.DEFAULT_SPLIT),
-                                features, exec_properties[spec.LABEL_KEY], exec_properties[spec.CLIENT_KEY])
-        if settings.family == "logistic" and not np.all((y == 0) | (y == 1)):
-            raise InvalidRequestError("logistic labels must be 0 or 1")
-        x01 = protocol.bounds_of(features).normalize(x)
-        spam = exec_properties.get(spec.SPAM_CHECK_KEY, 1) != 0
-        result = protocol.run_protocol(settings, x01, y, units, budget, spam_check=spam)
-        del x, x01, y, units
         model = _one(output_dict, spec.MODEL_KEY, what="Model output")
-        export.export_glm(settings.family, result.weights, features,
-                          path_utils.serving_model_path(model.uri))
-        client = settings.client
-        report = {"grant_id": grant.grant_id, "stream": grant.stream, "family": settings.family,
-                  "k": settings.k, "gamma": client.gamma, "l1_norm_clip": client.l1_norm_clip,
-                  "unit": client.unit, "epsilon_per_weight_or_update": client.epsilon,
-                  "epsilon_per_update": client.update_epsilon(settings.spec.dim),
-                  "noise_scale": client.noise_scale, "passes": settings.passes,
-                  "n_c": settings.n_c, "charged": charge, "spam_check": spam,
-                  "updates": result.updates, "updates_accepted": result.accepted,
-                  "updates_rejected": result.rejected_spam, "noise": "opendp",
-                  # the update counts are exact (not DP): passes x the number of units
-                  "counts_are_not_dp": True,
-                  "blocks": list(grant.block_ids)}
-        with fileio.open(os.path.join(model.uri, spec.PRIVACY_REPORT_FILE), "w") as f:
-            f.write(json.dumps(report, indent=2, sort_keys=True))
+
+        def produce_into(out_dir: str) -> None:   # runs only if the grant released no model yet
+            budget = RunBudget(dataclasses.replace(grant, epsilon=eps, delta=dlt, event=event),
+                               settings.client, settings.spec.dim, settings.passes)
+            x, y, units = read_rows(_files(examples, exec_properties.get(spec.SPLIT_KEY)
+                                           or spec.DEFAULT_SPLIT),
+                                    features, exec_properties[spec.LABEL_KEY],
+                                    exec_properties[spec.CLIENT_KEY])
+            if settings.family == "logistic" and not np.all((y == 0) | (y == 1)):
+                raise InvalidRequestError("logistic labels must be 0 or 1")
+            x01 = protocol.bounds_of(features).normalize(x)
+            spam = exec_properties.get(spec.SPAM_CHECK_KEY, 1) != 0
+            result = protocol.run_protocol(settings, x01, y, units, budget, spam_check=spam)
+            del x, x01, y, units
+            export.export_glm(settings.family, result.weights, features,
+                              path_utils.serving_model_path(out_dir))
+            with open(os.path.join(out_dir, spec.PRIVACY_REPORT_FILE), "w") as f:
+                f.write(json.dumps(_report(grant, settings, charge, spam, result), indent=2,
+                                   sort_keys=True))
+            logging.info("DnDTrainer: %d updates (%d accepted) at epsilon=%s per update (%s unit), "
+                         "%d pass(es)", result.updates, result.accepted,
+                         settings.client.update_epsilon(settings.spec.dim), settings.client.unit,
+                         settings.passes)
+
+        with open_ledger(grant_artifact.get_string_custom_property(artifacts.LEDGER_URL_KEY)) as led:
+            outcome = release_tree_once(led, grant.grant_id, spec.RELEASE_NAME, model.uri,
+                                        produce_into)
+        if outcome.replayed:
+            logging.info("DnDTrainer: grant %s already released its model; returned the recorded "
+                         "one (no new run, no new noise)", grant.grant_id)
+        with open(os.path.join(model.uri, spec.PRIVACY_REPORT_FILE)) as f:
+            report = json.load(f)
         model.set_string_custom_property(spec.GRANT_ID_PROPERTY, grant.grant_id)
-        model.set_int_custom_property(spec.UPDATES_PROPERTY, int(result.accepted))
-        logging.info("DnDTrainer: %d updates (%d accepted) at epsilon=%s per update (%s unit), "
-                     "%d pass(es)", result.updates, result.accepted,
-                     client.update_epsilon(settings.spec.dim), client.unit, settings.passes)
+        model.set_int_custom_property(spec.UPDATES_PROPERTY, int(report["updates_accepted"]))
+        model.set_int_custom_property(spec.REPLAYED_PROPERTY, int(outcome.replayed))
+        model.set_string_custom_property(spec.RELEASE_DIGEST_PROPERTY, outcome.release.digest)
+
+
+def _report(grant, settings, charge: dict, spam: bool, result) -> dict:
+    client = settings.client
+    return {"grant_id": grant.grant_id, "stream": grant.stream, "family": settings.family,
+            "k": settings.k, "gamma": client.gamma, "l1_norm_clip": client.l1_norm_clip,
+            "unit": client.unit, "epsilon_per_weight_or_update": client.epsilon,
+            "epsilon_per_update": client.update_epsilon(settings.spec.dim),
+            "noise_scale": client.noise_scale, "passes": settings.passes,
+            "n_c": settings.n_c, "charged": charge, "spam_check": spam,
+            "updates": result.updates, "updates_accepted": result.accepted,
+            "updates_rejected": result.rejected_spam, "noise": "opendp",
+            # the update counts are exact (not DP): passes x the number of units
+            "counts_are_not_dp": True,
+            "blocks": list(grant.block_ids)}

@@ -31,6 +31,11 @@ DEFAULT_SPLIT = "train"
 PRIVACY_REPORT_FILE = "privacy_report.json"
 GRANT_ID_PROPERTY = "grant_id"
 UPDATES_PROPERTY = "dnd_updates_accepted"
+REPLAYED_PROPERTY = "release_replayed"         # 1: the grant's recorded model was returned
+RELEASE_DIGEST_PROPERTY = "release_sha256"     # of the recorded model tree
+
+# The release the grant buys (sage_tfx.ledger.releases).
+RELEASE_NAME = "dnd_trainer/model"
 
 
 class DnDTrainerSpec(ComponentSpec):

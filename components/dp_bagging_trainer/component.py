@@ -24,6 +24,7 @@ from tfx.dsl.components.base import base_component, executor_spec
 from tfx.types import standard_artifacts
 
 from sage_tfx.bagging import BaggingConfig
+from sage_tfx.bagging.purchase import reservation
 from sage_tfx.components.dp_bagging_trainer import executor, spec
 from sage_tfx.errors import InvalidRequestError
 
@@ -32,7 +33,8 @@ class DPBaggingTrainer(base_component.BaseComponent):
     """Teachers on a granted private window, noisy labels on public points, the student.
 
     Component ``outputs`` contains ``model``: the student (``Format-Serving``) and
-    ``privacy_report.json`` (p, ε, δ, mode, accountant, per-block charge).
+    ``privacy_report.json`` (p, ε, δ, mode, accountant, per-block charge), released once per
+    grant: a re-execution gets the recorded directory back byte for byte.
     """
 
     SPEC_CLASS = spec.DPBaggingTrainerSpec
@@ -43,10 +45,18 @@ class DPBaggingTrainer(base_component.BaseComponent):
                  unit_key: str, feature_keys: Sequence[str], public_declared: bool = False,
                  mode: str = "fixed_queries", accountant: str = "rdp", teacher: str = "logistic",
                  split: str = spec.DEFAULT_SPLIT, public_split: str = spec.DEFAULT_SPLIT,
-                 salt: Optional[str] = None, cache_dir: Optional[str] = None):
+                 salt: Optional[str] = None, cache_dir: Optional[str] = None,
+                 accept_not_differentially_private: bool = False,
+                 max_labels: Optional[int] = None):
         """Args: see the module docstring; ``public_declared`` must be True (the user vouches
-        that ``public_examples`` is public data). Raises ValueError subclasses on bad input."""
-        BaggingConfig(k=k, n=n, lam=lam, mode=mode, accountant=accountant, teacher=teacher)
+        that ``public_examples`` is public data); ``mode="paper"`` is not differentially private
+        and needs ``accept_not_differentially_private=True`` (recorded on the model, which
+        DPModelValidator then refuses to bless); ``max_labels`` (paper mode only) is how many
+        public points a run reserves, by default all that are left for the window. Raises
+        ValueError subclasses on bad input."""
+        BaggingConfig(k=k, n=n, lam=lam, mode=mode, accountant=accountant, teacher=teacher,
+                      accept_not_differentially_private=accept_not_differentially_private)
+        reservation(None if mode == "paper" else 0, public_size=1, max_labels=max_labels)
         if public_declared is not True:
             raise InvalidRequestError("declare the public examples public (public_declared=True): "
                                       "DP bagging labels them without any privacy protection")
@@ -60,4 +70,6 @@ class DPBaggingTrainer(base_component.BaseComponent):
             k=k, n=n, lam=float(lam), mode=mode, accountant=accountant, teacher=teacher,
             label_key=label_key, unit_key=unit_key, feature_keys=keys_json, public_declared=1,
             split=split, public_split=public_split, salt=salt, cache_dir=cache_dir,
+            accept_not_differentially_private=int(accept_not_differentially_private),
+            max_labels=max_labels,
             model=types.Channel(type=standard_artifacts.Model)))

@@ -5,10 +5,20 @@ Privacy. The run spends exactly what the gate charged, re-derived from the grant
 (``sage_tfx.bagging.labels_from_grant``): an rdp grant must be the event
 ``SelfComposed(LaplaceDpEvent(1/(2λ)), p)`` and p labels are answered; a basic grant (ε, δ)
 answers the largest p whose dp_accounting ε fits it (fixed_queries), or runs the paper's
-data-dependent loop under the whole grant (paper mode, flagged not formally DP). The charge sits
+data-dependent loop under the whole grant (paper mode: not differentially private, run only with
+the exec property ``accept_not_differentially_private=1``, recorded on the model as the int
+property ``not_differentially_private``; DPModelValidator refuses to bless it). The charge sits
 on every block of the window: every unit, whatever its block, trains exactly k teachers.
-Only the student and the report leave: no vote counts, noisy counts, teachers or per-unit ε̂ are
-written or logged. Feature scaling uses the public examples' statistics only.
+Only the student and the report leave: no vote counts, noisy counts, teachers or ε̂ (per unit
+or overall) are written or logged, and in paper mode neither is the data-dependent number of
+answered queries. Feature scaling uses the public examples' statistics only.
+
+Release once (``sage_tfx.bagging.purchase``, ``sage_tfx.ledger.releases``). The public range
+comes from the ledger's cursor of the window, reserved before any vote. The labels are recorded
+against the grant (``bagging/labels``), and the model directory (student + privacy report) as a
+tree (``bagging/model``) before it appears in the artifact. A re-executed trainer (a retried pod,
+a manual re-run, another output directory, a concurrent twin) materializes the recorded tree byte
+for byte: no Beam flow, no vote, no noise, no charge.
 """
 from __future__ import annotations
 
@@ -28,8 +38,9 @@ from tfx.types import artifact_utils
 from tfx.utils import path_utils
 
 from sage_tfx.bagging import (BaggingConfig, TeacherCache, chunk_assignment, label_public,
-                              labels_from_grant, noisy_argmax, plan_labels, train_student)
+                              labels_from_grant, plan_labels, purchase, train_student)
 from sage_tfx.bagging.cache import cache_key
+from sage_tfx.bagging.labelling import fixed_labels
 from sage_tfx.components import artifacts
 from sage_tfx.components.block_example_gen.spec import GRANT_ID_PROPERTY as EXAMPLES_GRANT_ID
 from sage_tfx.components.dp_bagging_trainer import spec
@@ -39,9 +50,13 @@ __all__ = ["Executor", "config_from_exec_properties", "bagging_cost"]
 
 
 def config_from_exec_properties(props: Dict[str, Any]) -> BaggingConfig:
+    opt_in = props.get(spec.NON_DP_OPT_IN_KEY)
+    if opt_in not in (None, 0, 1) or isinstance(opt_in, bool):
+        raise InvalidRequestError(f"{spec.NON_DP_OPT_IN_KEY} must be the int 0 or 1, got {opt_in!r}")
     return BaggingConfig(k=props.get(spec.K_KEY), n=props.get(spec.N_KEY), lam=props.get(spec.LAMBDA_KEY),
                          mode=props.get(spec.MODE_KEY), accountant=props.get(spec.ACCOUNTANT_KEY),
-                         teacher=props.get(spec.TEACHER_KEY))
+                         teacher=props.get(spec.TEACHER_KEY),
+                         accept_not_differentially_private=opt_in == 1)
 
 
 def feature_keys_of(props: Dict[str, Any]) -> list:
@@ -133,6 +148,17 @@ def export_student(student, mean, std, feature_keys, path: str) -> None:
     tf.saved_model.save(module, path, signatures={"serving_default": module.serve})
 
 
+def _record_on_model(model: types.Artifact, report: dict) -> None:
+    """Custom properties of the Model, from the released report (identical on a replay)."""
+    if report["formally_dp"]:
+        model.set_int_custom_property(spec.QUERIES_PROPERTY, int(report["queries"]))
+    model.set_string_custom_property(spec.MODE_PROPERTY, report["mode"])
+    model.set_float_custom_property(spec.EPSILON_PROPERTY, float(report["epsilon"]))
+    model.set_float_custom_property(spec.DELTA_PROPERTY, float(report["delta"]))
+    model.set_string_custom_property(spec.GRANT_ID_PROPERTY, report["grant_id"])
+    model.set_int_custom_property(spec.NOT_DP_PROPERTY, int(report["not_differentially_private"]))
+
+
 # The one artifact of a channel; zero or several is a clear error.
 _one = functools.partial(artifacts.single_artifact, component="DPBaggingTrainer")
 
@@ -166,46 +192,65 @@ class Executor(base_beam_executor.BaseBeamExecutor):
         std = np.nanstd(X_pub, axis=0)
         std[~(std > 0)] = 1.0
         X_pub = (np.where(np.isnan(X_pub), mean, X_pub) - mean) / std
-        report_delta = None
-        if grant.mode == "rdp":
-            from sage_tfx.ledger import open_ledger
-            with open_ledger(grant_artifact.ledger_url) as ledger:
-                report_delta = float(ledger.stream(grant.stream).delta_g)
-        eps, dlt, event = _train_cost(grant_artifact, grant)
-        plan = labels_from_grant(config, epsilon=eps, delta=dlt, event=event,
-                                 public_size=len(X_pub), report_delta=report_delta)
-        files = _files(private, exec_properties.get(spec.SPLIT_KEY))
-        salt = (exec_properties.get(spec.SALT_KEY) or f"sage-tfx-bagging:{grant.stream}").encode()
-        cache = TeacherCache(exec_properties.get(spec.CACHE_DIR_KEY)) if exec_properties.get(spec.CACHE_DIR_KEY) else None
-        key = cache_key(stream=grant.stream, blocks=[b.block_id for b in grant.blocks], k=config.k,
-                        n=config.n, salt=salt, kind=config.teacher, settings={"l2": config.l2, "keys": keys})
-        start = cache.public_cursor(key) if cache else 0
-        pool = X_pub[start:]
-        if plan.queries is not None and plan.queries > len(pool):
-            raise InvalidRequestError(f"the grant pays for {plan.queries} labels but only {len(pool)} "
-                                      "unlabelled public points are left for this window")
-        result = self._label(config, plan, files, keys, exec_properties, mean, std, salt, pool, cache, key)
-        if cache:
-            cache.advance(key, result.queries)
-        student = train_student(pool[:result.queries], result.labels, l2=config.l2)
         model = _one(output_dict, spec.MODEL_KEY, what="Model output")
-        export_student(student, mean, std, keys, path_utils.serving_model_path(model.uri))
-        report = {**result.report(), "grant_id": grant.grant_id, "stream": grant.stream,
-                  "k": config.k, "n": config.n, "teacher": config.teacher, "public_start": start,
-                  # the whole run's charge (all plan parts) sits on every block of the window
-                  "per_block_charge": {b.block_id: ({"event": json.loads(grant_artifact.event_json)}
-                                                    if grant.event is not None else
-                                                    {"epsilon": grant.epsilon, "delta": grant.delta})
-                                       for b in grant.blocks}}
-        with fileio.open(os.path.join(model.uri, spec.PRIVACY_REPORT_FILE), "w") as f:
-            f.write(json.dumps(report, indent=2, sort_keys=True))
-        model.set_int_custom_property(spec.QUERIES_PROPERTY, int(result.queries))
-        model.set_string_custom_property(spec.MODE_PROPERTY, config.mode)
-        model.set_float_custom_property(spec.EPSILON_PROPERTY, float(result.epsilon))
-        model.set_float_custom_property(spec.DELTA_PROPERTY, float(result.delta))
-        model.set_string_custom_property(spec.GRANT_ID_PROPERTY, grant.grant_id)
-        logging.info("DPBaggingTrainer: %d public points labelled (%s), epsilon=%.4g delta=%.3g",
-                     result.queries, config.mode, result.epsilon, result.delta)
+        from sage_tfx.ledger import open_ledger
+        from sage_tfx.ledger.releases import release_tree_once
+        with open_ledger(grant_artifact.ledger_url) as ledger:
+            report_delta = float(ledger.stream(grant.stream).delta_g) if grant.mode == "rdp" else None
+            eps, dlt, event = _train_cost(grant_artifact, grant)
+            plan = labels_from_grant(config, epsilon=eps, delta=dlt, event=event,
+                                     public_size=len(X_pub), report_delta=report_delta)
+            files = _files(private, exec_properties.get(spec.SPLIT_KEY))
+            salt = (exec_properties.get(spec.SALT_KEY) or f"sage-tfx-bagging:{grant.stream}").encode()
+            cache = TeacherCache(exec_properties.get(spec.CACHE_DIR_KEY)) if exec_properties.get(spec.CACHE_DIR_KEY) else None
+            blocks = sorted(b.block_id for b in grant.blocks)
+            settings = {"l2": config.l2, "keys": keys}
+            max_labels = exec_properties.get(spec.MAX_LABELS_KEY)
+            key = cache_key(stream=grant.stream, blocks=blocks, k=config.k, n=config.n, salt=salt,
+                            kind=config.teacher, settings=settings)
+            request = purchase.purchase_request(config, stream=grant.stream, blocks=blocks, salt=salt,
+                                                X_public=X_pub, settings=settings, max_labels=max_labels)
+            # a re-execution with other settings under this grant is refused, not replayed silently
+            purchase.recorded_purchase(ledger, grant.grant_id, request)
+
+            def label(start, stop):
+                return self._label(config, plan, files, keys, exec_properties, mean, std, salt,
+                                   X_pub[start:stop], cache, key)
+
+            def produce_into(staging):
+                bought = purchase.buy_labels(
+                    ledger, grant.grant_id, label=label, exact=plan.formally_dp, request=request,
+                    cursor=purchase.cursor_name(stream=grant.stream, blocks=blocks, config=config,
+                                                salt=salt, settings=settings),
+                    reserve=purchase.reservation(plan.queries, public_size=len(X_pub),
+                                                 max_labels=max_labels),
+                    public_size=len(X_pub))
+                student = train_student(X_pub[bought.public_index], bought.labels, l2=config.l2)
+                export_student(student, mean, std, keys, path_utils.serving_model_path(staging))
+                charge = ({"event": json.loads(grant_artifact.event_json)} if grant.event is not None
+                          else {"epsilon": grant.epsilon, "delta": grant.delta})
+                report = {**bought.report, "grant_id": grant.grant_id, "stream": grant.stream,
+                          "k": config.k, "n": config.n, "teacher": config.teacher,
+                          # the whole run's charge (all plan parts) sits on every block of the window
+                          "per_block_charge": {b: charge for b in blocks}}
+                with open(os.path.join(staging, spec.PRIVACY_REPORT_FILE), "w") as f:
+                    f.write(json.dumps(report, indent=2, sort_keys=True))
+
+            outcome = release_tree_once(ledger, grant.grant_id, purchase.MODEL_RELEASE, model.uri,
+                                        produce_into)
+        with fileio.open(os.path.join(model.uri, spec.PRIVACY_REPORT_FILE)) as f:
+            report = json.loads(f.read())
+        _record_on_model(model, report)
+        how = ("replayed the release recorded under grant %s (no noise drawn, nothing charged)"
+               if outcome.replayed else "released under grant %s")
+        if report["formally_dp"]:
+            logging.info("DPBaggingTrainer: %d public points labelled (fixed_queries), epsilon=%.4g "
+                         "delta=%.3g; " + how, report["queries"], report["epsilon"], report["delta"],
+                         grant.grant_id)
+        else:   # the answer count is data-dependent: not logged
+            logging.warning("DPBaggingTrainer: paper mode, NOT differentially private (opted in "
+                            "with %s): the whole grant epsilon=%.4g delta=%.3g was charged; " + how,
+                            spec.NON_DP_OPT_IN_KEY, report["epsilon"], report["delta"], grant.grant_id)
 
     def _beam_options(self):
         from apache_beam.options.pipeline_options import PipelineOptions
@@ -239,13 +284,11 @@ class Executor(base_beam_executor.BaseBeamExecutor):
                 if counts is None:      # cached teachers: votes in the driver
                     from sage_tfx.bagging import vote_counts
                     counts = vote_counts(ensemble, pool[:plan.queries])
-                from sage_tfx.bagging.labelling import LabellingResult
-                labels = noisy_argmax(counts, k=config.k, lam=config.lam)
-                return LabellingResult(labels, np.arange(plan.queries), plan.queries, config.mode,
-                                       config.accountant, plan.epsilon, plan.delta, config.lam,
-                                       config.k / config.lam, 2 * config.lam, True, event=plan.event)
+                return fixed_labels(counts, k=config.k, lam=config.lam, accountant=config.accountant,
+                                    epsilon=plan.epsilon, delta=plan.delta)
             unit_chunks = chunk_assignment(units_all, k=config.k, n=config.n, salt=salt)
             return label_public(ensemble, pool, epsilon=plan.epsilon, delta=plan.delta, lam=config.lam,
-                                mode="paper", unit_chunks=unit_chunks)
+                                mode="paper", unit_chunks=unit_chunks,
+                                accept_not_differentially_private=config.accept_not_differentially_private)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)

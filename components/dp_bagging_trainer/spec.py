@@ -3,6 +3,7 @@ from tfx.types import standard_artifacts, standard_component_specs
 from tfx.types.component_spec import ChannelParameter, ComponentSpec, ExecutionParameter
 
 from sage_tfx.components.artifacts import SageGrant
+from sage_tfx.components.dp_validator.spec import NOT_DP_PROPERTY
 from sage_tfx.components.gate.spec import GRANT_KEY
 
 # Channel keys.
@@ -26,6 +27,10 @@ SPLIT_KEY = "split"
 PUBLIC_SPLIT_KEY = "public_split"
 SALT_KEY = "salt"
 CACHE_DIR_KEY = "cache_dir"
+# int 1: the user accepts that mode "paper" is NOT differentially private (required by that
+# mode, refused by the others); recorded on the Model as NOT_DP_PROPERTY.
+NON_DP_OPT_IN_KEY = "accept_not_differentially_private"
+MAX_LABELS_KEY = "max_labels"              # paper mode: public points a run reserves (default all)
 
 DEFAULT_SPLIT = "train"
 
@@ -37,6 +42,8 @@ MODE_PROPERTY = "bagging_mode"
 EPSILON_PROPERTY = "epsilon"
 DELTA_PROPERTY = "delta"
 GRANT_ID_PROPERTY = "grant_id"
+# NOT_DP_PROPERTY ("not_differentially_private"): int 1 on a paper-mode model, 0 otherwise; the
+# name DPModelValidator reads to refuse blessing a model that is not DP.
 
 
 class DPBaggingTrainerSpec(ComponentSpec):
@@ -57,6 +64,8 @@ class DPBaggingTrainerSpec(ComponentSpec):
         PUBLIC_SPLIT_KEY: ExecutionParameter(type=str),
         SALT_KEY: ExecutionParameter(type=str, optional=True),
         CACHE_DIR_KEY: ExecutionParameter(type=str, optional=True),
+        NON_DP_OPT_IN_KEY: ExecutionParameter(type=int, optional=True),
+        MAX_LABELS_KEY: ExecutionParameter(type=int, optional=True),
     }
     INPUTS = {
         EXAMPLES_KEY: ChannelParameter(type=standard_artifacts.Examples),

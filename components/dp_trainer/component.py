@@ -12,23 +12,36 @@ privacy plan has a ``train`` part. Example::
                         grant=gate.outputs["grant"],
                         custom_config={"algorithm": "dpsgd", "epochs": 5, "batch_size": 256})
 
-The run_fn contract (helpers in ``sage_tfx.components.dp_trainer.run_fn_utils``):
+The run_fn contract (helpers in ``sage_tfx.components.dp_trainer.run_fn_utils``): the run_fn
+supplies the model and the data, the executor trains it (Opacus-style: it returns the private
+version of the user's model)::
 
-* read the part with ``train_part(fn_args)`` — for DP-SGD, ``dpsgd_noise_for(fn_args, n,
-  batch_size, epochs, l2_norm_clip=...)`` gives the noise multiplier and run settings for basic
-  ((ε, δ): σ calibrated from the real n) and rdp (DpEvent: σ, q, steps as charged) parts;
+    def run_fn(fn_args):
+        training = run_fn_utils.private_training(fn_args)
+        data = run_fn_utils.read_split(fn_args, "train", columns, label_key="y")
+        model = training.dpsgd(layers, data.features, data.labels, loss=..., batch_size=256,
+                               epochs=5, l2_norm_clip=1.0)     # or training.adassp(x, y, ...)
+        run_fn_utils.export_serving_model(fn_args, model, columns, kinds=data.kinds)
+
+* ``training.dpsgd`` runs the plan's DP-SGD itself (basic (ε, δ) parts: σ calibrated from the
+  real n, batch size and epochs; rdp parts: σ, q and the steps of the charged DpEvent), Poisson
+  batches, one example per microbatch (TF Privacy names: ``l2_norm_clip``, ``noise_multiplier``;
+  ``num_microbatches`` is always None); ``training.adassp`` runs AdaSSP at a basic part's (ε, δ);
 * train only on ``fn_args.train_files``; write no non-DP statistics of the data (no eval
   metrics, no TensorBoard logs of the loss);
-* export the serving model to ``fn_args.serving_model_dir`` (``export_serving_model``);
-* end with ``report_guarantee(fn_args, guarantee)``.
+* export the model it returned, unchanged, to ``fn_args.serving_model_dir``
+  (``export_serving_model``).
 
-The executor re-derives ε from the report and records on the Model artifact the custom
-properties ``dp_epsilon``, ``dp_delta``, ``dp_accounting`` (rdp / pld), ``dp_sampling``,
-``dp_num_examples``, ``dp_noise_multiplier``, ``dp_algorithm`` (dpsgd / adassp / logistic),
-``dp_mode``, ``dp_neighboring_relation``, ``dp_event_json``, ``grant_id`` and, for DP-SGD,
-``dp_l2_norm_clip``, ``dp_batch_size``, ``dp_epochs``, ``dp_steps``. The Model artifact's
-``dp_guarantee.json`` holds the same, the run_fn's report and the plan part. A run_fn that does
-not report, or reports a cost that does not fit the part, fails the component.
+The executor verifies the charge from what its loop ran — the noisy steps counted in the training
+step, the sampling probability and noise multiplier they used — with dp_accounting, and records on
+the Model artifact the custom properties ``dp_epsilon``, ``dp_delta``, ``dp_accounting``
+(rdp / pld), ``dp_sampling``, ``dp_num_examples``, ``dp_noise_multiplier``, ``dp_algorithm``
+(dpsgd / adassp), ``dp_mode``, ``dp_neighboring_relation``, ``dp_event_json``, ``grant_id``,
+``dp_verification`` (``observed``) and, for DP-SGD, ``dp_l2_norm_clip``, ``dp_batch_size``,
+``dp_epochs``, ``dp_steps``, ``dp_sampling_probability``. The Model artifact's
+``dp_guarantee.json`` holds the same, what ran and the plan part. A run_fn that trains by itself,
+trains twice or exports another model than the one trained fails the component, and its model
+is deleted.
 """
 from __future__ import annotations
 

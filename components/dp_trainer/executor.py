@@ -1,4 +1,5 @@
-"""DPTrainer executor: the stock Trainer's run_fn machinery, spending exactly the plan's train part.
+"""DPTrainer executor: the stock Trainer's run_fn machinery, with the executor owning the
+privacy loop and spending exactly the plan's train part.
 
 Sage §3.1 (List. 1): training is one DP stage of the pipeline; it may spend only the ``train``
 part of the privacy plan the gate charged. The executor
@@ -10,17 +11,22 @@ part of the privacy plan the gate charged. The executor
    ``fn_args.custom_config``: ``sage_train_part`` (``PlanPart.to_dict()``), ``sage_grant_id``,
    ``sage_num_train_records`` (counted here), ``sage_report_delta`` (rdp parts) and
    ``sage_guarantee_path``;
-3. calls the user's ``run_fn``, which must export the serving model and report the DP guarantee it
-   used (``report_guarantee``);
-4. re-derives the privacy cost from the reported parameters with dp_accounting
-   (``guarantee.verify_report``) and records it on the Model artifact, or — if the run_fn did not
-   report, or the report does not fit the part — deletes the exported model and fails: a model
-   whose privacy is unknown must never be blessed or pushed.
+3. calls the user's ``run_fn`` with its privacy loop active (``private.PrivateTraining``): the
+   run_fn supplies the model and the data (``run_fn_utils.private_training(fn_args).dpsgd(...)``
+   or ``.adassp(...)``), the executor trains — the plan's DP-SGD steps with Poisson sampling,
+   counted inside the training step, or AdaSSP's three Gaussian releases — and the run_fn exports
+   the trained model;
+4. takes what ran (``TrainingRecord``: noisy steps, q, σ, C, n), checks that the exported model is
+   the one trained, derives the privacy cost from the record with dp_accounting
+   (``guarantee.verify_record``) and records it on the Model artifact. A run_fn that trained by
+   itself (plain Keras, a DP algorithm called directly), trained twice or exported another model
+   fails the component (``UnverifiedTrainingError``) and its model is deleted: a model whose
+   privacy the executor did not observe is never published, and DPModelValidator blesses no
+   DPTrainer model without ``dp_verification = "observed"``.
 
-What the run_fn reports is checked, not trusted: ε is recomputed here from σ, batch size, n and
-epochs; n may not exceed the records the executor counted in the train split(s). The executor
-cannot see inside the run_fn, though: that the model was *trained* with the reported parameters
-(and saw only the train split) is the run_fn's contract — the helpers in ``run_fn_utils`` keep it.
+A run_fn's own report (``report_guarantee``) is optional and never accounted; if present, every
+fact it states must agree with what ran. That the model saw only the train split remains the
+run_fn's contract (``run_fn_utils.read_split``).
 """
 from __future__ import annotations
 
@@ -40,6 +46,7 @@ from sage_tfx.adaptive import plan as plan_lib
 from sage_tfx.components import artifacts, plan_io
 from sage_tfx.components.block_example_gen.spec import GRANT_ID_PROPERTY as EXAMPLES_GRANT_ID
 from sage_tfx.components.dp_trainer import guarantee as guarantee_lib
+from sage_tfx.components.dp_trainer import private
 from sage_tfx.components.dp_trainer import spec
 from sage_tfx.errors import InvalidRequestError, MissingGrantError
 
@@ -117,17 +124,14 @@ def _write_json(path: str, value: Any) -> None:
         f.write(json.dumps(value, sort_keys=True, indent=1))
 
 
-def read_report(path: str) -> dict:
-    """The run_fn's report at ``path``.
+def read_report(path: str) -> Optional[dict]:
+    """The run_fn's optional report at ``path``, or None.
 
     Raises:
-      GuaranteeMismatchError: no report (the run_fn did not call report_guarantee) or not JSON.
+      GuaranteeMismatchError: a report that is not JSON.
     """
     if not fileio.exists(path):
-        raise guarantee_lib.GuaranteeMismatchError(
-            "the run_fn did not report the DP guarantee it used: end it with "
-            "sage_tfx.components.dp_trainer.report_guarantee(fn_args, guarantee). A model whose "
-            "privacy is unknown is not published")
+        return None
     with fileio.open(path, "r") as f:
         text = f.read()
     try:
@@ -151,12 +155,12 @@ def set_model_properties(model: types.Artifact, verified: guarantee_lib.Verified
 
 
 class Executor(trainer_executor.GenericExecutor):
-    """GenericExecutor that hands run_fn the plan's train part and verifies what it spent."""
+    """GenericExecutor that trains run_fn's model in its own privacy loop and verifies what ran."""
 
     def Do(self, input_dict: Dict[str, List[types.Artifact]],
            output_dict: Dict[str, List[types.Artifact]],
            exec_properties: Dict[str, Any]) -> None:
-        """Trains with the user's run_fn under the plan's train part; records the DP guarantee.
+        """Trains the run_fn's model privately under the plan's train part; records what ran.
 
         Args:
           input_dict: ``examples``, optional ``transform_graph`` / ``schema``, ``grant``.
@@ -166,7 +170,9 @@ class Executor(trainer_executor.GenericExecutor):
 
         Raises:
           MissingGrantError: no / denied / mismatched grant, or no train part in the plan.
-          GuaranteeMismatchError: the run_fn did not report, or spent other than the part.
+          UnverifiedTrainingError: no (or more than one) training ran through the executor's
+            loop, or the exported model is not the one it trained.
+          GuaranteeMismatchError: what ran does not fit the part, or a report contradicts it.
           RuntimeError: the run_fn wrote no serving model.
         """
         self._log_startup(input_dict, output_dict, exec_properties)
@@ -197,23 +203,31 @@ class Executor(trainer_executor.GenericExecutor):
         })
         fn_args.custom_config = config
         run_fn = udf_utils.get_fn(exec_properties, "run_fn")
+        training = private.PrivateTraining(part, num_train_records=num_records,
+                                           report_delta=report_delta)
 
         # The record count is not logged: it is an exact (non-DP) statistic of the granted data.
         logging.info("DPTrainer: grant %s, train part %s", grant.grant_id, part.to_dict())
         try:
-            run_fn(fn_args)
+            with training.active():
+                run_fn(fn_args)
             if not fileio.exists(fn_args.serving_model_dir):
                 raise RuntimeError("run_fn failed to generate model.")
-            report = read_report(report_path)
-            verified = guarantee_lib.verify_report(
-                report, part, grant_id=grant.grant_id, num_train_records=num_records,
+            ran = training.record()
+            training.check_exported(fn_args.serving_model_dir)
+            verified = guarantee_lib.verify_record(
+                ran, part, grant_id=grant.grant_id, num_train_records=num_records,
                 report_delta=report_delta)
+            report = read_report(report_path)
+            if report is not None:
+                guarantee_lib.check_report(report, ran)
         except Exception:
             # Not published (the execution fails), and not left behind for anyone to pick up.
             if fileio.exists(fn_args.serving_model_dir):
                 fileio.rmtree(fn_args.serving_model_dir)
             raise
         record = verified.to_dict()
+        record["ran"] = ran.to_dict()
         record["reported"] = report
         record["train_part"] = part.to_dict()
         _write_json(report_path, record)

@@ -1,31 +1,32 @@
-"""What a DP training run guarantees: the run_fn's report, and its independent verification.
+"""What a DP training run guarantees: the record of what the executor ran, and its verification.
 
 Sage §3.1 / List. 1: the trainer spends exactly the ``train`` part of the run's privacy plan,
-which the gate charged to the granted blocks. The user's ``run_fn`` trains and *reports* the DP
-parameters it used (:func:`report_from`); the DPTrainer executor then re-derives the privacy cost
-from those parameters alone, with dp_accounting, and accepts the model only if it fits the part
-(:func:`verify_report`):
+which the gate charged to the granted blocks. The DPTrainer executor owns the privacy loop
+(``private.PrivateTraining``): it trains the user's model with DP-SGD (or runs AdaSSP) itself
+and records what actually ran — the noisy steps counted inside the training step, the noise
+multiplier they added, the sampling probability the batches were drawn with, the number of
+examples — as a :class:`TrainingRecord`. :func:`verify_record` re-derives the privacy cost from
+that record alone, with dp_accounting, and accepts the model only if it fits the part:
 
-* ``basic`` part (ε, δ): the reported δ must equal the part's δ, and the ε recomputed from the
-  reported noise multiplier (and, for DP-SGD, batch size, number of examples and epochs) must be
-  ≤ the part's ε.
-* ``rdp`` part (a DpEvent): the reported event must equal the part's event exactly, and the
-  reported hyper-parameters must be the ones the event describes. ε is then reported at a δ the
-  executor chooses (the part's ``delta`` param, else the stream's δ_g).
+* ``basic`` part (ε, δ): the ε of the event that ran, at the part's δ, must be ≤ the part's ε.
+* ``rdp`` part (a DpEvent): the event that ran must equal the part's event exactly. ε is then
+  reported at a δ the executor chooses (the part's ``delta`` param, else the stream's δ_g).
+
+A run_fn's own report (:func:`report_from`, ``run_fn_utils.report_guarantee``) is optional and
+never accounted: if present, it must agree with the record (:func:`check_report`).
 
 DP-SGD accounting (``sage_tfx.dp.dpsgd``): Poisson sampling with ``q = batch_size / n`` accounted
 and run (``sage_tfx.dp.keras_dpsgd.poisson_batches``: every example joins every step
 independently with probability q; the noisy clipped-gradient sum is divided by the expected batch
 size q·n); add-or-remove-one adjacency; one example per microbatch. In ``rdp`` mode the plan
 fixes q, σ and the number of steps T up front; the trainer runs exactly T steps sampling with
-that q (``batch_size`` = ``round(q · n)`` is only the nominal size it reports).
+that q (``batch_size`` = ``round(q · n)`` is only the nominal size it records).
 
-This module imports no TensorFlow or TFX: it is plain accounting on dicts.
+This module imports no TensorFlow or TFX: it is plain accounting on values.
 """
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Optional
 
 import dp_accounting
@@ -36,11 +37,10 @@ from sage_tfx.dp import dpsgd
 from sage_tfx.adaptive import plan as plan_lib
 from sage_tfx.errors import InvalidPrivacyParameterError
 
-# Algorithms a DPTrainer run_fn may report (Sage Tab. 1: NN / LG by DP-SGD, LR by AdaSSP).
+# Algorithms the DPTrainer executor runs (Sage Tab. 1: NN / LG by DP-SGD, LR by AdaSSP).
 DPSGD = "dpsgd"
 ADASSP = "adassp"
-LOGISTIC = "logistic"
-ALGORITHMS = (DPSGD, ADASSP, LOGISTIC)
+ALGORITHMS = (DPSGD, ADASSP)
 
 # The sampling scheme recorded on the model (what the accounting assumed, what training ran).
 DPSGD_SAMPLING = "poisson (each example independently with probability q per step)"
@@ -59,13 +59,20 @@ MEMBERSHIP_FILE_NAME = "membership_inference.json"
 NUM_TRAIN_RECORDS_CONFIG_KEY = "sage_num_train_records"  # records in the train split(s)
 REPORT_DELTA_CONFIG_KEY = "sage_report_delta"    # rdp parts: δ at which ε is reported
 
-# Relative tolerance between a reported ε and the executor's recomputation (same code, same
-# inputs: they agree to the last bit; the slack only absorbs JSON round trips).
-_EPSILON_RTOL = 1e-9
+# How the Model's guarantee was verified (custom property ``dp_verification``): from what the
+# executor observed its own training run. DPModelValidator blesses no DPTrainer model without it.
+VERIFICATION_PROPERTY = "dp_verification"
+OBSERVED = "observed"
 
 
 class GuaranteeMismatchError(InvalidPrivacyParameterError):
-    """A run_fn's report does not fit the plan's train part, or is not self-consistent."""
+    """A training run (or a run_fn's report) does not fit the plan's train part."""
+
+
+class UnverifiedTrainingError(GuaranteeMismatchError):
+    """A model whose DP training the executor did not run and observe: e.g. a run_fn that trained
+    plain Keras, trained twice, or exported another model than the one trained. Never published,
+    never blessed."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -203,16 +210,18 @@ def dpsgd_run_for_part(part: plan_lib.PlanPart, *, num_examples: int, batch_size
 def report_from(guarantee: Any, *, algorithm: Optional[str] = None,
                 trained_steps: Optional[int] = None, num_examples: Optional[int] = None,
                 **extra: Any) -> dict:
-    """The JSON-able report of a training run's DP guarantee.
+    """The JSON-able report of a training run's DP guarantee, as a run_fn states it.
+
+    Never accounted: the executor verifies what it ran (:func:`verify_record`) and only checks
+    that a report agrees with it (:func:`check_report`).
 
     Args:
       guarantee: A :class:`DPSGDRun`, a ``sage_tfx.dp.dpsgd.DPGuarantee`` (DP-SGD, basic mode), an
-        ``AdaSSPResult`` (``sage_tfx.dp.adassp``), a ``DPLogisticResult``
-        (``sage_tfx.dp.logistic``), or a dict with the report's keys.
-      algorithm: Overrides the algorithm inferred from the type (``dpsgd``/``adassp``/``logistic``).
-      trained_steps: DP-SGD: the optimizer steps that actually ran (checked ≤ accounted steps).
+        ``AdaSSPResult`` (``sage_tfx.dp.adassp``), or a dict with the report's keys.
+      algorithm: Overrides the algorithm inferred from the type (``dpsgd`` / ``adassp``).
+      trained_steps: DP-SGD: the steps the run_fn believes ran.
       num_examples: The number of training examples, for algorithms whose guarantee does not
-        carry it (AdaSSP); checked ≤ the records of the train split and recorded on the model.
+        carry it (AdaSSP).
       **extra: More JSON-able facts to keep in the report (e.g. hidden units, bounds).
 
     Raises:
@@ -243,20 +252,12 @@ def report_from(guarantee: Any, *, algorithm: Optional[str] = None,
                "event": accounting.event_to_dict(guarantee.event),
                "x_bound": guarantee.x_bound, "y_bound": guarantee.y_bound,
                "neighboring_relation": guarantee.neighboring_relation}
-    elif type(guarantee).__name__ == "DPLogisticResult":
-        out = {"algorithm": LOGISTIC, "noise_multiplier": float(guarantee.noise_multiplier),
-               "epsilon": float(guarantee.epsilon), "delta": float(guarantee.delta),
-               "accountant": guarantee.accountant,
-               "event": accounting.event_to_dict(guarantee.event),
-               "num_examples": int(guarantee.num_examples), "x_bound": guarantee.x_bound,
-               "l2_reg": guarantee.l2_reg, "sensitivity": guarantee.sensitivity,
-               "neighboring_relation": guarantee.neighboring_relation}
     elif isinstance(guarantee, dict):
         out = dict(guarantee)
     else:
         raise TypeError(
-            "report a DPSGDRun, sage_tfx.dp.dpsgd.DPGuarantee, AdaSSPResult, DPLogisticResult or a "
-            f"dict, got {type(guarantee).__name__}")
+            "report a DPSGDRun, sage_tfx.dp.dpsgd.DPGuarantee, AdaSSPResult or a dict, got "
+            f"{type(guarantee).__name__}")
     if algorithm is not None:
         out["algorithm"] = algorithm
     if trained_steps is not None:
@@ -271,16 +272,69 @@ def report_from(guarantee: Any, *, algorithm: Optional[str] = None,
     return out
 
 
+
 # ---------------------------------------------------------------------------------------------
-# Verification.
+# What ran, and its verification.
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingRecord:
+    """What one training run of the executor actually ran (``private.PrivateTraining``).
+
+    Attributes:
+      algorithm: ``dpsgd`` or ``adassp``.
+      noise_multiplier: σ that ran: DP-SGD, the noise std every step added divided by
+        ``l2_norm_clip`` (both read from the training step); AdaSSP, the σ its three Gaussian
+        releases drew with.
+      num_examples: n, the rows trained on.
+      accountant: ``rdp`` / ``pld``: the accountant the run was calibrated with (basic parts).
+      l2_norm_clip: DP-SGD: the clipping norm C of the step.
+      sampling_probability: DP-SGD: the q every batch was Poisson-sampled with.
+      steps: DP-SGD: the noisy aggregations counted inside the training step.
+      batch_size: DP-SGD: the nominal (expected) batch size.
+      epochs: DP-SGD: ``steps · batch_size / n`` (rdp) or the epochs asked for (basic).
+    """
+
+    algorithm: str
+    noise_multiplier: float
+    num_examples: int
+    accountant: str
+    l2_norm_clip: Optional[float] = None
+    sampling_probability: Optional[float] = None
+    steps: Optional[int] = None
+    batch_size: Optional[int] = None
+    epochs: Optional[float] = None
+
+    def event(self) -> dp_event_lib.DpEvent:
+        """The dp_accounting event of what ran.
+
+        Raises:
+          GuaranteeMismatchError: an unknown algorithm, or a DP-SGD record without q / steps.
+        """
+        sigma = dpsgd.check_positive(self.noise_multiplier, "noise_multiplier")
+        if self.algorithm == ADASSP:
+            from sage_tfx.dp import adassp
+            return adassp.adassp_event(sigma)
+        if self.algorithm != DPSGD:
+            raise GuaranteeMismatchError(
+                f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
+        q, steps = self.sampling_probability, self.steps
+        if q is None or not 0 < q <= 1 or isinstance(steps, bool) or not isinstance(steps, int):
+            raise GuaranteeMismatchError(f"a DP-SGD record needs q in (0, 1] and whole steps, "
+                                         f"got q={q!r}, steps={steps!r}")
+        return dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
+            q, dp_accounting.GaussianDpEvent(sigma)), steps)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass(frozen=True)
 class VerifiedGuarantee:
-    """A training run's DP guarantee, re-derived by the executor from the reported parameters.
+    """A training run's DP guarantee, derived by the executor from what it ran.
 
-    ``epsilon`` is the executor's own computation (never the run_fn's number). Fields that do not
-    apply to the algorithm are None.
+    ``epsilon`` is the executor's own computation. Fields that do not apply to the algorithm are
+    None.
     """
 
     algorithm: str
@@ -305,6 +359,7 @@ class VerifiedGuarantee:
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)
         out["event"] = accounting.event_to_dict(self.event)
+        out["verification"] = OBSERVED
         return out
 
     def model_properties(self) -> dict:
@@ -314,205 +369,104 @@ class VerifiedGuarantee:
             "dp_accounting": self.accountant, "dp_sampling": self.sampling,
             "dp_num_examples": self.num_examples, "dp_noise_multiplier": self.noise_multiplier,
             "dp_l2_norm_clip": self.l2_norm_clip, "dp_batch_size": self.batch_size,
-            "dp_epochs": self.epochs, "dp_steps": self.steps, "dp_algorithm": self.algorithm,
+            "dp_epochs": self.epochs, "dp_steps": self.steps,
+            "dp_sampling_probability": self.sampling_probability, "dp_algorithm": self.algorithm,
             "dp_mode": self.mode, "dp_neighboring_relation": self.neighboring_relation,
             "dp_event_json": accounting.event_to_json(self.event), "grant_id": self.grant_id,
+            VERIFICATION_PROPERTY: OBSERVED,
         }
         return {k: v for k, v in props.items() if v is not None}
 
 
-def _need(report: dict, key: str) -> Any:
-    if report.get(key) is None:
-        raise GuaranteeMismatchError(
-            f"the run_fn's DP report lacks {key!r} (report keys: {sorted(report)}); report with "
-            "sage_tfx.components.dp_trainer.report_guarantee(fn_args, guarantee)")
-    return report[key]
-
-
-def _count(report: dict, key: str) -> int:
-    value = _need(report, key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value \
-            or value < 1:
-        raise GuaranteeMismatchError(f"reported {key} must be a whole number ≥ 1, got {value!r}")
-    return int(value)
-
-
-def _same_float(a: Any, b: float) -> bool:
-    return (isinstance(a, (int, float)) and not isinstance(a, bool)
-            and accounting.exact(float(a)) == accounting.exact(float(b)))
-
-
-def _reported_event(report: dict) -> Optional[dp_event_lib.DpEvent]:
-    if report.get("event") is None:
-        return None
-    try:
-        return accounting.event_from_dict(report["event"])
-    except (ValueError, TypeError, KeyError) as e:
-        raise GuaranteeMismatchError(f"the reported event is not a DpEvent: {e}") from e
-
-
-def _check_reported_epsilon(report: dict, epsilon: float) -> None:
-    reported = report.get("epsilon")
-    if reported is not None and not math.isclose(float(reported), epsilon,
-                                                 rel_tol=_EPSILON_RTOL, abs_tol=1e-12):
-        raise GuaranteeMismatchError(
-            f"the run_fn reported epsilon={reported} but its parameters give epsilon={epsilon}")
-
-
-def _algorithm_event(algorithm: str, report: dict, num_examples: Optional[int]
-                     ) -> tuple[dp_event_lib.DpEvent, float]:
-    """The event the reported parameters describe (basic mode), and σ."""
-    sigma = dpsgd.check_positive(_need(report, "noise_multiplier"), "noise_multiplier")
-    if algorithm == DPSGD:
-        return dpsgd.dpsgd_event(sigma, _count(report, "batch_size"), num_examples,
-                                 float(_need(report, "epochs"))), sigma
-    if algorithm == ADASSP:
-        return dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(sigma), 3), sigma
-    return dp_accounting.GaussianDpEvent(sigma), sigma
-
-
-def _event_sigma(algorithm: str, event: dp_event_lib.DpEvent) -> float:
-    """σ of an rdp part's event for a numpy algorithm, or a mismatch if the shape is wrong."""
-    if algorithm == ADASSP and isinstance(event, dp_event_lib.SelfComposedDpEvent) and (
-            event.count == 3 and isinstance(event.event, dp_event_lib.GaussianDpEvent)):
-        return float(event.event.noise_multiplier)
-    if algorithm == LOGISTIC and isinstance(event, dp_event_lib.GaussianDpEvent):
-        return float(event.noise_multiplier)
-    shape = ("SelfComposedDpEvent(GaussianDpEvent(σ), 3)" if algorithm == ADASSP
-             else "GaussianDpEvent(σ)")
-    raise GuaranteeMismatchError(
-        f"the plan's train part {event} is not a {algorithm} event ({shape})")
-
-
-def verify_report(report: dict, part: plan_lib.PlanPart, *, grant_id: str,
+def verify_record(record: TrainingRecord, part: plan_lib.PlanPart, *, grant_id: str,
                   num_train_records: Optional[int] = None,
                   report_delta: Optional[float] = None) -> VerifiedGuarantee:
-    """Re-derives a run's DP guarantee from its report and checks it against the plan's part.
+    """Derives a run's DP guarantee from what ran and checks it against the plan's part.
 
     Args:
-      report: What the run_fn reported (:func:`report_from`).
+      record: What the executor's training ran.
       part: The plan's train part the run spent.
       grant_id: The grant that charged the part.
-      num_train_records: Records in the train split(s); the reported number of training
-        examples may not exceed it (fewer is allowed: a run_fn may drop rows without a label).
+      num_train_records: Records in the train split(s); the examples trained on may not exceed
+        it (fewer is allowed: a run_fn may drop rows without a label).
       report_delta: rdp parts: the δ at which ε is reported.
 
     Returns:
-      The verified guarantee (ε recomputed here, with dp_accounting).
+      The verified guarantee (ε computed here, with dp_accounting, from the record alone).
 
     Raises:
-      GuaranteeMismatchError: the report is incomplete, inconsistent, or spends more than the
-        part (or, in rdp mode, anything but exactly the part's event).
+      GuaranteeMismatchError: what ran spends more than the part (or, in rdp mode, anything but
+        exactly the part's event).
     """
-    if not isinstance(report, dict):
-        raise GuaranteeMismatchError(f"the DP report must be a JSON object, got {report!r}")
-    algorithm = report.get("algorithm")
-    if algorithm not in ALGORITHMS:
+    event = record.event()
+    n = record.num_examples
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise GuaranteeMismatchError(f"the run trained on {n!r} examples")
+    if num_train_records is not None and n > num_train_records:
         raise GuaranteeMismatchError(
-            f"reported algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
-    mode = part.mode
-    if report.get("mode") not in (None, mode):
-        raise GuaranteeMismatchError(
-            f"the run_fn trained for a {report['mode']} part but the plan's train part is {mode}")
-
-    num_examples = None
-    if algorithm == DPSGD or report.get("num_examples") is not None:
-        num_examples = _count(report, "num_examples")
-        if num_train_records is not None and num_examples > num_train_records:
+            f"the run trained on {n} examples but the train split holds only "
+            f"{num_train_records}")
+    if part.mode == accounting.BASIC:
+        delta = float(part.delta or 0.0)
+        if delta <= 0:
             raise GuaranteeMismatchError(
-                f"the run_fn reported {num_examples} training examples but the train split holds "
-                f"only {num_train_records}: the sampling probability would be understated")
-    sampling = DPSGD_SAMPLING if algorithm == DPSGD else FULL_BATCH_SAMPLING
-    neighboring = report.get("neighboring_relation") or dpsgd.ADD_OR_REMOVE_ONE
-    if neighboring != dpsgd.ADD_OR_REMOVE_ONE:
-        # The ledger composes charges under add/remove-one adjacency (as dp_accounting does); a
-        # replace-one guarantee with a public n does not imply it, so the charge would not cover
-        # the model. Train such models with DP-SGD (e.g. logistic regression as a 1-unit model).
-        raise GuaranteeMismatchError(
-            f"the run_fn's guarantee is for {neighboring!r} adjacency, but the ledger accounts "
-            f"{dpsgd.ADD_OR_REMOVE_ONE!r}: its charge would not cover this model")
-    reported_event = _reported_event(report)
-
-    if mode == accounting.BASIC:
-        part_delta = float(part.delta or 0.0)
-        delta = _need(report, "delta")
-        if not _same_float(delta, part_delta):
-            raise GuaranteeMismatchError(
-                f"the run_fn reported delta={delta} but the plan's train part has "
-                f"delta={part_delta}")
-        accountant = _need(report, "accountant")
+                f"the plan's train part has delta={part.delta!r}: {record.algorithm} (Gaussian "
+                "noise) needs delta > 0")
         try:
-            dpsgd.check_accountant(accountant)
+            accountant = dpsgd.check_accountant(record.accountant)
         except InvalidPrivacyParameterError as e:
             raise GuaranteeMismatchError(str(e)) from e
-        event, sigma = _algorithm_event(algorithm, report, num_examples)
-        if reported_event is not None and (accounting.event_to_json(reported_event)
-                                           != accounting.event_to_json(event)):
-            raise GuaranteeMismatchError(
-                f"the reported event {reported_event} is not the one its parameters describe "
-                f"({event})")
-        epsilon = dpsgd.dpsgd_epsilon(event, part_delta, accountant)
-        _check_reported_epsilon(report, epsilon)
+        epsilon = dpsgd.dpsgd_epsilon(event, delta, accountant)
         if not epsilon <= part.epsilon:
             raise GuaranteeMismatchError(
-                f"the run spent epsilon={epsilon} ({accountant}, delta={part_delta}) but the "
-                f"plan's train part allows epsilon={part.epsilon}")
-        part_epsilon = part.epsilon
+                f"the run spent epsilon={epsilon} ({accountant}, delta={delta}) but the plan's "
+                f"train part allows epsilon={part.epsilon}")
+        part_epsilon, part_delta = part.epsilon, delta
     else:
         if report_delta is None:
             raise GuaranteeMismatchError("an rdp train part needs a delta to report epsilon at")
-        if reported_event is None or (accounting.event_to_json(reported_event)
-                                      != accounting.event_to_json(part.event)):
+        if accounting.event_to_json(event) != accounting.event_to_json(part.event):
             raise GuaranteeMismatchError(
-                f"the run_fn reported the event {reported_event}, but the plan's train part is "
-                f"{part.event}: an rdp part must be spent exactly")
-        event, accountant, part_delta, part_epsilon = part.event, dpsgd.RDP, None, None
-        if algorithm == DPSGD:
-            _, sigma, _ = parse_dpsgd_event(event)
-        else:
-            sigma = _event_sigma(algorithm, event)
-        if not _same_float(_need(report, "noise_multiplier"), sigma):
-            raise GuaranteeMismatchError(
-                f"the run_fn reported noise_multiplier={report['noise_multiplier']} but the "
-                f"plan's event has {sigma}")
-        epsilon = dpsgd.dpsgd_epsilon(event, report_delta, accountant)
-        delta = report_delta
-
+                f"the run ran {event}, but the plan's train part is {part.event}: an rdp part "
+                "must be spent exactly")
+        accountant, delta, part_epsilon, part_delta = dpsgd.RDP, float(report_delta), None, None
+        epsilon = dpsgd.dpsgd_epsilon(event, delta, accountant)
     fields: dict[str, Any] = {}
-    if algorithm == DPSGD:
-        fields = _verify_dpsgd_steps(report, mode, event, num_examples)
+    if record.algorithm == DPSGD:
+        fields = {"l2_norm_clip": record.l2_norm_clip, "batch_size": record.batch_size,
+                  "epochs": record.epochs, "steps": record.steps,
+                  "sampling_probability": record.sampling_probability}
     return VerifiedGuarantee(
-        algorithm=algorithm, mode=mode, epsilon=float(epsilon), delta=float(delta),
-        accountant=accountant, sampling=sampling, neighboring_relation=neighboring,
-        num_examples=num_examples, noise_multiplier=float(sigma), event=event,
-        grant_id=grant_id, part_epsilon=part_epsilon, part_delta=part_delta, **fields)
+        algorithm=record.algorithm, mode=part.mode, epsilon=float(epsilon), delta=delta,
+        accountant=accountant,
+        sampling=DPSGD_SAMPLING if record.algorithm == DPSGD else FULL_BATCH_SAMPLING,
+        neighboring_relation=dpsgd.ADD_OR_REMOVE_ONE, num_examples=n,
+        noise_multiplier=float(record.noise_multiplier), event=event, grant_id=grant_id,
+        part_epsilon=part_epsilon, part_delta=part_delta, **fields)
 
 
-def _verify_dpsgd_steps(report: dict, mode: str, event: dp_event_lib.DpEvent,
-                        num_examples: int) -> dict:
-    """Batch size, steps and epochs of a DP-SGD report, checked against the accounted event."""
-    l2_norm_clip = dpsgd.check_positive(_need(report, "l2_norm_clip"), "l2_norm_clip")
-    batch_size = _count(report, "batch_size")
-    q, _, steps = parse_dpsgd_event(event)
-    if mode == accounting.RDP:
-        expected = fixed_batch_size(q, num_examples)
-        if batch_size != expected:
+# Report keys that state what ran, and the record field each must equal.
+_REPORTED_FACTS = {"algorithm": "algorithm", "noise_multiplier": "noise_multiplier",
+                   "num_examples": "num_examples", "l2_norm_clip": "l2_norm_clip",
+                   "sampling_probability": "sampling_probability", "steps": "steps",
+                   "trained_steps": "steps"}
+
+
+def check_report(report: dict, record: TrainingRecord) -> None:
+    """A run_fn's (optional) report must state what ran: every fact it gives equals the record.
+
+    Raises:
+      GuaranteeMismatchError: the report is not a JSON object, or it contradicts the record.
+    """
+    if not isinstance(report, dict):
+        raise GuaranteeMismatchError(f"the DP report must be a JSON object, got {report!r}")
+    for key, field in _REPORTED_FACTS.items():
+        stated, ran = report.get(key), getattr(record, field)
+        if stated is None or ran is None:
+            continue
+        same = (stated == ran if isinstance(ran, (str, int)) and not isinstance(ran, float)
+                else isinstance(stated, (int, float)) and not isinstance(stated, bool)
+                and accounting.exact(float(stated)) == accounting.exact(float(ran)))
+        if not same:
             raise GuaranteeMismatchError(
-                f"the run_fn trained with batch_size={batch_size}, but the plan's sampling "
-                f"probability {q} over {num_examples} examples means batch_size={expected}")
-    epochs = report.get("epochs")
-    epochs = float(epochs) if epochs is not None else steps * batch_size / num_examples
-    reported_steps = report.get("steps")
-    if reported_steps is not None and reported_steps != steps:
-        raise GuaranteeMismatchError(
-            f"the run_fn reported {reported_steps} steps but the accounted event has {steps}")
-    trained = report.get("trained_steps")
-    if trained is None:
-        raise GuaranteeMismatchError(
-            "a DP-SGD report needs trained_steps (the optimizer steps that ran), to check they "
-            "do not exceed the accounted steps")
-    if isinstance(trained, bool) or not isinstance(trained, int) or not 0 < trained <= steps:
-        raise GuaranteeMismatchError(
-            f"the model trained {trained!r} steps but {steps} were accounted")
-    return {"l2_norm_clip": l2_norm_clip, "batch_size": batch_size, "epochs": epochs,
-            "steps": steps, "sampling_probability": q}
+                f"the run_fn reported {key}={stated!r} but the executor ran {field}={ran!r}")

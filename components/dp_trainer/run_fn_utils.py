@@ -1,22 +1,24 @@
-"""Helpers for DPTrainer ``run_fn`` authors: the plan's train part, DP-SGD noise, data, export.
+"""Helpers for DPTrainer ``run_fn`` authors: the executor's privacy loop, data, export.
 
-The run_fn contract (see ``sage_tfx.components.dp_trainer.component``)::
+The run_fn contract (see ``sage_tfx.components.dp_trainer.component``): the run_fn supplies the
+model and the data, the executor trains it privately (``private.PrivateTraining``)::
 
     from sage_tfx.components.dp_trainer import run_fn_utils as dp
 
     def run_fn(fn_args):
+        training = dp.private_training(fn_args)     # the executor's loop for this run
         columns = dp.columns_from_config(FEATURES)
         data = dp.read_split(fn_args, "train", columns, label_key="y")
-        noise_multiplier, run = dp.dpsgd_noise_for(fn_args, data.num_examples, batch_size=256,
-                                                   epochs=5, l2_norm_clip=1.0)
-        model, trained_steps = dp.train_dpsgd_keras(data.features, data.labels, run,
-                                                    layers=..., loss=...)
+        model = training.dpsgd(layers, data.features, data.labels, loss=..., batch_size=256,
+                               epochs=5, l2_norm_clip=1.0)   # or training.adassp(...)
         dp.export_serving_model(fn_args, model, columns, kinds=data.kinds, label_key="y")
-        dp.report_guarantee(fn_args, run, trained_steps=trained_steps)
 
-* The train part comes from ``fn_args.custom_config`` (put there by the executor):
-  :func:`train_part`. Spend it with :func:`dpsgd_noise_for` (DP-SGD) or pass its (ε, δ) to
-  ``sage_tfx.dp.adassp`` / ``logistic`` (basic parts only).
+* The executor trains: :meth:`PrivateTraining.dpsgd` runs the plan's DP-SGD steps (Poisson
+  sampling, σ and q from the plan's train part) and counts them inside the training step;
+  :meth:`PrivateTraining.adassp` runs AdaSSP at the part's (ε, δ). The charge is verified from
+  what ran, and the exported model must be the one trained. A run_fn that trains by itself is
+  refused and its model not published; reporting (:func:`report_guarantee`) is optional and
+  only checked against what ran.
 * Data: :func:`read_split` reads a split's gzip TFRecords of tf.Example into numpy (types are
   inferred by tfx_bsl, absent values become the column's default), and :func:`featurize_tf` does
   the same featurization in TensorFlow for the serving graph, so training and serving agree.
@@ -24,8 +26,6 @@ The run_fn contract (see ``sage_tfx.components.dp_trainer.component``)::
   ``serving_default`` signature takes serialized *raw* tf.Examples (input ``examples``) and
   returns ``{"predictions": [batch, 1]}``; with a transform graph it runs the TFT layer first (the
   penguin pattern), so stock Pusher / TF Serving / DPModelValidator work unchanged.
-* The run_fn must end with :func:`report_guarantee`; the executor verifies the report
-  independently and fails the run if it is missing or does not fit the plan.
 
 Nothing here evaluates on the eval split: non-DP eval metrics of the granted data would leak.
 Validation is the DP validator's job.
@@ -40,16 +40,16 @@ import numpy as np
 import tensorflow as tf
 from tfx.dsl.io import fileio
 
-from sage_tfx.ledger import accounting
 from sage_tfx.dp import dpsgd
 from sage_tfx.adaptive import plan as plan_lib
 from sage_tfx.components.dp_trainer import guarantee as guarantee_lib
+from sage_tfx.components.dp_trainer import private
 # The data helpers live in ``data``; re-exported so a run_fn needs this one module.
 from sage_tfx.components.dp_trainer.data import (BYTES, FLOAT, INT, Column, ColumnsSpec,  # noqa: F401
                                                  SplitData, columns_from_config, count_records,
                                                  data_files, featurize, featurize_tf, read_columns,
                                                  read_split, serialized_records)
-from sage_tfx.errors import InvalidPrivacyParameterError, MissingGrantError
+from sage_tfx.errors import MissingGrantError
 
 PREDICTIONS_KEY = "predictions"
 SERVING_INPUT_NAME = "examples"
@@ -94,17 +94,34 @@ def num_train_records(fn_args: Any) -> Optional[int]:
     return None if value is None else int(value)
 
 
+def private_training(fn_args: Any) -> private.PrivateTraining:
+    """The executor's privacy loop of this run: train the model with it.
+
+    Returns:
+      The ``PrivateTraining`` whose ``dpsgd(layers, features, labels, ...)`` /
+      ``adassp(features, labels, ...)`` train privately, spending the plan's train part.
+
+    Raises:
+      MissingGrantError: not run by DPTrainer.
+    """
+    _config(fn_args)
+    return private.current()
+
+
 def dpsgd_noise_for(fn_args: Any, num_examples: int, batch_size: int, epochs: float, *,
                     l2_norm_clip: float, accountant: str = dpsgd.RDP
                     ) -> tuple[float, guarantee_lib.DPSGDRun]:
     """The DP-SGD noise multiplier that spends the plan's train part, with the full run settings.
 
+    Planning only (``PrivateTraining.plan_dpsgd``): the executor's loop trains with exactly these
+    settings (``private_training(fn_args).dpsgd(...)``).
+
     * basic part: σ calibrated from the REAL ``num_examples``, ``batch_size`` and ``epochs``
       (``sage_tfx.dp.dpsgd.calibrate_noise_multiplier``, ``accountant``).
     * rdp part: the event fixes σ, the sampling probability q and the steps T;
       ``batch_size`` / ``epochs`` / ``accountant`` are ignored, the batch size is
-      ``round(q · num_examples)`` (reported; training samples each example with q itself) and
-      exactly T steps must run. Events of any other shape are refused.
+      ``round(q · num_examples)`` (nominal; training samples each example with q itself).
+      Events of any other shape are refused.
 
     Args:
       fn_args: The run_fn's FnArgs.
@@ -115,57 +132,31 @@ def dpsgd_noise_for(fn_args: Any, num_examples: int, batch_size: int, epochs: fl
       accountant: ``"rdp"`` or ``"pld"`` (basic parts).
 
     Returns:
-      ``(noise_multiplier, run)``; train with ``run.batch_size`` for exactly ``run.steps`` steps
-      (:func:`train_dpsgd_keras` does) and report ``run``.
+      ``(noise_multiplier, run)``.
 
     Raises:
       GuaranteeMismatchError, InvalidPrivacyParameterError: a part the run cannot spend.
     """
-    records = num_train_records(fn_args)
-    if records is not None and num_examples > records:
-        raise InvalidPrivacyParameterError(
-            f"num_examples={num_examples} exceeds the {records} records of the train split")
-    run = guarantee_lib.dpsgd_run_for_part(
-        train_part(fn_args), num_examples=num_examples, batch_size=batch_size, epochs=epochs,
-        l2_norm_clip=l2_norm_clip, accountant=accountant, report_delta=report_delta(fn_args))
+    run = private_training(fn_args).plan_dpsgd(
+        num_examples, batch_size=batch_size, epochs=epochs, l2_norm_clip=l2_norm_clip,
+        accountant=accountant)
     return run.noise_multiplier, run
-
-
-def basic_budget(fn_args: Any, algorithm: str) -> tuple[float, float]:
-    """(ε, δ) of a basic train part, for the numpy algorithms (AdaSSP, logistic regression).
-
-    Raises:
-      InvalidPrivacyParameterError: an rdp part — ``sage_tfx.dp.adassp`` / ``logistic``
-        calibrate σ from (ε, δ) and cannot run with a given σ, so they cannot spend an rdp event
-        exactly; or a part with δ = 0 (both need δ > 0).
-    """
-    part = train_part(fn_args)
-    if part.mode != accounting.BASIC:
-        raise InvalidPrivacyParameterError(
-            f"{algorithm} can only spend a basic (epsilon, delta) train part; this plan's train "
-            f"part is the DpEvent {part.event}. Use DP-SGD for rdp streams.")
-    if not part.delta:
-        raise InvalidPrivacyParameterError(
-            f"the plan's train part has delta={part.delta!r}; {algorithm} uses Gaussian noise "
-            "and needs delta > 0")
-    return float(part.epsilon), float(part.delta)
 
 
 def report_guarantee(fn_args: Any, guarantee: Any, *, algorithm: Optional[str] = None,
                      trained_steps: Optional[int] = None, num_examples: Optional[int] = None,
                      **extra: Any) -> dict:
-    """Reports the DP guarantee the run_fn actually used; the last call of every run_fn.
+    """Optionally states the DP guarantee the run_fn believes it used (kept beside the record).
 
-    Writes ``dp_guarantee.json`` into the Model artifact. The executor re-derives ε from the
-    reported parameters with dp_accounting and fails the component unless it fits the plan's
-    train part (see ``guarantee.verify_report``).
+    Never accounted: the executor verifies what its own loop ran. Every fact stated here
+    (σ, steps, q, n, clip) must agree with it, or the run fails (``guarantee.check_report``).
 
     Args:
       fn_args: The run_fn's FnArgs.
-      guarantee: A ``DPSGDRun`` (from :func:`dpsgd_noise_for`), a ``sage_tfx.dp.dpsgd.DPGuarantee``,
-        an ``AdaSSPResult`` or a ``DPLogisticResult``.
+      guarantee: A ``DPSGDRun`` (from :func:`dpsgd_noise_for`), a
+        ``sage_tfx.dp.dpsgd.DPGuarantee`` or an ``AdaSSPResult``.
       algorithm: Overrides the inferred algorithm name.
-      trained_steps: DP-SGD: the optimizer steps that actually ran (required for DP-SGD).
+      trained_steps: DP-SGD: the steps the run_fn believes ran.
       num_examples: Examples trained on, if the guarantee does not carry it (AdaSSP).
       **extra: JSON-able facts to keep in the report.
 
@@ -223,51 +214,19 @@ def train_dpsgd_keras(features: Any, labels: Any, run: guarantee_lib.DPSGDRun, *
                       loss: Any, optimizer: Any = None, learning_rate: float = 0.01,
                       metrics: Optional[Sequence[Any]] = None, seed: Optional[int] = None
                       ) -> tuple[Any, int]:
-    """Trains a ``PoissonDPSequential`` (fast clipping) for exactly ``run.steps`` DP-SGD steps.
-
-    Poisson-sampled batches (every example independently with ``q = run.sampling_probability``,
-    the accounted q), the
-    clipped-gradient sum plus noise ``run.noise_multiplier · run.l2_norm_clip`` divided by the
-    expected batch size (``sage_tfx.dp.keras_dpsgd.make_poisson_dp_model``): exactly the
-    ``PoissonSampledDpEvent`` the run is charged. Keras prints nothing and no training metric is
-    written anywhere: they are not DP.
-
-    Args:
-      features: (n, d) float array with n == ``run.num_examples``.
-      labels: (n,) or (n, k) array.
-      run: From :func:`dpsgd_noise_for`.
-      layers, loss, optimizer, learning_rate, metrics: As in
-        ``keras_dpsgd.make_dp_keras_model`` / ``compile_dp``.
-      seed: Seeds the initial weights only; the noise and sampling always use OS entropy.
+    """``private_training(fn_args).dpsgd(...)`` with the batch size, epochs, clip and accountant
+    of ``run`` (from :func:`dpsgd_noise_for`), for run_fns written before the executor owned
+    the loop.
 
     Returns:
-      ``(model, trained_steps)``, trained_steps == run.steps.
+      ``(model, steps)``: the trained private model and the noisy steps its loop ran.
     """
-    from sage_tfx.dp import keras_dpsgd
-    x = np.asarray(features, dtype=np.float32)
-    y = np.asarray(labels, dtype=np.float32)
-    if y.ndim == 1:
-        y = y[:, None]  # per-example loss of shape [batch], as fast clipping requires
-    if x.ndim != 2 or x.shape[0] != run.num_examples or y.shape[0] != run.num_examples:
-        raise ValueError(f"features {x.shape} / labels {y.shape} do not have the "
-                         f"{run.num_examples} rows the DP-SGD run was accounted for")
-    if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
-        raise ValueError("features or labels contain NaN or infinite values")
-    if seed is not None:
-        tf.keras.utils.set_random_seed(int(seed))
-    q = run.sampling_probability  # the accounted q itself (rdp: the plan's, not batch / n)
-    model = keras_dpsgd.make_poisson_dp_model(layers, input_shape=x.shape[1:],
-                                              l2_norm_clip=run.l2_norm_clip,
-                                              noise_multiplier=run.noise_multiplier,
-                                              expected_batch_size=q * run.num_examples)
-    keras_dpsgd.compile_dp(model, loss=loss, optimizer=optimizer, learning_rate=learning_rate,
-                           metrics=metrics)
-    batches = keras_dpsgd.poisson_batches(x, y, q, run.steps)
-    model.fit(batches, epochs=1, verbose=0)
-    trained = int(model.optimizer.iterations.numpy())
-    if trained != run.steps:
-        raise RuntimeError(f"DP-SGD ran {trained} steps but {run.steps} were accounted")
-    return model, trained
+    training = private.current()
+    model = training.dpsgd(layers, features, labels, loss=loss, batch_size=run.batch_size,
+                           epochs=run.epochs, l2_norm_clip=run.l2_norm_clip,
+                           optimizer=optimizer, learning_rate=learning_rate,
+                           accountant=run.accountant, metrics=metrics, seed=seed)
+    return model, training.record().steps
 
 
 # ---------------------------------------------------------------------------------------------
@@ -333,8 +292,12 @@ def export_serving_model(fn_args: Any, model: Any, columns: Sequence[Column], *,
     Returns:
       The serving model directory.
     """
-    if "tensorflow_privacy" in type(model).__module__ and isinstance(model, tf.keras.Sequential):
-        model = plain_keras_copy(model)  # DPSequential's class is DPModelClass
+    if isinstance(model, tf.keras.Sequential) and any(
+            "tensorflow_privacy" in c.__module__ for c in type(model).__mro__):
+        # A DPSequential (our PoissonDPSequential too) carries its training state: the noise
+        # generator (whose key and counter would regenerate every noise draw), the optimizer,
+        # non-DP training metrics. The plain copy carries the weights only.
+        model = plain_keras_copy(model)
     transform_path = getattr(fn_args, "transform_graph_path", None) or getattr(
         fn_args, "transform_output", None)
     if transform_path:

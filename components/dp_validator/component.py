@@ -32,6 +32,7 @@ from tfx.types import standard_artifacts
 
 from sage_tfx.components.dp_validator import executor
 from sage_tfx.components.dp_validator import spec
+from sage_tfx.components.gate.executor import check_ledger_url
 
 
 def _dynamic(value: Any) -> bool:
@@ -55,8 +56,10 @@ class DPModelValidator(base_component.BaseComponent):
           - custom properties ``blessed`` (1 iff ACCEPT), ``outcome`` ("ACCEPT" / "REJECT" /
             "RETRY"), ``metric_name``, ``target``, ``dp_estimate``, ``upper_bound``,
             ``lower_bound``, ``n_test_dp``, ``epsilon``, ``delta``, ``eta``, ``loss_bound``,
-            ``grant_id``, ``current_model``, ``current_model_id``. A non-finite bound (no
-            evidence) is left out of the properties, as MLMD cannot store ±inf.
+            ``grant_id``, ``current_model``, ``current_model_id``, ``replayed`` (1 if this
+            execution replayed the validation recorded for its grant: see the executor),
+            ``release_name``, ``release_digest``. A non-finite bound (no evidence) is left out
+            of the properties, as MLMD cannot store ±inf.
     """
 
     SPEC_CLASS = spec.DPModelValidatorSpec
@@ -69,7 +72,8 @@ class DPModelValidator(base_component.BaseComponent):
                  prediction_key: Optional[str] = None,
                  eval_split: str = spec.DEFAULT_EVAL_SPLIT,
                  signature_name: str = spec.DEFAULT_SIGNATURE_NAME,
-                 batch_size: int = spec.DEFAULT_BATCH_SIZE):
+                 batch_size: int = spec.DEFAULT_BATCH_SIZE,
+                 ledger_url: Optional[str] = None):
         """Constructs a DPModelValidator.
 
         Args:
@@ -91,10 +95,13 @@ class DPModelValidator(base_component.BaseComponent):
           eval_split: the split of ``examples`` to validate on.
           signature_name: the SavedModel signature taking serialized tf.Examples.
           batch_size: examples per model call.
+          ledger_url: the ledger the validation is released in (and the grant verified
+            against); default the one named in the grant artifact.
 
         Raises:
           ValueError: an unknown metric or loss_fn, a missing or invalid loss_bound, target,
-            eta or batch_size, an empty label_key / split / signature name.
+            eta or batch_size, an empty label_key / split / signature name, a malformed
+            ledger_url.
         """
         values = (metric, loss_fn, target, loss_bound, eta, label_key, prediction_key,
                   eval_split, signature_name, batch_size)
@@ -105,6 +112,8 @@ class DPModelValidator(base_component.BaseComponent):
                 signature_name=signature_name, batch_size=batch_size)
             loss_fn, target, loss_bound, eta = (config.loss_fn, config.target,
                                                 config.loss_bound, config.eta)
+        if ledger_url is not None and not _dynamic(ledger_url):
+            check_ledger_url(ledger_url)
         super().__init__(spec=spec.DPModelValidatorSpec(
             metric=metric,
             loss_fn=loss_fn,
@@ -116,6 +125,7 @@ class DPModelValidator(base_component.BaseComponent):
             eval_split=eval_split,
             signature_name=signature_name,
             batch_size=batch_size,
+            ledger_url=ledger_url,
             examples=examples,
             model=model,
             grant=grant,

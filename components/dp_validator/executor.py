@@ -20,9 +20,20 @@ missing or non-numeric label, a NaN prediction, a log-loss prediction outside [0
 the worst value (loss B, or a wrong prediction) rather than raising, because an exception that
 depends on the eval data would itself release information.
 
+Released once. The validation result (``ValidationResult.to_dict()``: the DP quantities and the
+decision) is recorded against the grant (``release_io.release_json_once``, name
+:data:`RELEASE_NAME`) with the run's request (:func:`release_request`: the configuration, ε and
+the model's digest) before the blessing is written. A retried or re-run execution under the same
+grant gets the recorded result byte for byte and writes the same decision without loading the
+model, reading an example or drawing noise; validating another model or with another
+configuration under the same grant is refused (``ReleaseConflictError``, recorded as the
+blessing's ``reason``; NOT_BLESSED). The blessing carries ``replayed`` = 0/1.
+
 Assumptions, beyond those of ``sage_tfx.dp.validation``: the eval split was not used in training,
 and its records come from the granted blocks (an Examples artifact that records a ``grant_id``,
-as BlockExampleGen's do, must name this grant).
+as BlockExampleGen's do, must name this grant). Only a model its Sage trainer recorded as
+trained and verified under this grant is validated (``check_trained_model``): a model of unknown
+privacy is refused with the reason, never blessed.
 """
 from __future__ import annotations
 
@@ -30,29 +41,33 @@ import dataclasses
 import json
 import math
 import os
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional
 
-import numpy as np
 from absl import logging
 from dp_accounting import dp_event as dp_event_lib
 from tfx import types
-from tfx.components.util import examples_utils
 from tfx.dsl.components.base import base_executor
 from tfx.dsl.io import fileio
-from tfx.proto import example_gen_pb2
 from tfx.types import artifact_utils
 from tfx.utils import path_utils
 
 from sage_tfx.ledger import accounting
 from sage_tfx.adaptive import plan as plan_lib
 from sage_tfx.dp import validation
-from sage_tfx.components import artifacts, plan_io
+from sage_tfx.components import artifacts, plan_io, release_io
+from sage_tfx.components.block_example_gen.executor import verify_grant
 from sage_tfx.components.block_example_gen.spec import GRANT_ID_PROPERTY as EXAMPLES_GRANT_ID
+from sage_tfx.components.dp_trainer import guarantee as trainer_guarantee
 from sage_tfx.components.dp_trainer.guarantee import MEMBERSHIP_FILE_NAME
 from sage_tfx.components.dp_validator import spec
-from sage_tfx.errors import MissingGrantError
+from sage_tfx.components.dp_validator.data import (ServingModel, eval_files, label_values,  # noqa: F401
+                                                   labels_and_predictions, per_example_values)
+from sage_tfx.errors import MissingGrantError, ReleaseConflictError
+from sage_tfx.ledger import open_ledger
 
-_GZIP_FILE_FORMAT = "tfrecords_gzip"  # ExampleGen's default output (examples_utils)
+# The release of a DPModelValidator run: its DP validation result (the noisy count and sum, the
+# bounds and the decision), once per grant (one validate part per plan).
+RELEASE_NAME = "dp_validator/validation"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -223,170 +238,55 @@ def check_examples_grant(examples: types.Artifact, grant_id: str) -> None:
                 "it reads")
 
 
-# ---------------------------------------------------------------------------------------------
-# Per-example values (numpy; NaN marks a value that cannot be computed: the worst one).
+def check_trained_model(model: types.Artifact, grant_id: str) -> None:
+    """Refuses a model whose trainer did not record a verified DP training under this grant.
 
-
-def per_example_values(metric: str, loss_fn: Optional[str], labels: np.ndarray,
-                       predictions: np.ndarray) -> np.ndarray:
-    """Per-example losses (metric ``loss``) or correctness in {0, 1} (metric ``accuracy``).
-
-    * ``squared_error``: (p − y)²; ``absolute_error``: |p − y|;
-    * ``log_loss``: −(y·ln p + (1 − y)·ln(1 − p)) with 0·ln 0 = 0, for a probability
-      p ∈ [0, 1] and a label y ∈ [0, 1] (NaN outside);
-    * ``accuracy``: 1 if (p > 0.5) equals (y == 1) for a label y ∈ {0, 1}, NaN for other labels.
-
-    NaN (an unknown label, a NaN prediction) is the worst value for the validators: they clip it
-    to B (a loss) or count it as wrong (accuracy).
-
-    Args:
-      metric: "loss" or "accuracy".
-      loss_fn: one of ``spec.LOSS_FNS`` for metric "loss".
-      labels: 1-D float labels (NaN where missing).
-      predictions: 1-D float predictions.
-
-    Returns:
-      A 1-D float64 array, one value per example.
-    """
-    y = np.asarray(labels, dtype=np.float64)
-    p = np.asarray(predictions, dtype=np.float64)
-    if y.shape != p.shape or y.ndim != 1:
-        raise ValueError(f"labels {y.shape} and predictions {p.shape} must be 1-D and aligned")
-    with np.errstate(all="ignore"):
-        if metric == spec.ACCURACY:
-            valid = ((y == 0.0) | (y == 1.0)) & np.isfinite(p)
-            correct = ((p > spec.ACCURACY_THRESHOLD) == (y == 1.0)).astype(np.float64)
-            return np.where(valid, correct, np.nan)
-        if loss_fn == spec.SQUARED_ERROR:
-            return np.square(p - y)
-        if loss_fn == spec.ABSOLUTE_ERROR:
-            return np.abs(p - y)
-        if loss_fn == spec.LOG_LOSS:
-            valid = (y >= 0.0) & (y <= 1.0) & (p >= 0.0) & (p <= 1.0)
-            pos = np.where(y > 0.0, y * np.log(np.where(valid, p, 1.0)), 0.0)
-            neg = np.where(y < 1.0, (1.0 - y) * np.log(np.where(valid, 1.0 - p, 1.0)), 0.0)
-            return np.where(valid, -(pos + neg), np.nan)
-    raise ValueError(f"unknown metric {metric!r} / loss_fn {loss_fn!r}")
-
-
-def label_values(serialized: Sequence[bytes], label_key: str) -> np.ndarray:
-    """The label of each serialized tf.Example: its single int64 or float value, NaN otherwise."""
-    from tensorflow.core.example import example_pb2
-    out = np.full(len(serialized), np.nan, dtype=np.float64)
-    example = example_pb2.Example()
-    for i, record in enumerate(serialized):
-        example.ParseFromString(record)
-        feature = example.features.feature.get(label_key)
-        if feature is None:
-            continue
-        kind = feature.WhichOneof("kind")
-        if kind in ("float_list", "int64_list"):
-            values = getattr(feature, kind).value
-            if len(values) == 1:
-                out[i] = float(values[0])
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading the eval split and running the model.
-
-
-def eval_files(examples: types.Artifact, split: str) -> List[str]:
-    """The data files of one split of an Examples artifact (gzip TFRecords of tf.Example).
+    A Sage trainer writes the Model's ``grant_id`` only after checking what it ran against the
+    grant's plan (DnDTrainer: its RunBudget; DPTrainer: its own privacy loop, marked
+    ``dp_verification = "observed"``). A model without that record — the stock Trainer's, or one
+    whose DP training the trainer did not observe — has no known privacy: it is never blessed.
 
     Raises:
-      ValueError: no such split, or a payload / file format other than gzip tf.Example records.
+      UnverifiedTrainingError: no record of this grant, or a DPTrainer model not verified from
+        what ran.
     """
-    names = artifact_utils.decode_split_names(examples.split_names) if examples.split_names \
-        else []
-    if names and split not in names:
-        raise ValueError(f"the Examples artifact {examples.uri} has no split {split!r} (splits: "
-                         f"{names}); set eval_split")
-    payload = examples_utils.get_payload_format(examples)
-    if payload != example_gen_pb2.FORMAT_TF_EXAMPLE:
-        raise ValueError(f"DPModelValidator reads tf.Example records, got payload format "
-                         f"{example_gen_pb2.PayloadFormat.Name(payload)}")
-    file_format = examples_utils.get_file_format(examples)
-    if file_format != _GZIP_FILE_FORMAT:
-        raise ValueError(f"DPModelValidator reads {_GZIP_FILE_FORMAT} files, got {file_format!r}")
-    [pattern] = examples_utils.get_split_file_patterns([examples], split)
-    if not names and not fileio.exists(os.path.dirname(pattern)):
-        raise ValueError(f"the Examples artifact {examples.uri} has no split {split!r}")
-    return sorted(fileio.glob(pattern))
+    prop = spec.GRANT_ID_PROPERTY
+    recorded = model.get_string_custom_property(prop) if model.has_custom_property(prop) else ""
+    if recorded != grant_id:
+        raise trainer_guarantee.UnverifiedTrainingError(
+            f"the model {model.uri} records no DP training under grant {grant_id} (its "
+            f"{prop!r} is {recorded!r}): only a model a Sage trainer (DPTrainer, DnDTrainer) "
+            "trained and verified under this grant is validated and blessed")
+    verification = trainer_guarantee.VERIFICATION_PROPERTY
+    if model.has_custom_property("dp_algorithm") and (
+            not model.has_custom_property(verification)
+            or model.get_string_custom_property(verification) != trainer_guarantee.OBSERVED):
+        raise trainer_guarantee.UnverifiedTrainingError(
+            f"the DPTrainer model {model.uri} was not verified from the training the executor "
+            f"ran ({verification!r} is not {trainer_guarantee.OBSERVED!r}): its privacy is what "
+            "a run_fn reported, not what ran")
 
 
-class ServingModel:
-    """A SavedModel's serving signature on serialized tf.Examples, and the output to validate."""
+def refuse_not_dp_model(model: types.Artifact, blessing: types.Artifact) -> bool:
+    """True (and the blessing says why) if ``model`` was trained without a DP guarantee.
 
-    def __init__(self, model_dir: str, *, signature_name: str,
-                 prediction_key: Optional[str]) -> None:
-        """Loads the model and checks its signature (shape only: no data is read).
-
-        Raises:
-          FileNotFoundError: no SavedModel in ``model_dir``.
-          ValueError: no such signature, not one string input, no such (or an ambiguous)
-            output, or an output that is not one value per example.
-        """
-        import tensorflow as tf
-        if not fileio.exists(os.path.join(model_dir, "saved_model.pb")):
-            raise FileNotFoundError(
-                f"no SavedModel at {model_dir}: the model artifact must hold the serving model "
-                "under Format-Serving, as the TFX Trainer writes it")
-        self._model = tf.saved_model.load(model_dir)
-        signatures = self._model.signatures
-        if signature_name not in signatures:
-            raise ValueError(f"the model has no signature {signature_name!r} (signatures: "
-                             f"{sorted(signatures)})")
-        self._fn = signatures[signature_name]
-        _, inputs = self._fn.structured_input_signature
-        if len(inputs) != 1 or next(iter(inputs.values())).dtype != tf.string:
-            raise ValueError(
-                f"signature {signature_name!r} must take one string tensor of serialized "
-                f"tf.Examples (the TFX serving signature), got inputs "
-                f"{ {k: str(v) for k, v in inputs.items()} }")
-        self._input_name = next(iter(inputs))
-        outputs = self._fn.structured_outputs
-        if prediction_key is None:
-            if len(outputs) != 1:
-                raise ValueError(f"signature {signature_name!r} has outputs {sorted(outputs)}: "
-                                 "set prediction_key to the one to validate")
-            prediction_key = next(iter(outputs))
-        elif prediction_key not in outputs:
-            raise ValueError(f"signature {signature_name!r} has no output {prediction_key!r} "
-                             f"(outputs: {sorted(outputs)})")
-        shape = outputs[prediction_key].shape
-        if shape.rank is not None and not (
-                shape.rank == 1 or (shape.rank == 2 and shape[1] in (1, None))):
-            raise ValueError(f"output {prediction_key!r} has shape {shape}: DPModelValidator "
-                             "needs one prediction per example ([batch] or [batch, 1])")
-        self.prediction_key = prediction_key
-
-    def predict(self, serialized: Any) -> np.ndarray:
-        """One float prediction per serialized tf.Example of a batch (a 1-D string tensor)."""
-        out = self._fn(**{self._input_name: serialized})[self.prediction_key]
-        values = np.asarray(out.numpy(), dtype=np.float64)
-        n = int(serialized.shape[0])
-        if values.size != n:
-            raise ValueError(f"output {self.prediction_key!r} gave {values.shape} for a batch "
-                             "of examples: DPModelValidator needs one prediction per example")
-        return values.reshape(n)
+    A model whose artifact carries ``not_differentially_private = 1`` (its trainer ran a
+    non-DP mode under an explicit opt-in) is never blessed as DP, whatever its accuracy: the
+    opt-in was to train it, not to release it as a DP model. Nothing is read or spent.
+    """
+    if not (model.has_custom_property(spec.NOT_DP_PROPERTY)
+            and model.get_int_custom_property(spec.NOT_DP_PROPERTY) == 1):
+        return False
+    blessing.set_int_custom_property(spec.NOT_DP_PROPERTY, 1)
+    blessing.set_string_custom_property(spec.REASON_PROPERTY, (
+        f"the model {model.uri} is not differentially private (its trainer ran under an explicit "
+        "non-DP opt-in): a DP validator never blesses it"))
+    logging.warning("DPModelValidator: NOT_BLESSED: %s",
+                    blessing.get_string_custom_property(spec.REASON_PROPERTY))
+    return True
 
 
-def labels_and_predictions(files: Sequence[str], model: ServingModel, *, label_key: str,
-                           batch_size: int) -> Tuple[np.ndarray, np.ndarray]:
-    """Runs the model on every record of ``files`` in batches; returns (labels, predictions)."""
-    import tensorflow as tf
-    labels, predictions = [], []
-    if files:
-        dataset = tf.data.TFRecordDataset(list(files), compression_type="GZIP").batch(batch_size)
-        for batch in dataset:
-            labels.append(label_values(batch.numpy().tolist(), label_key))
-            predictions.append(model.predict(batch))
-    if not labels:
-        return np.zeros(0), np.zeros(0)
-    return np.concatenate(labels), np.concatenate(predictions)
-
-
+# ---------------------------------------------------------------------------------------------
 # ---------------------------------------------------------------------------------------------
 # The decision (Evaluator's blessing layout).
 
@@ -446,6 +346,35 @@ def write_decision(blessing: types.Artifact, result: validation.ValidationResult
         f.write(json.dumps(record, sort_keys=True, indent=2))
 
 
+def validate_model(config: ValidatorConfig, validator: Any, epsilon: float,
+                   examples: types.Artifact, model_artifact: types.Artifact
+                   ) -> validation.ValidationResult:
+    """Runs the model on the eval split and draws the DP validation (OpenDP noise, never
+    seeded): what a DPModelValidator releases, called only when the ledger has no release of
+    this grant's validation."""
+    files = eval_files(examples, config.eval_split)
+    model = ServingModel(
+        path_utils.serving_model_path(model_artifact.uri,
+                                      path_utils.is_old_model_artifact(model_artifact)),
+        signature_name=config.signature_name, prediction_key=config.prediction_key)
+    labels, predictions = labels_and_predictions(
+        files, model, label_key=config.label_key, batch_size=config.batch_size)
+    values = per_example_values(config.metric, config.loss_fn, labels, predictions)
+    del labels, predictions
+    return validator.validate(values, epsilon=epsilon)
+
+
+def release_request(config: ValidatorConfig, epsilon: float,
+                    model_artifact: types.Artifact) -> dict:
+    """What a DPModelValidator run asks, recorded with its release: the configuration that
+    decides the outcome, ε, and the model by digest (a replay validates the same model or is
+    refused; the eval examples are fixed by the grant)."""
+    fields = dataclasses.asdict(config)
+    fields.pop("batch_size")  # how many examples per model call: no bearing on the result
+    return {"component": "DPModelValidator", "plan_part": plan_lib.VALIDATE, **fields,
+            "epsilon": epsilon, "model_sha256": release_io.tree_digest(model_artifact.uri)}
+
+
 class Executor(base_executor.BaseExecutor):
     """Validates a model with Sage's SLAed DP validator at the plan's validate ε."""
 
@@ -465,8 +394,12 @@ class Executor(base_executor.BaseExecutor):
 
         Raises:
           MissingGrantError: no grant, a denial, no privacy plan, no ``validate`` part, an rdp
-            part that is not this validator's event, or eval Examples of another grant. Raised
-            before the model or any example is read.
+            part that is not this validator's event, eval Examples of another grant, or a grant
+            the ledger does not confirm. Raised before the model or any example is read.
+          UnverifiedTrainingError: a model without its trainer's verified record of this grant
+            (``check_trained_model``); also raised before anything is read.
+          ReleaseConflictError: the grant already released a validation for another model or
+            configuration.
           ValueError, FileNotFoundError: bad configuration, split, model or signature.
         """
         self._log_startup(input_dict, output_dict, exec_properties)
@@ -485,23 +418,33 @@ class Executor(base_executor.BaseExecutor):
             grant = artifacts.read_grant(grant_artifact)
             epsilon = validation_epsilon(plan, validator)
             check_examples_grant(examples, grant.grant_id)
+            url = release_io.ledger_url_for(
+                grant_artifact, exec_properties.get(spec.LEDGER_URL_KEY),
+                component="DPModelValidator")
         except MissingGrantError as e:
             blessing.set_string_custom_property(spec.REASON_PROPERTY, str(e))
             raise
+        if refuse_not_dp_model(model_artifact, blessing):  # NOT_BLESSED is already written
+            return
+        try:
+            check_trained_model(model_artifact, grant.grant_id)
+        except trainer_guarantee.UnverifiedTrainingError as e:
+            blessing.set_string_custom_property(spec.REASON_PROPERTY, str(e))
+            raise
 
-        files = eval_files(examples, config.eval_split)
-        model = ServingModel(
-            path_utils.serving_model_path(model_artifact.uri,
-                                          path_utils.is_old_model_artifact(model_artifact)),
-            signature_name=config.signature_name, prediction_key=config.prediction_key)
-        labels, predictions = labels_and_predictions(
-            files, model, label_key=config.label_key, batch_size=config.batch_size)
-        values = per_example_values(config.metric, config.loss_fn, labels, predictions)
-        del labels, predictions
-
-        # Noise from OpenDP (the validator's default): never seeded, safe from Mironov's attack.
-        result = validator.validate(values, epsilon=epsilon)
-        del values
+        request = release_request(config, epsilon, model_artifact)
+        with open_ledger(url) as ledger:
+            try:
+                grant = verify_grant(grant, ledger, ledger.redacted_url)
+                released = release_io.release_json_once(
+                    ledger, grant.grant_id, RELEASE_NAME,
+                    lambda: validate_model(config, validator, epsilon, examples,
+                                           model_artifact).to_dict(),
+                    request=request, component="DPModelValidator", artifacts=[blessing])
+            except (MissingGrantError, ReleaseConflictError) as e:
+                blessing.set_string_custom_property(spec.REASON_PROPERTY, str(e))
+                raise
+        result = validation.ValidationResult.from_dict(released.value)
 
         membership = read_membership_audit(model_artifact)
         write_decision(blessing, result, loss_bound=config.loss_bound,

@@ -23,6 +23,7 @@ PREDICTION_KEY = "prediction_key"
 EVAL_SPLIT_KEY = "eval_split"
 SIGNATURE_NAME_KEY = "signature_name"
 BATCH_SIZE_KEY = "batch_size"
+LEDGER_URL_KEY = "ledger_url"  # optional: the ledger to trust (default: the grant's)
 
 # Exec-property values and defaults.
 LOSS = "loss"
@@ -64,7 +65,14 @@ LOSS_BOUND_PROPERTY = "loss_bound"
 MEMBERSHIP_AUC_PROPERTY = "membership_auc"
 MEMBERSHIP_ADVANTAGE_PROPERTY = "membership_advantage"
 GRANT_ID_PROPERTY = "grant_id"
+# Release once (components/release_io.py): 1 if this execution replayed a recorded validation.
+REPLAYED_PROPERTY = "replayed"
+RELEASE_NAME_PROPERTY = "release_name"
+RELEASE_DIGEST_PROPERTY = "release_digest"
 REASON_PROPERTY = "reason"  # why validation was refused (no usable grant); refusals only
+# int 1 on a Model trained without a DP guarantee under an explicit opt-in (DP bagging's paper
+# mode): such a model is never blessed, and the blessing carries the same int 1 and a reason.
+NOT_DP_PROPERTY = "not_differentially_private"
 # Float properties holding the ValidationResult field of the same name. MLMD cannot store
 # ±inf / NaN (its SQL breaks), so a non-finite value (e.g. an upper bound of inf when the DP
 # count is too small for any evidence) is left out here; validation.json always has it.
@@ -87,6 +95,7 @@ class DPModelValidatorSpec(ComponentSpec):
         EVAL_SPLIT_KEY: ExecutionParameter(type=str),
         SIGNATURE_NAME_KEY: ExecutionParameter(type=str),
         BATCH_SIZE_KEY: ExecutionParameter(type=int),
+        LEDGER_URL_KEY: ExecutionParameter(type=str, optional=True),
     }
     INPUTS = {
         EXAMPLES_KEY: ChannelParameter(type=standard_artifacts.Examples),

@@ -107,7 +107,9 @@ class SageGate(base_component.BaseComponent):
           orchestrator: which orchestrator supplies the pipeline run id: ``"local"``
             (LocalDagRunner), ``"kubeflow"`` (KFP v2: ``{{$.pipeline_job_uuid}}``) or
             ``"airflow"`` (the DAG run id). ``sage_tfx.pipelines.orchestration.for_orchestrator``
-            switches an already built pipeline.
+            switches an already built pipeline, and bakes in the gate's node id and the pipeline
+            name, which Kubeflow and Airflow do not give the executor: without them (and without
+            ``run_id``) a gate run by those orchestrators refuses to derive a run id.
           min_records: the fewest records the granted blocks must hold, by the ledger's public
             per-block sizes (``BlockSpec.records``). The gate then reserves, checks the sizes and
             either releases the data or cancels the reservation (a refund: nothing was read) and

@@ -233,6 +233,34 @@ def _too_few_reason(grant, ledger, stream: str, context: str, min_records: int) 
     return ""
 
 
+def node_identity(context: Any, exec_properties: Dict[str, Any]) -> tuple:
+    """``(pipeline id, node id)`` of the gate, from which its default run id is derived.
+
+    The executor context's ids where it has them (LocalDagRunner), else the ``pipeline_id`` /
+    ``node_id`` exec properties baked in when the pipeline was built for its orchestrator
+    (Kubeflow and Airflow give an executor no pipeline node).
+
+    Raises:
+      InvalidRequestError: neither names the node (or the pipeline): two gates of one pipeline
+        run would share one run id, and the second would replay the first one's grant.
+    """
+    node = getattr(context, "pipeline_node", None) if context is not None else None
+    info = getattr(context, "pipeline_info", None) if context is not None else None
+    node_id = (node.node_info.id if node is not None else "") or _get(exec_properties,
+                                                                      spec.NODE_ID_KEY)
+    pipeline_id = (info.id if info is not None else "") or _get(exec_properties,
+                                                               spec.PIPELINE_ID_KEY)
+    if not node_id or not pipeline_id:
+        missing = " and ".join(k for k, v in (("pipeline node id", node_id),
+                                              ("pipeline name", pipeline_id)) if not v)
+        raise InvalidRequestError(
+            f"SageGate cannot derive its run id: the orchestrator gave no {missing} and the gate "
+            f"has no {spec.NODE_ID_KEY!r} / {spec.PIPELINE_ID_KEY!r} exec property. Build the "
+            "pipeline for its orchestrator (sage_tfx.pipelines.orchestration.for_orchestrator; "
+            "compile_kubeflow and airflow_dag do) or pass run_id")
+    return str(pipeline_id), str(node_id)
+
+
 class Executor(base_executor.BaseExecutor):
     """Asks the ledger for the run's blocks and writes the decision (grant or denial)."""
 
@@ -253,11 +281,8 @@ class Executor(base_executor.BaseExecutor):
             raise InvalidRequestError(
                 "SageGate needs a run id: pass run_id=... or run it in a pipeline whose "
                 "orchestrator provides a pipeline run id")
-        pipeline_name = (ctx.pipeline_info.id if ctx is not None and ctx.pipeline_info
-                         else "pipeline")
-        node_id = (ctx.pipeline_node.node_info.id if ctx is not None and ctx.pipeline_node
-                   else "SageGate")
-        return derive_run_id(pipeline_name, node_id, pipeline_run_id)
+        pipeline_id, node_id = node_identity(ctx, exec_properties)
+        return derive_run_id(pipeline_id, node_id, pipeline_run_id)
 
     def Do(self, input_dict: Dict[str, List[types.Artifact]],
            output_dict: Dict[str, List[types.Artifact]],

@@ -12,6 +12,13 @@ RUN_ID_KEY = "ledger_run_id"
 # Resolved at run time from the orchestrator's pipeline run id (a placeholder): it derives the
 # default run id and keeps a cached gate from standing in for a new pipeline run.
 PIPELINE_RUN_ID_KEY = "pipeline_run_id"
+# The gate's pipeline node id and pipeline name, baked in when the pipeline is built for an
+# orchestrator (``sage_tfx.pipelines.orchestration.for_orchestrator``). The executor derives the
+# default run id from them where its context names no node (Kubeflow pods, Airflow tasks); under
+# LocalDagRunner the context's own ids win. (Not "component_id" / "pipeline_name": the legacy
+# launcher of AirflowDagRunner reserves those execution property names.)
+NODE_ID_KEY = "node_id"
+PIPELINE_ID_KEY = "pipeline_id"
 BLOCKS_KEY = "blocks"  # JSON list of block ids
 WINDOW_LAST_KEY = "window_last"
 WINDOW_MIN_BLOCKS_KEY = "window_min_blocks"
@@ -38,6 +45,8 @@ class SageGateSpec(ComponentSpec):
         CONTEXT_KEY: ExecutionParameter(type=str),
         RUN_ID_KEY: ExecutionParameter(type=str, optional=True),
         PIPELINE_RUN_ID_KEY: ExecutionParameter(type=str, optional=True),
+        NODE_ID_KEY: ExecutionParameter(type=str, optional=True),
+        PIPELINE_ID_KEY: ExecutionParameter(type=str, optional=True),
         BLOCKS_KEY: ExecutionParameter(type=str, optional=True),
         WINDOW_LAST_KEY: ExecutionParameter(type=int, optional=True),
         WINDOW_MIN_BLOCKS_KEY: ExecutionParameter(type=int, optional=True),

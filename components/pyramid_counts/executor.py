@@ -3,8 +3,11 @@
 The grant must be the window's Pyramid charge: run id ``pyramid_run_id(stream, spec, window)``,
 cost (spec.epsilon, 0) on a basic stream or ``window_event(spec)`` on an rdp stream, the
 window's blocks; :meth:`sage_tfx.pyramid.PyramidStore.seal` checks it
-against the ledger and makes no second charge. A retried node whose window is already sealed
-re-emits the sealed window (no new noise, no new charge).
+against the ledger and makes no second charge, and records the window's tables against the
+grant before publishing them. A replay — a retried node, a re-run with the same grant, any
+``store_dir`` — finds the recorded release and re-materializes it byte for byte
+(:meth:`~sage_tfx.pyramid.PyramidStore.restore`): no block is read, no noise drawn, nothing
+charged. The output artifact holds a copy of the released tables (``tables.npz``).
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from sage_tfx.components.block_example_gen.executor import (granted_files, read_
 from sage_tfx.components.pyramid_counts import spec as s
 from sage_tfx.ledger import open_ledger
 from sage_tfx.pyramid import CountSpec, PyramidStore
+from sage_tfx.pyramid.sealing import check_grant
 
 
 def example_values(record: bytes, columns: List[str]) -> Dict[str, Any]:
@@ -81,23 +85,28 @@ class Executor(base_beam_executor.BaseBeamExecutor):
             store = PyramidStore(spec, exec_properties[s.STORE_DIR_KEY],
                                  retention=int(exec_properties[s.RETENTION_KEY]), ledger=ledger,
                                  stream=recorded.stream)
-            if window in store.live_windows and recorded.run_id == store.run_id(window):
-                # an rdp grant holds an event, not ε: report the tables' pure ε (spec.epsilon)
-                eps = spec.epsilon if recorded.epsilon is None else recorded.epsilon
-                write_window(out, {"window": window, "run_id": recorded.run_id,
-                                   "grant_id": recorded.grant_id, "epsilon": eps,
-                                   "replayed": True}, spec)
-                return
-            files = granted_files(recorded, ledger)
-            columns = list(spec.features) + [spec.label]
-            with tempfile.TemporaryDirectory() as tmp:
-                frame = read_frame(self._make_beam_pipeline(), files, columns, tmp)
-            if store.hot_window != window:
+            # A grant for another run pays for something else: refused before any block is read.
+            check_grant(ledger, recorded, run_id=store.run_id(window), stream=recorded.stream,
+                        blocks=None, epsilon=None)
+            released = ledger.recorded_release(recorded.grant_id, store.release_name(window))
+            if released is not None or window in store.live_windows:
+                result = store.restore(window, grant=recorded)     # no read, no noise
+            else:
+                files = granted_files(recorded, ledger)
+                columns = list(spec.features) + [spec.label]
+                with tempfile.TemporaryDirectory() as tmp:
+                    frame = read_frame(self._make_beam_pipeline(), files, columns, tmp)
+                if store.hot_window == window:    # a failed attempt's rows: read them afresh
+                    store.discard_window()
                 store.open_window(window, recorded.block_ids)
                 store.observe(frame)
-            result = store.seal(grant=recorded)
+                result = store.seal(grant=recorded)
+            fileio.makedirs(out.uri)
+            fileio.copy(store.sealed_path(window), os.path.join(out.uri, pa.TABLES_FILE),
+                        overwrite=True)
         write_window(out, {"window": result.window, "run_id": result.run_id,
                            "grant_id": result.grant_id, "epsilon": result.epsilon_charged,
                            "table_epsilons": list(result.table_epsilons),
                            "noise_scales": list(result.noise_scales),
+                           "release": store.release_name(window), "replayed": result.replayed,
                            "dropped": list(result.dropped), "retrain": result.retrain}, spec)

@@ -3,14 +3,18 @@
 k keyed-hash partitions of the privacy units into n chunks (``partition``), one teacher per chunk
 (``teachers``), noisy plurality labels of public points and a student (``labelling``), the two
 accountants (``accounting``: formally DP ``fixed_queries`` and the paper's personalised moments
-accountant, reproduction only), teachers cached per window (``cache``). No TensorFlow at import.
+accountant, reproduction only, behind an explicit non-DP opt-in), teachers cached per window
+(``cache``), purchases released once with the public cursor in the ledger (``purchase``). No
+TensorFlow at import.
 The paper reproduction is ``sage_tfx.bagging.eval``.
 """
 from sage_tfx.bagging.accounting import (PersonalisedMomentsAccountant, epsilon_of, max_queries,
                                          per_query_epsilon, queries_event, query_event)
 from sage_tfx.bagging.cache import TeacherCache
-from sage_tfx.bagging.labelling import LabellingResult, label_public, noisy_argmax, train_student
+from sage_tfx.bagging.labelling import (NON_DP_OPT_IN, LabellingResult, label_public, noisy_argmax,
+                                        train_student)
 from sage_tfx.bagging.partition import chunk_assignment
+from sage_tfx.bagging.purchase import LABELS_RELEASE, MODEL_RELEASE, Purchase, buy_labels
 from sage_tfx.bagging.run import (BaggingConfig, BaggingResult, LabelPlan, fit_dp_bagging,
                                   labels_from_grant, plan_labels)
 from sage_tfx.bagging.teachers import TeacherEnsemble, train_teachers, vote_counts
@@ -19,4 +23,5 @@ __all__ = ["chunk_assignment", "TeacherEnsemble", "train_teachers", "vote_counts
            "label_public", "train_student", "LabellingResult", "per_query_epsilon", "query_event",
            "queries_event", "epsilon_of", "max_queries", "PersonalisedMomentsAccountant",
            "TeacherCache", "BaggingConfig", "BaggingResult", "LabelPlan", "fit_dp_bagging",
-           "plan_labels", "labels_from_grant"]
+           "plan_labels", "labels_from_grant", "Purchase", "buy_labels", "LABELS_RELEASE",
+           "MODEL_RELEASE", "NON_DP_OPT_IN"]

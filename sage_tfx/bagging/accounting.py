@@ -26,16 +26,21 @@ or PLD). Exactly that event is charged.
 unit u, α(l; u) += 2λ² m(x; u)² l(l+1) with m(x; u) = max_c {1 − n_c(x; u)} (Theorem 4; Theorem 5
 for an added unit "∗"), ε̂ = min_l (max_u α(l; u) + log(1/δ)) / l (Theorem 3 with Eq. 1), and
 queries are answered while ε̂ < ε. The number of answered queries is a function of the private
-data and the student reveals it; §4.4 itself concedes a private stopping rule is missing. ε̂ is an
-audit figure, never the guarantee; a run in this mode is charged the whole grant. Where the paper
-is inconsistent we do the following:
+data and the student reveals it; §4.4 itself concedes a private stopping rule is missing. A run in
+this mode is charged the whole grant and needs an explicit non-DP opt-in
+(``BaggingConfig(accept_not_differentially_private=True)``). Where the paper is inconsistent we
+do the following:
 
 * min/max order: Eq. 2 with Eq. 1/4 gives min_l max_u; Alg. 1 line 24 writes max_u min_l (which is
   smaller in general). Here α(l; u) = S(u)·2λ² l(l+1) with S(u) = Σ_queries m(x; u)², a product of
   a per-unit factor and a per-order factor, so the two orders coincide; we compute min_l with
   max_u S(u).
-* stopping: Alg. 1 checks ε̂ < ε *before* each query, so the last answered query pushes ε̂ past ε;
-  we reproduce that (it is what Table 2 counts) and report ε̂ after the last answer.
+* stopping: Alg. 1 checks ε̂ < ε *before* each query, so the last answered query pushes ε̂ past ε.
+  :meth:`PersonalisedMomentsAccountant.answer` stops *before* crossing instead: a query is
+  answered only if ε̂ after it is still ≤ ε, so the query that would cross is never answered
+  (``reproduce_alg1=True`` and ``trajectory`` keep Alg. 1's count, which is what Table 2 counts).
+  ε̂ itself is data-dependent and never paid for: it is not written into any report or log of a
+  run (the reproduction in ``sage_tfx.bagging.eval`` computes it on its stand-in data only).
 * "∗" (Theorem 5): a unit added to D joins one chunk per partition; the paper fixes those chunks
   "without loss of generality" (Alg. 1 line 4: I(∗) = {(n, 1), …, (n, k)}, with the roles of n
   and k swapped relative to §4). It is not without loss of generality: the chunk a new unit joins
@@ -206,15 +211,25 @@ class PersonalisedMomentsAccountant:
     def _step(self) -> int:
         return max(1, 4_000_000 // max(1, len(self.S)))
 
-    def answer(self, pred: np.ndarray, epsilon: float, n_classes: int) -> int:
-        """Answers the batch's queries in order while ε̂ < ε; returns how many were answered."""
+    def answer(self, pred: np.ndarray, epsilon: float, n_classes: int, *,
+               reproduce_alg1: bool = False) -> int:
+        """Answers the batch's queries in order; returns how many were answered.
+
+        A query is answered only if ε̂ *after* it is ≤ ε: the query that would cross ε is not
+        answered, and nothing after it. ``reproduce_alg1=True`` is Alg. 1's rule instead (answer
+        while ε̂ *before* the query is < ε, so the last answer crosses ε), for the reproduction.
+        """
         answered = 0
         for s in range(0, len(pred), self._step()):
             cum, cum_star, m2_worst = self._advance(pred[s:s + self._step()], n_classes)
-            before = np.concatenate([[max(self.S.max(initial=0.0), self.S_star)],
-                                     np.maximum(cum.max(axis=1), cum_star)[:-1]])
-            ok = moments_epsilon(before, lam=self.lam, delta=self.delta,
-                                 max_order=self.max_order) < epsilon
+            after = np.maximum(cum.max(axis=1), cum_star)
+            if reproduce_alg1:
+                before = np.concatenate([[max(self.S.max(initial=0.0), self.S_star)], after[:-1]])
+                ok = moments_epsilon(before, lam=self.lam, delta=self.delta,
+                                     max_order=self.max_order) < epsilon
+            else:
+                ok = moments_epsilon(after, lam=self.lam, delta=self.delta,
+                                     max_order=self.max_order) <= epsilon
             a = int(np.argmin(ok)) if not ok.all() else len(ok)
             self._commit(cum, cum_star, m2_worst, a)
             answered += a

@@ -2,10 +2,13 @@
 
 Teachers depend on the window's private data, the partition (k, n, salt), the teacher type and
 its settings; the cache key is all of them. Each later purchase is a new set of queries to the
-same teachers and is charged again on the ledger (the ledger composes the charges); the cache
-also keeps the public cursor, so a purchase labels fresh public points.
+same teachers and is charged again on the ledger (the ledger composes the charges). Which public
+points a purchase labels is not the cache's business: the public cursor is a counter in the
+ledger's database (``sage_tfx.bagging.purchase``), atomic across threads and processes.
 The cache lives in memory, and on disk (pickle) when given a directory that only the
-component's own process can read: cached teachers are private, like the data.
+component's own process can read: cached teachers are private, like the data. Two processes
+that miss at once both train (teachers are a deterministic function of the window) and each
+replaces the file atomically from its own temporary file.
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import hashlib
 import json
 import os
 import pickle
+import tempfile
 import threading
 from typing import Callable, Optional
 
@@ -54,30 +58,21 @@ class TeacherCache:
         path = self._path(key)
         if path:
             os.makedirs(self.directory, mode=0o700, exist_ok=True)
-            tmp = path + ".tmp"
-            with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
-                pickle.dump(entry, f)
-            os.replace(tmp, path)
+            fd, tmp = tempfile.mkstemp(prefix=f".teachers-{key}-", suffix=".tmp", dir=self.directory)
+            try:
+                with os.fdopen(fd, "wb") as f:   # mkstemp: mode 0600, a name no other writer has
+                    pickle.dump(entry, f)
+                os.replace(tmp, path)
+            except BaseException:
+                if os.path.exists(tmp):
+                    os.remove(tmp)
+                raise
 
     def get_or_train(self, key: str, train: Callable[[], TeacherEnsemble]) -> TeacherEnsemble:
         with self._lock:
             entry = self._load(key)
             if entry is None:
-                entry = {"ensemble": train(), "public_cursor": 0}
+                entry = {"ensemble": train()}
                 self.trained += 1
                 self._store(key, entry)
             return entry["ensemble"]
-
-    def public_cursor(self, key: str) -> int:
-        entry = self._load(key)
-        return 0 if entry is None else int(entry["public_cursor"])
-
-    def advance(self, key: str, labelled: int) -> int:
-        """Marks ``labelled`` more public points as used; returns the new cursor."""
-        with self._lock:
-            entry = self._load(key)
-            if entry is None:
-                raise KeyError(f"no cached teachers for {key}")
-            entry["public_cursor"] = int(entry["public_cursor"]) + int(labelled)
-            self._store(key, entry)
-            return entry["public_cursor"]

@@ -1,7 +1,8 @@
 """Noisy plurality labelling of public points and the student (DP bagging §4, §4.4, Alg. 1).
 
 Only the labels (and the student trained on them) leave this module's callers; vote counts, noisy
-counts, teachers and per-unit ε̂ are never logged or returned in a report.
+counts, teachers and the paper's data-dependent ε̂ (per unit or overall) are never logged or
+returned in a report: nothing pays for them.
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from sage_tfx.bagging import accounting as acc
 from sage_tfx.bagging.teachers import TeacherEnsemble
 from sage_tfx.errors import InvalidRequestError
 
-__all__ = ["MODES", "noisy_counts", "noisy_argmax", "LabellingResult", "label_public", "train_student"]
+__all__ = ["MODES", "NON_DP_OPT_IN", "check_non_dp_opt_in", "noisy_counts", "noisy_argmax",
+           "LabellingResult", "fixed_labels", "label_public", "train_student"]
 
 MODES = ("fixed_queries", "paper")
 
@@ -49,8 +51,8 @@ class LabellingResult:
     """Labels of the first ``queries`` public points, and what they cost.
 
     ``epsilon``/``delta`` is the guarantee (fixed_queries: the accountant's ε of the composed
-    event; paper: the grant, since ε̂ is data-dependent). ``epsilon_hat`` and
-    ``epsilon_hat_worst_star`` are paper-mode audit figures (None otherwise), never guarantees.
+    event) or, in paper mode, the grant that was charged whole: that mode is not formally DP
+    (``formally_dp`` False) and its data-dependent ε̂ is not kept.
     """
     labels: np.ndarray
     public_index: np.ndarray
@@ -64,29 +66,74 @@ class LabellingResult:
     per_query_epsilon: float
     formally_dp: bool
     event: object = None
-    epsilon_hat: Optional[float] = None
-    epsilon_hat_worst_star: Optional[float] = None
 
     def report(self) -> dict:
-        """JSON-able privacy report (no votes, no per-unit figures)."""
+        """JSON-able privacy report: public, data-independent figures only.
+
+        No votes and no ε̂. In paper mode the number of answered queries depends on the private
+        data, so it is not reported either (``queries`` is None): the mode is flagged
+        ``not_differentially_private`` and states its stopping rule instead.
+        """
         from sage_tfx.ledger.accounting import event_to_json
         import json
-        return {
-            "queries": self.queries, "mode": self.mode, "accountant": self.accountant,
-            "epsilon": self.epsilon, "delta": self.delta, "lambda": self.lam,
-            "noise_scale": self.noise_scale, "per_query_epsilon": self.per_query_epsilon,
-            "formally_dp": self.formally_dp,
+        out = {
+            "queries": self.queries if self.formally_dp else None, "mode": self.mode,
+            "accountant": self.accountant, "epsilon": self.epsilon, "delta": self.delta,
+            "lambda": self.lam, "noise_scale": self.noise_scale,
+            "per_query_epsilon": self.per_query_epsilon, "formally_dp": self.formally_dp,
+            "not_differentially_private": not self.formally_dp,
             "event": json.loads(event_to_json(self.event)) if self.event is not None else None,
-            "epsilon_hat_audit": self.epsilon_hat,
-            "epsilon_hat_worst_star_audit": self.epsilon_hat_worst_star,
         }
+        if not self.formally_dp:
+            out["stopping_rule"] = PAPER_STOPPING_RULE
+        return out
+
+    @classmethod
+    def from_report(cls, labels, public_start: int, report: dict) -> "LabellingResult":
+        """The result a recorded release describes (its labels, range start and report)."""
+        from sage_tfx.ledger.accounting import event_from_dict
+        labels = np.asarray(labels, dtype=np.int64)
+        event = event_from_dict(report["event"]) if report.get("event") is not None else None
+        return cls(labels, np.arange(public_start, public_start + len(labels)), len(labels),
+                   report["mode"], report["accountant"], report["epsilon"], report["delta"],
+                   report["lambda"], report["noise_scale"], report["per_query_epsilon"],
+                   report["formally_dp"], event=event)
+
+
+PAPER_STOPPING_RULE = ("Alg. 1's personalised moments accountant (paper's fixed added unit); a "
+                       "query is answered only while the data-dependent epsilon-hat after it "
+                       "stays <= epsilon. The number answered depends on the private data and "
+                       "is not reported; the whole grant was charged; not differentially private.")
+
+NON_DP_OPT_IN = "accept_not_differentially_private"
+
+
+def check_non_dp_opt_in(mode: str, accepted) -> bool:
+    """Paper mode runs only with ``accept_not_differentially_private=True``, and only it.
+
+    Raises:
+      InvalidRequestError: paper mode without the opt-in, the opt-in without paper mode, or an
+        opt-in that is not a bool.
+    """
+    if not isinstance(accepted, bool):
+        raise InvalidRequestError(f"{NON_DP_OPT_IN} must be True or False, got {accepted!r}")
+    if mode == "paper" and not accepted:
+        raise InvalidRequestError(
+            "mode='paper' (the paper's data-dependent accountant) is NOT differentially private: "
+            "how many labels it answers depends on the private data. Use the default "
+            f"mode='fixed_queries', or opt in explicitly with {NON_DP_OPT_IN}=True (recorded on "
+            "the model; DPModelValidator never blesses such a model)")
+    if mode != "paper" and accepted:
+        raise InvalidRequestError(f"{NON_DP_OPT_IN}=True applies to mode='paper' only; "
+                                  f"mode={mode!r} is differentially private")
+    return accepted
 
 
 def label_public(ensemble: TeacherEnsemble, X_public: np.ndarray, *, epsilon: float,
                  delta: float, lam: float, mode: str = "fixed_queries", accountant: str = "rdp",
                  unit_chunks: Optional[np.ndarray] = None, noise=None,
-                 max_order: int = acc.DEFAULT_MAX_ORDER, max_labels: Optional[int] = None
-                 ) -> LabellingResult:
+                 max_order: int = acc.DEFAULT_MAX_ORDER, max_labels: Optional[int] = None,
+                 accept_not_differentially_private: bool = False) -> LabellingResult:
     """Labels public points in order with the noisy plurality of all k·n teachers.
 
     Args:
@@ -95,13 +142,15 @@ def label_public(ensemble: TeacherEnsemble, X_public: np.ndarray, *, epsilon: fl
       epsilon, delta: the grant.
       lam: λ; noise Lap(k/λ) per count, 2λ-DP per query.
       mode: ``"fixed_queries"`` (p fixed from the grant, formally DP) or ``"paper"`` (Alg. 1's
-        data-dependent stopping; reproduction only, not formally DP).
+        data-dependent stopping, before the query that would cross ε; reproduction only, not
+        formally DP: needs ``accept_not_differentially_private=True``).
       accountant: ``"rdp"`` or ``"pld"`` (fixed_queries).
       unit_chunks: chunk of each privacy unit [U, k] (paper mode's per-unit accountant).
       max_labels: answer at most this many (a public number); defaults to all public points.
     """
     if mode not in MODES:
         raise InvalidRequestError(f"mode must be one of {MODES}, got {mode!r}")
+    check_non_dp_opt_in(mode, accept_not_differentially_private)
     lam = acc.check_lambda(lam)
     epsilon, delta = acc._check_eps_delta(epsilon, delta)
     X_public = np.asarray(X_public, dtype=np.float64)
@@ -111,11 +160,10 @@ def label_public(ensemble: TeacherEnsemble, X_public: np.ndarray, *, epsilon: fl
     common = dict(lam=lam, noise_scale=ensemble.k / lam, per_query_epsilon=2 * lam, delta=delta)
     if mode == "fixed_queries":
         p = min(acc.max_queries(epsilon, delta, lam=lam, accountant=accountant, limit=max(cap, 1)), cap)
-        counts = _counts(ensemble, X_public[:p])
-        labels = noisy_argmax(counts, k=ensemble.k, lam=lam, noise=noise)
-        eps_p = acc.epsilon_of(p, lam=lam, delta=delta, accountant=accountant)
-        return LabellingResult(labels, np.arange(p), p, mode, accountant, eps_p,
-                               formally_dp=True, event=acc.queries_event(lam, p), **common)
+        return fixed_labels(_counts(ensemble, X_public[:p]), k=ensemble.k, lam=lam,
+                            accountant=accountant,
+                            epsilon=acc.epsilon_of(p, lam=lam, delta=delta, accountant=accountant),
+                            delta=delta, noise=noise)
     if unit_chunks is None:
         raise InvalidRequestError("paper mode needs the chunk assignment of every privacy unit")
     pma = acc.PersonalisedMomentsAccountant(unit_chunks, n=ensemble.n, lam=lam, delta=delta,
@@ -131,8 +179,19 @@ def label_public(ensemble: TeacherEnsemble, X_public: np.ndarray, *, epsilon: fl
             break
     labels = np.concatenate(labels) if labels else np.zeros(0, dtype=np.int64)
     return LabellingResult(labels, np.arange(answered), answered, mode, None, epsilon,
-                           formally_dp=False, epsilon_hat=pma.epsilon_hat(),
-                           epsilon_hat_worst_star=pma.epsilon_hat_worst_star(), **common)
+                           formally_dp=False, **common)
+
+
+def fixed_labels(counts: np.ndarray, *, k: int, lam: float, accountant: str, epsilon: float,
+                 delta: float, noise=None) -> LabellingResult:
+    """fixed_queries: the noisy argmax of every row of ``counts`` (p = its rows, fixed before
+    any vote), reported as the composed event ``SelfComposed(Laplace(1/(2λ)), p)`` at (ε, δ)."""
+    lam = acc.check_lambda(lam)
+    p = len(counts)
+    labels = noisy_argmax(counts, k=k, lam=lam, noise=noise) if p else np.zeros(0, np.int64)
+    return LabellingResult(labels, np.arange(p), p, "fixed_queries", accountant, float(epsilon),
+                           float(delta), lam, k / lam, 2 * lam, True,
+                           event=acc.queries_event(lam, p))
 
 
 def _counts(ensemble, X):

@@ -1,7 +1,9 @@
 """One DP bagging run: validate, partition, train (or reuse) teachers, label, train the student.
 
-This is the library call behind the ``DPBaggingTrainer`` component and the notebook; the caller
-has already charged the ledger (:func:`plan_labels` gives the data-independent charge first).
+This is the library call behind the notebook (``DPBaggingTrainer`` runs the same purchase with a
+Beam teacher flow); the caller has already charged the ledger (:func:`plan_labels` gives the
+data-independent charge first). Under a grant the purchase is released once and its public
+range comes from the ledger's cursor (``sage_tfx.bagging.purchase``).
 """
 from __future__ import annotations
 
@@ -11,11 +13,14 @@ from typing import Optional, Sequence
 import numpy as np
 
 from sage_tfx.bagging import accounting as acc
+from sage_tfx.bagging import purchase as purchase_lib
 from sage_tfx.bagging.cache import TeacherCache, cache_key
-from sage_tfx.bagging.labelling import MODES, LabellingResult, label_public, train_student
+from sage_tfx.bagging.labelling import (MODES, LabellingResult, check_non_dp_opt_in, fixed_labels,
+                                        label_public, train_student)
 from sage_tfx.bagging.partition import check_shape, chunk_assignment
-from sage_tfx.bagging.teachers import TEACHER_KINDS, train_teachers
-from sage_tfx.errors import InvalidPrivacyParameterError, InvalidRequestError
+from sage_tfx.bagging.teachers import TEACHER_KINDS, train_teachers, vote_counts
+from sage_tfx.errors import GrantStateError, InvalidPrivacyParameterError, InvalidRequestError
+from sage_tfx.ledger.values import RELEASED
 
 __all__ = ["BaggingConfig", "BaggingResult", "plan_labels", "labels_from_grant", "fit_dp_bagging",
            "LabelPlan"]
@@ -32,12 +37,16 @@ class BaggingConfig:
     teacher: str = "logistic"
     l2: float = 1.0
     max_order: int = acc.DEFAULT_MAX_ORDER
+    # Paper mode is not differentially private: it runs only with this explicit opt-in, which is
+    # recorded on the model (and DPModelValidator refuses to bless such a model).
+    accept_not_differentially_private: bool = False
 
     def __post_init__(self):
         check_shape(self.k, self.n)
         acc.check_lambda(self.lam)
         if self.mode not in MODES:
             raise InvalidRequestError(f"mode must be one of {MODES}, got {self.mode!r}")
+        check_non_dp_opt_in(self.mode, self.accept_not_differentially_private)
         if self.accountant not in acc.ACCOUNTANTS:
             raise InvalidPrivacyParameterError(f"accountant must be one of {acc.ACCOUNTANTS}")
         if self.teacher not in TEACHER_KINDS:
@@ -73,69 +82,127 @@ def plan_labels(config: BaggingConfig, *, epsilon: float, delta: float, public_s
 
 @dataclasses.dataclass(frozen=True)
 class BaggingResult:
+    """The student, the labels it was trained on (as released) and the released report."""
     student: object
     labelling: LabellingResult
     teachers_cached: bool
+    replayed: bool = False
+    report: Optional[dict] = None
 
 
 def fit_dp_bagging(X: np.ndarray, y: np.ndarray, units: Sequence, X_public: np.ndarray, *,
-                   config: BaggingConfig, epsilon: float, delta: float, salt: bytes,
-                   public_declared: bool, n_classes: int = 2, noise=None,
+                   config: BaggingConfig, salt: bytes, public_declared: bool,
+                   epsilon: Optional[float] = None, delta: Optional[float] = None,
+                   ledger=None, grant_id: Optional[str] = None, n_classes: int = 2, noise=None,
                    cache: Optional[TeacherCache] = None, cache_id: Optional[dict] = None,
-                   ) -> BaggingResult:
+                   max_labels: Optional[int] = None) -> BaggingResult:
     """Teachers on the private window, noisy labels on the public points, the student.
+
+    Under a grant (``ledger`` and ``grant_id``): the grant decides what is spent
+    (:func:`labels_from_grant`), the public range comes from the ledger's cursor of this window,
+    and the labels and report are released once: a repeated call with the same grant (in any
+    process) returns the recorded labels without reading private data or drawing noise, and the
+    student is retrained from them. Without a ledger nothing is charged or recorded (experiments
+    only): ``epsilon``/``delta`` size the run and labelling starts at public point 0.
 
     Args:
       X, y, units: private features (scaled from public or schema statistics), labels, and each
         row's privacy unit id (a declared key; several rows may share one unit).
       X_public: public features, in a public order; ``public_declared`` must be True (the caller
         vouches that the ledger marks the source public, or the user declared it so).
-      cache, cache_id: reuse teachers of the same window (``cache_id`` = stream and block ids);
-        labelling starts at the cache's public cursor so every purchase labels fresh points.
+      cache, cache_id: reuse teachers of the same window (``cache_id`` = stream and block ids;
+        under a grant it is the grant's window).
+      max_labels: paper mode only: public points the purchase reserves (default: all left).
     Raises:
       InvalidRequestError: public data not declared public or empty, empty window, n larger than
-        the number of units, bad shapes. InvalidPrivacyParameterError: bad ε, δ, λ.
+        the number of units, bad shapes, no public points left, ε/δ given with a grant.
+      InvalidPrivacyParameterError: bad ε, δ, λ. GrantStateError: the grant is not released.
+      ReleaseConflictError: the grant already bought labels for another request.
     """
     if public_declared is not True:
         raise InvalidRequestError("the public data is not declared public; refusing to label it")
     X_public = np.asarray(X_public, dtype=np.float64)
     if X_public.ndim != 2 or len(X_public) == 0:
         raise InvalidRequestError("no public data to label")
-    acc._check_eps_delta(epsilon, delta)
     if len(units) == 0 or len(X) == 0:
         raise InvalidRequestError("the private window is empty")
-    uniq, inverse = np.unique(np.asarray(units), return_inverse=True)
-    if config.n > len(uniq):
-        raise InvalidRequestError(f"n = {config.n} teachers per partition but only {len(uniq)} "
-                                  "privacy units in the window")
-    unit_chunks = chunk_assignment(list(uniq.tolist()), k=config.k, n=config.n, salt=salt)
+    plan, window = _plan_of(config, ledger, grant_id, epsilon, delta, len(X_public), cache_id)
+    reserve = purchase_lib.reservation(plan.queries, public_size=len(X_public),
+                                       max_labels=max_labels)
+    settings = {"l2": config.l2, "n_classes": n_classes}
+    key = cache_key(stream=str(window.get("stream")), blocks=window.get("blocks", []),
+                    k=config.k, n=config.n, salt=salt, kind=config.teacher, settings=settings)
+    cached = False
 
-    def train():
-        return train_teachers(X, np.asarray(y), unit_chunks[inverse], n=config.n, kind=config.teacher,
-                              n_classes=n_classes, l2=config.l2)
+    def label(start: int, stop: int) -> LabellingResult:
+        nonlocal cached
+        uniq, inverse = np.unique(np.asarray(units), return_inverse=True)
+        if config.n > len(uniq):
+            raise InvalidRequestError(f"n = {config.n} teachers per partition but only "
+                                      f"{len(uniq)} privacy units in the window")
+        unit_chunks = chunk_assignment(list(uniq.tolist()), k=config.k, n=config.n, salt=salt)
 
-    start = 0
-    if cache is not None:
-        key = cache_key(stream=str((cache_id or {}).get("stream")), blocks=(cache_id or {}).get("blocks", []),
-                        k=config.k, n=config.n, salt=salt, kind=config.teacher,
-                        settings={"l2": config.l2, "n_classes": n_classes})
-        before = cache.trained
-        ensemble = cache.get_or_train(key, train)
-        cached = cache.trained == before
-        start = cache.public_cursor(key)
+        def train():
+            return train_teachers(X, np.asarray(y), unit_chunks[inverse], n=config.n,
+                                  kind=config.teacher, n_classes=n_classes, l2=config.l2)
+
+        if cache is not None:
+            before = cache.trained
+            ensemble = cache.get_or_train(key, train)
+            cached = cache.trained == before
+        else:
+            ensemble = train()
+        pool = X_public[start:stop]
+        if plan.formally_dp:
+            return fixed_labels(vote_counts(ensemble, pool), k=config.k, lam=config.lam,
+                                accountant=config.accountant, epsilon=plan.epsilon,
+                                delta=plan.delta, noise=noise)
+        return label_public(ensemble, pool, epsilon=plan.epsilon, delta=plan.delta,
+                            lam=config.lam, mode="paper", unit_chunks=unit_chunks, noise=noise,
+                            max_order=config.max_order, accept_not_differentially_private=True)
+
+    if ledger is None:
+        stop = min(reserve, len(X_public))
+        result = label(0, stop)
+        bought = purchase_lib.Purchase(result.labels, 0, {**result.report(), "public_start": 0,
+                                                          "public_reserved": stop}, False, "")
     else:
-        ensemble, cached = train(), False
-    pool = X_public[start:]
-    if len(pool) == 0:
-        raise InvalidRequestError("every public point of this window has been labelled already")
-    result = label_public(ensemble, pool, epsilon=epsilon, delta=delta, lam=config.lam,
-                          mode=config.mode, accountant=config.accountant, unit_chunks=unit_chunks,
-                          noise=noise, max_order=config.max_order)
-    result = dataclasses.replace(result, public_index=result.public_index + start)
-    if cache is not None:
-        cache.advance(key, result.queries)
-    student = train_student(pool[:result.queries], result.labels, l2=config.l2, n_classes=n_classes)
-    return BaggingResult(student, result, cached)
+        request = purchase_lib.purchase_request(
+            config, stream=window["stream"], blocks=window["blocks"], salt=salt,
+            X_public=X_public, settings=settings, max_labels=max_labels)
+        cursor = purchase_lib.cursor_name(stream=window["stream"], blocks=window["blocks"],
+                                          config=config, salt=salt, settings=settings)
+        bought = purchase_lib.buy_labels(ledger, grant_id, request=request, cursor=cursor,
+                                         reserve=reserve, exact=plan.formally_dp,
+                                         public_size=len(X_public), label=label)
+    student = train_student(X_public[bought.public_index], bought.labels, l2=config.l2,
+                            n_classes=n_classes)
+    return BaggingResult(student, bought.labelling(), cached, bought.replayed, bought.report)
+
+
+def _plan_of(config, ledger, grant_id, epsilon, delta, public_size, cache_id):
+    """(LabelPlan, window) of a run: from the ledger's grant, or from (ε, δ) without a ledger."""
+    if (ledger is None) != (grant_id is None):
+        raise InvalidRequestError("give both ledger and grant_id (a purchase under a grant), or "
+                                  "neither (an experiment that charges and records nothing)")
+    if ledger is None:
+        acc._check_eps_delta(epsilon, delta)
+        return (plan_labels(config, epsilon=epsilon, delta=delta, public_size=public_size),
+                dict(cache_id or {}))
+    if epsilon is not None or delta is not None:
+        raise InvalidRequestError("under a grant the ledger's charge decides what is spent: "
+                                  "do not pass epsilon or delta")
+    grant = ledger.grant(grant_id)
+    if grant.status != RELEASED:
+        raise GrantStateError(f"grant {grant_id} is {grant.status}: only a released grant buys labels")
+    window = {"stream": grant.stream, "blocks": sorted(grant.block_ids)}
+    if cache_id is not None and {"stream": cache_id.get("stream"),
+                                 "blocks": sorted(cache_id.get("blocks", []))} != window:
+        raise InvalidRequestError(f"cache_id {cache_id} is not the grant's window {window}")
+    report_delta = float(ledger.stream(grant.stream).delta_g) if grant.event is not None else None
+    plan = labels_from_grant(config, epsilon=grant.epsilon, delta=grant.delta, event=grant.event,
+                             public_size=public_size, report_delta=report_delta)
+    return plan, window
 
 
 def labels_from_grant(config: BaggingConfig, *, epsilon: Optional[float], delta: Optional[float],

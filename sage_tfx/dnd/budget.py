@@ -96,23 +96,36 @@ class RunBudget:
         self._used: dict[str, int] = {}
         self._lock = threading.Lock()
 
-    def admit(self, client_id: str, blocks: Sequence[str]) -> int:
-        """Admits one draw of ``client_id`` (whose data lies in ``blocks``); returns passes left.
+    def check_blocks(self, client_id: str, blocks: Sequence[str]) -> None:
+        """Refuses a client whose data lies in a block outside the grant or stopped.
 
         Raises:
-          UpdateRefused: a block outside the grant (retired, out of budget, or outside the window
-            when the run was granted), a stopped block, or no passes left.
+          UpdateRefused: no block, a block outside the grant (retired, out of budget, or outside
+            the window when the run was granted), or a stopped block.
         """
         if not blocks:
             raise UpdateRefused(f"client {client_id!r} names no block")
         outside = [b for b in blocks if b not in self.blocks]
         if outside:
-            raise UpdateRefused(f"block(s) {', '.join(outside)} not granted to run "
+            raise UpdateRefused(f"block(s) {', '.join(outside[:10])} not granted to run "
                                 f"{self.grant.run_id} (retired, out of budget or outside its window)")
         with self._lock:
             stopped = [f"{b} ({self._stopped[b]})" for b in blocks if b in self._stopped]
-            if stopped:
-                raise UpdateRefused(f"block(s) stopped: {', '.join(stopped)}")
+        if stopped:
+            raise UpdateRefused(f"block(s) stopped: {', '.join(stopped)}")
+
+    def admit(self, client_id: str, blocks: Sequence[str]) -> int:
+        """Admits one draw of ``client_id`` (whose data lies in ``blocks``); returns passes left.
+
+        The passes are counted in this object (one process: DnDTrainer's in-process protocol);
+        a served run counts them in the ledger's database (:mod:`~sage_tfx.dnd.runstore`).
+
+        Raises:
+          UpdateRefused: a block outside the grant or stopped (:meth:`check_blocks`), or no
+            passes left.
+        """
+        self.check_blocks(client_id, blocks)
+        with self._lock:
             used = self._used.get(client_id, 0)
             if used >= self.passes:
                 raise UpdateRefused(f"client {client_id!r} has used its {self.passes} update(s) "
@@ -129,6 +142,7 @@ class RunBudget:
         """Stops the clients of granted blocks retired since the grant; returns their ids.
 
         A block that this very grant exhausted stays usable: the run's updates were paid for.
+        Reads the ledger's audit log: ``ledger``'s principal needs the admin or auditor role.
         """
         stopped = []
         for entry in ledger.audit_log(self.grant.stream):

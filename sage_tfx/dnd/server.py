@@ -1,138 +1,307 @@
-"""The Draw-and-Discard HTTP service (FastAPI on uvicorn): ``python -m sage_tfx.dnd.server``.
+"""The Draw-and-Discard HTTP service (FastAPI on uvicorn): ``sage-tfx dnd serve``.
 
-Endpoints (weights are little-endian float64; send/accept ``application/octet-stream`` for binary
-payloads, JSON otherwise):
+Every endpoint authenticates: callers send ``Authorization: Bearer <token>``, a token the
+ledger issued to a principal (:mod:`sage_tfx.ledger.access`; on a ledger without principals the
+server makes its own token and writes it to a 0600 file, :class:`sage_tfx.services.Authenticator`).
+Weights are little-endian float64: send/accept ``application/octet-stream`` for binary payloads,
+JSON otherwise.
 
-* ``GET  /v1/spec`` — the model (family, features, classes), the clients' Alg. 1 parameters, the
-  noise scale and ε per update, the run's id and passes.
-* ``POST /v1/draw?client_id=…[&blocks=b1,b2]`` — admits one update (403 with the reason when the
-  ledger's grant does not cover the client) and returns a drawn instance: binary body with the
-  ticket in the ``X-DnD-Ticket`` header, or ``{"ticket": …, "weights": […]}``.
-* ``POST /v1/discard/{ticket}`` — the updated model (binary body or ``{"weights": […]}``);
-  answers ``{"accepted": true|false}``, nothing about slots.
-* ``GET  /v1/average`` — the prediction model (mean of the k instances).
-* ``GET  /v1/stats`` — counters (draws, accepted, rejected by the spam check, refused).
+* ``GET  /v1/spec`` (any role) — the model, the clients' Alg. 1 parameters, the noise scale and
+  ε per update, k, the run's id and passes, the ticket ttl.
+* ``POST /v1/draw[?blocks=b1,b2]`` (role ``client``) — admits one update of the calling principal
+  (403 with the reason when the grant does not cover it or its passes are used or held by
+  unexpired draws; 409 once the run is released) and returns a drawn instance: binary body with
+  the ticket in ``X-DnD-Ticket``, or ``{"ticket", "weights"}``. Passes are the principal's: no
+  self-declared client id is accepted.
+* ``POST /v1/discard/{ticket}`` (role ``client``, the principal that drew it) — the updated
+  model (binary, or ``{"weights": [...]}``: exactly ``dim`` finite numbers, no booleans);
+  answers ``{"accepted": true|false}``, nothing about slots. 404 for an unknown, used, expired or
+  another principal's ticket; 422 for a bad body (nothing changes, the ticket stays usable).
+* ``GET  /v1/average`` (``pipeline``) — the prediction model: the run's recorded release once it
+  is released (``final``), else the live mean of the k instances.
+* ``POST /v1/release`` (``pipeline``) — closes the run and records the average against the grant,
+  once (:meth:`~sage_tfx.dnd.service.DnDService.release`).
+* ``GET  /v1/stats`` (``pipeline`` or ``auditor``) — counters of the run.
+* ``GET  /openapi.json`` (any role) — the OpenAPI schema (typed request and response bodies).
 
-At start-up the server charges the run to the ledger (:func:`~sage_tfx.dnd.budget.request_run`)
-before it accepts any update; if the ledger denies, it still serves ``/v1/spec`` and ``/v1/average``
-but refuses every draw with the ledger's reason. Every ``--refresh-seconds`` it re-reads the
-ledger and stops the clients of blocks retired since the grant. Binds 127.0.0.1 by default.
+``admin`` may call everything. Bodies larger than the model needs are refused with 413 before
+they are read (:class:`sage_tfx.services.BodyLimit`). At start-up the server charges the run to
+the ledger before it accepts any update (a restart with the same run id replays the grant and
+resumes the stored run); if the ledger denies, it still serves ``/v1/spec`` but refuses every
+draw with the ledger's reason. Every ``--refresh-seconds`` it re-reads the ledger's audit log and
+stops the clients of blocks retired since the grant, and deletes expired tickets. Binds
+127.0.0.1 by default; ``--workers N`` runs N processes on one run.
 """
 
 import argparse
 import asyncio
 import contextlib
 import json
+import logging
+import os
 import sys
-from typing import Optional, Sequence
+from typing import Annotated, Optional, Sequence
 
 import numpy as np
 
+from sage_tfx import services
 from sage_tfx.dnd.budget import RunBudget, UpdateRefused, request_run
 from sage_tfx.dnd.client import ClientConfig, check_update_matches_ledger_epsilon
 from sage_tfx.dnd.glm import GLMSpec
-from sage_tfx.dnd.service import DnDService, UnknownTicketError
-from sage_tfx.dnd.spam import SpamCheck
-from sage_tfx.dnd.state import DnDState, initial_instances
+from sage_tfx.dnd.runstore import RunStore, check_ticket_ttl, decode, encode
+from sage_tfx.dnd.service import (DEFAULT_TICKET_TTL, DnDService, RunReleasedError,
+                                  UnknownTicketError)
+from sage_tfx.errors import InvalidRequestError, PermissionDeniedError, SageError
+from sage_tfx.ledger import access
+
+__all__ = ["create_app", "build_service", "main", "encode", "decode", "BINARY", "TICKET_HEADER"]
 
 BINARY = "application/octet-stream"
 TICKET_HEADER = "X-DnD-Ticket"
 KEEP_ALIVE_SECONDS = 75  # clients keep their connection between a draw and its discard
+# Model weights must keep their squares and sums over k instances finite (the spam check's
+# moments): anything beyond is bad input, not a model.
+MAX_ABS_WEIGHT = 1e100
+MAX_BLOCKS_QUERY = 4096
+SERVE_ENV = "SAGE_DND_SERVE_ARGS"  # the worker processes' arguments (--workers N)
+WORKER_HEALTHCHECK_SECONDS = 120
+
+CLIENT_ROLES = (access.CLIENT,)
+MODEL_ROLES = (access.PIPELINE,)
+STATS_ROLES = (access.PIPELINE, access.AUDITOR)
+ANY_ROLE = (access.CLIENT, access.PIPELINE, access.AUDITOR)
 
 
-def encode(weights: np.ndarray) -> bytes:
-    return np.ascontiguousarray(weights, dtype="<f8").tobytes()
+def max_body_bytes(dim: int) -> int:
+    """The largest request body the server reads: a JSON update of ``dim`` weights written as
+    long floats (≤ 26 characters each with separators), with room to spare; binary is 8·dim."""
+    return 16 * 1024 + 40 * dim
 
 
-def decode(body: bytes, dim: int) -> np.ndarray:
-    if len(body) != 8 * dim:
-        raise ValueError(f"expected {8 * dim} bytes ({dim} float64 weights), got {len(body)}")
-    return np.frombuffer(body, dtype="<f8").astype(np.float64)
+def _error(description: str) -> dict:
+    return {"description": description,
+            "content": {"application/json": {"schema": {
+                "type": "object", "properties": {"error": {"type": "string"},
+                                                 "refused": {"type": "string"}}}}}}
 
 
-def create_app(service: DnDService, *, ledger_url: Optional[str] = None,
+_AUTH_ERRORS = {401: _error("no or unknown bearer token"),
+                403: _error("the principal's role does not allow this endpoint"),
+                413: _error("request body larger than the model needs")}
+
+
+def create_app(service: DnDService, auth: services.Authenticator, *,
                refresh_seconds: float = 0.0):
-    """The FastAPI application over ``service`` (imported lazily: the core never needs it)."""
-    from fastapi import FastAPI, Request
+    """The FastAPI application over ``service``; ``auth`` checks every caller's token.
+
+    FastAPI and pydantic are imported here: the core never needs them.
+    """
+    from fastapi import Depends, FastAPI, Path, Query, Request
+    from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, Response
+    from pydantic import BaseModel, ConfigDict, Field, ValidationError
+    from starlette.concurrency import run_in_threadpool
+
+    dim = service.spec.dim
+    weight = Annotated[float, Field(strict=True, allow_inf_nan=False, ge=-MAX_ABS_WEIGHT,
+                                    le=MAX_ABS_WEIGHT)]
+
+    class Update(BaseModel):
+        """A returned model: exactly ``dim`` finite numbers."""
+        model_config = ConfigDict(extra="forbid")
+        weights: Annotated[list[weight], Field(min_length=dim, max_length=dim)]
+
+    class Drawn(BaseModel):
+        ticket: str
+        weights: list[float]
+
+    class Decision(BaseModel):
+        accepted: bool
+
+    class Model(BaseModel):
+        weights: list[float]
+        final: bool
+        version: int
+
+    class Stats(BaseModel):
+        draws: int
+        updates: int
+        accepted: int
+        rejected_spam: int
+        refused: int
+        outstanding_tickets: int
+        version: int
+        released: bool
+
+    class Spec(BaseModel):
+        model: dict
+        client: dict
+        dim: int
+        k: int
+        passes: int
+        ticket_ttl: float
+        granted: bool
+        noise_scale: Optional[float] = None
+        update_epsilon: Optional[float] = None
+        run_id: Optional[str] = None
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         task = None
-        if ledger_url and refresh_seconds > 0 and service.budget is not None:
-            task = asyncio.create_task(_refresh_loop(service, ledger_url, refresh_seconds))
+        if refresh_seconds > 0 and service.budget is not None and service.ledger is not None:
+            task = asyncio.create_task(_refresh_loop(service, refresh_seconds))
         yield
         if task is not None:
             task.cancel()
 
-    app = FastAPI(title="sage-tfx Draw-and-Discard", lifespan=lifespan)
+    # No unauthenticated route at all: the schema is served below, to any authenticated role.
+    app = FastAPI(title="sage-tfx Draw-and-Discard", version="2", lifespan=lifespan,
+                  openapi_url=None, docs_url=None, redoc_url=None)
+    services.install_error_handlers(app)
+    app.add_middleware(services.BodyLimit, max_bytes=max_body_bytes(dim))
     app.state.dnd = service
-    dim = service.spec.dim
+    client = Depends(auth.require(*CLIENT_ROLES))
+    binary_weights = {"schema": {"type": "string", "format": "binary"}}
 
     def wants_binary(request: Request) -> bool:
         return BINARY in request.headers.get("accept", "")
 
-    async def read_weights(request: Request) -> np.ndarray:
-        body = await request.body()
-        if request.headers.get("content-type", "").startswith(BINARY):
-            return decode(body, dim)
-        return np.asarray(json.loads(body)["weights"], dtype=np.float64)
+    def invalid(errors: list) -> RequestValidationError:
+        return RequestValidationError(errors)
 
-    @app.get("/v1/spec")
-    async def spec():
+    def refused(exc: Exception, status: int = 403) -> JSONResponse:
+        return JSONResponse({"refused": str(exc)}, status_code=status)
+
+    def model_response(request: Request, avg) -> Response:
+        headers = {"X-DnD-Final": str(avg.final).lower(), "X-DnD-Version": str(avg.version)}
+        if wants_binary(request):
+            return Response(encode(avg.weights), media_type=BINARY, headers=headers)
+        return JSONResponse({"weights": avg.weights.tolist(), "final": avg.final,
+                             "version": avg.version}, headers=headers)
+
+    @app.get("/openapi.json", include_in_schema=False)
+    def openapi(_=Depends(auth.require(*ANY_ROLE))):
+        return app.openapi()
+
+    @app.get("/v1/spec", response_model=Spec, responses=_AUTH_ERRORS)
+    def spec(_=Depends(auth.require(*ANY_ROLE))):
         return service.spec_dict()
 
-    @app.post("/v1/draw")
-    async def draw(request: Request, client_id: str = "", blocks: str = ""):
+    @app.post("/v1/draw", response_model=Drawn, responses={
+        **_AUTH_ERRORS, 200: {"content": {BINARY: binary_weights}},
+        403: _error("refused: no grant, block not granted or stopped, no pass left"),
+        409: _error("the run's model was released")})
+    def draw(request: Request, who=client,
+             blocks: Optional[str] = Query(None, max_length=MAX_BLOCKS_QUERY,
+                                           description="the client's blocks, comma separated "
+                                                       "(only when the server has no block "
+                                                       "scheme)")):
+        if "client_id" in request.query_params:
+            return JSONResponse({"error": "client_id is not accepted: the caller is the principal "
+                                          "of its bearer token"}, status_code=400)
         try:
-            tid, w = service.draw(client_id, [b for b in blocks.split(",") if b])
+            tid, w = service.draw(who.name, [b for b in (blocks or "").split(",") if b])
         except UpdateRefused as exc:
-            return JSONResponse({"refused": str(exc)}, status_code=403)
+            return refused(exc)
+        except RunReleasedError as exc:
+            return refused(exc, 409)
         if wants_binary(request):
             return Response(encode(w), media_type=BINARY, headers={TICKET_HEADER: tid})
         return JSONResponse({"ticket": tid, "weights": w.tolist()})
 
-    @app.post("/v1/discard/{ticket}")
-    async def discard(ticket: str, request: Request):
-        try:
-            u = await read_weights(request)
-            accepted = service.discard(ticket, u)
+    @app.post("/v1/discard/{ticket}", response_model=Decision, responses={
+        **_AUTH_ERRORS, 403: _error("the client's block was stopped since its draw"),
+        404: _error("unknown, used or expired ticket, or another principal's"),
+        409: _error("the run's model was released"),
+        415: _error("the body is neither JSON nor application/octet-stream")},
+        openapi_extra={"requestBody": {"required": True, "content": {
+            "application/json": {"schema": Update.model_json_schema()},
+            BINARY: {"schema": {"type": "string", "format": "binary",
+                                "minLength": 8 * dim, "maxLength": 8 * dim}}}}})
+    async def discard(request: Request, who=client,
+                      ticket: str = Path(..., pattern="^[0-9a-f]{32}$")):
+        body = await request.body()
+        kind = request.headers.get("content-type", "application/json").split(";")[0].strip()
+        if kind == BINARY:
+            if len(body) != 8 * dim:
+                raise invalid([{"loc": ["body"], "type": "value_error",
+                                "msg": f"expected {8 * dim} bytes ({dim} float64 weights)"}])
+            u = decode(body, dim)
+            if not np.all(np.isfinite(u)) or np.any(np.abs(u) > MAX_ABS_WEIGHT):
+                raise invalid([{"loc": ["body"], "type": "value_error",
+                                "msg": f"weights must be finite and within ±{MAX_ABS_WEIGHT:g}"}])
+        elif kind == "application/json":
+            try:
+                u = np.asarray(Update.model_validate_json(body).weights, dtype=np.float64)
+            except ValidationError as exc:
+                raise invalid(exc.errors(include_url=False, include_context=False,
+                                         include_input=False))
+        else:
+            return JSONResponse({"error": f"send application/json or {BINARY}, not {kind!r}"},
+                                status_code=415)
+        try:  # the spam check and the database run off the event loop
+            accepted = await run_in_threadpool(service.discard, who.name, ticket, u)
         except UnknownTicketError:
             return JSONResponse({"error": "unknown, used or expired ticket"}, status_code=404)
-        except (ValueError, KeyError, TypeError) as exc:
-            return JSONResponse({"error": f"bad update: {exc}"}, status_code=400)
+        except UpdateRefused as exc:
+            return refused(exc)
+        except RunReleasedError as exc:
+            return refused(exc, 409)
         return {"accepted": accepted}
 
-    @app.get("/v1/average")
-    async def average(request: Request):
-        w = service.average()
-        if wants_binary(request):
-            return Response(encode(w), media_type=BINARY)
-        return {"weights": w.tolist()}
+    model_responses = {**_AUTH_ERRORS, 200: {"content": {BINARY: binary_weights}},
+                       409: _error("the run was denied: there is no model")}
 
-    @app.get("/v1/stats")
-    async def stats():
+    def model_of(request: Request, produce) -> Response:
+        try:
+            return model_response(request, produce())
+        except RunReleasedError as exc:
+            return refused(exc, 409)
+
+    @app.get("/v1/average", response_model=Model, responses=model_responses)
+    def average(request: Request, _=Depends(auth.require(*MODEL_ROLES))):
+        return model_of(request, service.average)
+
+    @app.post("/v1/release", response_model=Model, responses=model_responses)
+    def release(request: Request, _=Depends(auth.require(*MODEL_ROLES))):
+        return model_of(request, service.release)
+
+    @app.get("/v1/stats", response_model=Stats, responses=_AUTH_ERRORS)
+    def stats(_=Depends(auth.require(*STATS_ROLES))):
         return service.stats()
 
     return app
 
 
-async def _refresh_loop(service: DnDService, ledger_url: str, seconds: float) -> None:
-    from sage_tfx.ledger import open_ledger
+async def _refresh_loop(service: DnDService, seconds: float) -> None:
+    from starlette.concurrency import run_in_threadpool
+
+    def once():
+        with service.ledger() as led:
+            stopped = service.refresh(led)
+        if stopped:
+            logging.warning("dnd: clients of retired block(s) %s stopped", ", ".join(stopped))
+        service.sweep()
     while True:
         await asyncio.sleep(seconds)
-        with open_ledger(ledger_url) as led:
-            service.budget.refresh(led)
+        try:
+            await run_in_threadpool(once)
+        except Exception as exc:  # the ledger is unreachable for now: keep serving, try again
+            logging.warning("dnd: refresh failed (%s: %s); retrying in %g s",
+                            type(exc).__name__, exc, seconds)
 
 
 def build_service(*, ledger_url: str, stream: str, run_id: str, spec: GLMSpec,
                   config: ClientConfig, k: int = 20, passes: int = 1, window_last: int = 1,
                   context: str = "default", block_scheme=None, spam_check: bool = True,
-                  b0: Optional[np.ndarray] = None) -> DnDService:
-    """Charges the run to the ledger, then builds the k instances and the service.
+                  b0: Optional[np.ndarray] = None, ticket_ttl: float = DEFAULT_TICKET_TTL,
+                  token: Optional[str] = None, refresh: bool = False) -> DnDService:
+    """Charges the run to the ledger (a restart replays its grant), then opens its stored state.
 
     ``block_scheme`` (e.g. a :class:`~sage_tfx.streams.HashBucketScheme` on the client id) maps
-    clients to their blocks; without it clients name their blocks.
+    principals to their blocks; without it clients name their blocks. ``token`` is the server's
+    ledger credential (default: ``$SAGE_LEDGER_TOKEN``). With ``refresh`` the server reads the
+    audit log to stop clients of retired blocks: its principal needs the auditor role too.
     """
     from sage_tfx.ledger import Window, open_ledger
     if not config.private:
@@ -140,28 +309,44 @@ def build_service(*, ledger_url: str, stream: str, run_id: str, spec: GLMSpec,
     # What the ledger will be charged per update must be what OpenDP's privacy map says the
     # clients' sampler delivers at this scale and sensitivity.
     check_update_matches_ledger_epsilon(config, spec.dim)
-    with open_ledger(ledger_url) as led:
+    check_ticket_ttl(ticket_ttl)
+
+    def ledger():
+        return open_ledger(ledger_url, token)
+    with ledger() as led:
+        if refresh:
+            try:
+                led.authorize(access.AUDIT)
+            except PermissionDeniedError as exc:
+                raise PermissionDeniedError(
+                    f"{exc}. The server stops clients of retired blocks by reading the audit log: "
+                    "give its principal the auditor role as well as pipeline, or serve with "
+                    "--refresh-seconds 0") from None
         decision = request_run(led, stream, run_id=run_id, config=config, dim=spec.dim,
                                passes=passes, window=Window(last=window_last), context=context)
-    budget = RunBudget(decision.grant, config, spec.dim, passes) if decision.granted else None
-    b0 = np.zeros(spec.dim) if b0 is None else np.asarray(b0, dtype=np.float64)
-    check = SpamCheck.for_config(config) if spam_check and k >= 2 else None
-    state = DnDState(initial_instances(b0, k, config.noise_variance), spam_check=check)
+        if not decision.granted:
+            return DnDService.denied(spec, config, decision.reason, k=k, passes=passes)
+        budget = RunBudget(decision.grant, config, spec.dim, passes)
+        if refresh:
+            budget.refresh(led)
     block_of = None
     if block_scheme is not None:
         block_of = lambda client: [block_scheme.block_of(client).block_id]  # noqa: E731
-    return DnDService(spec, config, state, budget, refusal=decision.reason, block_of=block_of)
+    return DnDService.open(RunStore(ledger_url), budget, spec, config, k=k,
+                           spam_check=spam_check, b0=b0, ticket_ttl=ticket_ttl,
+                           block_of=block_of, ledger=ledger)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m sage_tfx.dnd.server",
+    p = argparse.ArgumentParser(prog="sage-tfx dnd serve",
                                 description="Serve a Draw-and-Discard run charged to a ledger.")
-    p.add_argument("--ledger", required=True, help="ledger URL (sqlite:///… or postgresql://…)")
+    p.add_argument("--ledger", required=True,
+                   help="ledger URL (sqlite:///… or postgresql://…, or env:NAME / file:PATH)")
     p.add_argument("--stream", required=True)
-    p.add_argument("--run-id", required=True)
+    p.add_argument("--run-id", required=True, help="the run; a restart with it resumes the run")
     p.add_argument("--window-last", type=int, default=1, help="granted window: last N blocks")
     p.add_argument("--context", default="default")
-    p.add_argument("--bucket-scheme", help="hash:<column>:<buckets>:<salt>, client id -> block")
+    p.add_argument("--bucket-scheme", help="hash:<column>:<buckets>:<salt>, principal -> block")
     p.add_argument("--family", default="logistic",
                    choices=("logistic", "linear", "poisson", "multinomial"))
     p.add_argument("--features", type=int, required=True)
@@ -173,34 +358,81 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--unit", choices=("model", "feature"), default="model")
     p.add_argument("--passes", type=int, default=1, help="updates per client in this run")
     p.add_argument("--no-spam-check", action="store_true")
+    p.add_argument("--ticket-ttl", type=float, default=DEFAULT_TICKET_TTL,
+                   help="seconds before an unreturned draw expires and frees its pass")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8700)
-    p.add_argument("--refresh-seconds", type=float, default=30.0)
+    p.add_argument("--workers", type=int, default=1, help="server processes on this run")
+    p.add_argument("--token-file", default=".sage-dnd-token",
+                   help="where a ledger without principals gets the server's own token (0600)")
+    p.add_argument("--refresh-seconds", type=float, default=30.0,
+                   help="stop clients of retired blocks (needs the auditor role); 0: never")
     return p
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    a = build_parser().parse_args(argv)
+def _service_of(a) -> DnDService:
     scheme = None
     if a.bucket_scheme:
         from sage_tfx.streams import scheme_from_spec
         scheme = scheme_from_spec(a.bucket_scheme)
-    spec = GLMSpec(a.family, a.features, a.classes)
-    config = ClientConfig(a.gamma, a.l1_norm_clip, a.epsilon, a.unit)
-    service = build_service(ledger_url=a.ledger, stream=a.stream, run_id=a.run_id, spec=spec,
-                            config=config, k=a.k, passes=a.passes, window_last=a.window_last,
-                            context=a.context, block_scheme=scheme,
-                            spam_check=not a.no_spam_check)
+    return build_service(ledger_url=a.ledger, stream=a.stream, run_id=a.run_id,
+                         spec=GLMSpec(a.family, a.features, a.classes),
+                         config=ClientConfig(a.gamma, a.l1_norm_clip, a.epsilon, a.unit),
+                         k=a.k, passes=a.passes, window_last=a.window_last, context=a.context,
+                         block_scheme=scheme, spam_check=not a.no_spam_check,
+                         ticket_ttl=a.ticket_ttl, refresh=a.refresh_seconds > 0)
+
+
+def _app_of(a, service: DnDService):
+    auth = services.Authenticator(a.ledger, open_token_file=a.token_file)
+    return create_app(service, auth, refresh_seconds=a.refresh_seconds), auth
+
+
+def worker_app():
+    """The application of one ``--workers`` process (its arguments come in ``$SAGE_DND_SERVE_ARGS``)."""
+    a = build_parser().parse_args(json.loads(os.environ[SERVE_ENV]))
+    return _app_of(a, _service_of(a))[0]
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    a = build_parser().parse_args(argv)
+    try:
+        if a.workers < 1:
+            raise InvalidRequestError("--workers must be >= 1")
+        if a.workers > 1:
+            from sage_tfx.ledger import open_ledger
+            with open_ledger(a.ledger) as led:
+                if led.open_mode:
+                    raise InvalidRequestError(
+                        "--workers > 1 needs a ledger with principals (each worker of an "
+                        "open-mode ledger would make its own token); add an admin and client "
+                        "principals first")
+        service = _service_of(a)  # charges the run (or replays its grant) before any worker
+    except (SageError, ValueError, PermissionError) as exc:
+        print(f"sage-tfx dnd serve: error: {exc}", file=sys.stderr)
+        return 2
     if service.budget is None:
         print(f"ledger denied run {a.run_id}: {service.refusal}; every draw will be refused",
               file=sys.stderr)
     else:
         print(f"run {a.run_id} granted on {len(service.budget.blocks)} block(s); serving "
-              f"{spec.dim} weights x k={a.k} on {a.host}:{a.port}", file=sys.stderr)
+              f"{service.spec.dim} weights x k={a.k} on {a.host}:{a.port}", file=sys.stderr)
     import uvicorn
-    uvicorn.run(create_app(service, ledger_url=a.ledger, refresh_seconds=a.refresh_seconds),
-                host=a.host, port=a.port, log_level="warning", access_log=False,
+    opts = dict(host=a.host, port=a.port, log_level="warning", access_log=False,
                 timeout_keep_alive=KEEP_ALIVE_SECONDS)
+    if a.workers == 1:
+        app, auth = _app_of(a, service)
+        if auth.open_token_file:
+            print(f"the ledger has no principals: callers use the token in {auth.open_token_file}",
+                  file=sys.stderr)
+        uvicorn.run(app, **opts)
+        return 0
+    os.environ[SERVE_ENV] = json.dumps(argv)
+    # A worker imports the core and opens the run before it answers the supervisor's pings:
+    # seconds on a loaded machine, so the health check waits longer than uvicorn's 5 s.
+    uvicorn.run("sage_tfx.dnd.server:worker_app", factory=True, workers=a.workers,
+                timeout_worker_healthcheck=WORKER_HEALTHCHECK_SECONDS, **opts)
     return 0
 
 

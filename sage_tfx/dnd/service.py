@@ -1,145 +1,285 @@
-"""The Draw-and-Discard service logic, independent of HTTP: tickets, budget, spam check, state.
+"""The Draw-and-Discard service logic, independent of HTTP: one served run's draws and updates.
 
-One process holds the k instances (:class:`~sage_tfx.dnd.state.DnDState`). A draw is admitted
-only through the run's :class:`~sage_tfx.dnd.budget.RunBudget` (no grant: every client is
-refused); it returns a random ticket id and a copy of a uniformly drawn instance. A discard
-returns the update with its ticket (each ticket is good for one update) and learns only whether
-it was accepted. No response, log line or counter says which instance was drawn or replaced.
+The run's k instances, passes and tickets live in the ledger's database
+(:class:`~sage_tfx.dnd.runstore.RunStore`); each process keeps a mirror of the instances
+(a :class:`~sage_tfx.dnd.state.DnDState`, refreshed by instance version before every draw and
+spam check), so any number of processes serve one run and a restart resumes it.
+
+Callers are authenticated principals (the HTTP layer checks their bearer tokens): a client's
+passes are keyed by its principal's name, never by an id it declares. A draw is admitted only if
+the run is granted, the client's blocks are in the grant and not stopped, and the client has a
+pass left that no unexpired draw holds; it returns a random ticket and a copy of a uniformly
+drawn instance. An update comes back with its ticket, from the principal that drew it, and
+learns only whether it was accepted. No response, log line or counter says which instance was
+drawn or replaced.
+
+**Release once.** :meth:`DnDService.release` closes the run (no more draws or updates) and
+records the average of its final instances against the grant (``dnd/average``, the float64
+bytes) before anyone sees it; every later call, in any process, returns that record byte for
+byte.
 """
 from __future__ import annotations
 
-import collections
 import dataclasses
-import secrets
 import threading
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
 from sage_tfx.dnd.budget import RunBudget, UpdateRefused
 from sage_tfx.dnd.client import ClientConfig
 from sage_tfx.dnd.glm import GLMSpec
-from sage_tfx.dnd.state import DnDState
+from sage_tfx.dnd.runstore import (RunReleasedError, RunStore, UnknownTicketError,
+                                   check_ticket_ttl, decode, encode)
+from sage_tfx.dnd.spam import SpamCheck
+from sage_tfx.dnd.state import DnDState, initial_instances
+from sage_tfx.errors import MissingGrantError
+
+__all__ = ["DnDService", "UnknownTicketError", "UpdateRefused", "RunReleasedError",
+           "RELEASE_NAME", "DEFAULT_TICKET_TTL"]
+
+RELEASE_NAME = "dnd/average"
+DEFAULT_TICKET_TTL = 300.0  # seconds a draw may stay out before its pass is free again
 
 
-class UnknownTicketError(KeyError):
-    """A discard with a ticket that was never issued, already used, or expired."""
+@dataclasses.dataclass(frozen=True)
+class Average:
+    """The prediction model: the mean of the k instances, and whether it is the run's recorded
+    release (``final``) or the live average of a run still taking updates."""
 
-
-@dataclasses.dataclass
-class Counters:
-    draws: int = 0
-    accepted: int = 0
-    rejected_spam: int = 0
-    dropped: int = 0
-    refused: int = 0
+    weights: np.ndarray
+    final: bool
+    version: int
 
 
 class DnDService:
-    """Draw / discard / average over one state, under one run's budget.
+    """Draw / discard / average of one served run, under the run's budget.
+
+    Build it with :meth:`open` (a granted run) or :meth:`denied` (the ledger's denial).
 
     Args:
       spec, config: the model and the clients' Alg. 1 parameters (published by ``/v1/spec``).
-      state: the k instances.
-      budget: the granted run's budget, or None when the ledger denied the run (then
-        ``refusal`` says why and every draw is refused).
-      block_of: maps a client id to its block ids (e.g. a hash-bucket scheme's); if None the
-        client names its blocks.
-      max_tickets: outstanding draws kept; the oldest expire beyond it.
+      budget: the granted run's budget (its blocks and stopped blocks), or None when the ledger
+        denied the run (then ``refusal`` says why and every draw is refused).
+      store: the run's tables (None for a denied run).
+      k, passes: instances, and updates each client may send.
+      spam_check: the calibrated check of returned models (None: every update is accepted).
+      ticket_ttl: seconds before an unreturned draw expires and frees its pass.
+      block_of: maps a principal's name to its block ids (e.g. a hash-bucket scheme's); if None
+        the client names its blocks.
+      ledger: opens the server's ledger connection (records and reads the release).
     """
 
-    def __init__(self, spec: GLMSpec, config: ClientConfig, state: DnDState,
-                 budget: Optional[RunBudget], *, refusal: str = "",
-                 block_of=None, max_tickets: int = 100_000):
-        if state.dim != spec.dim:
-            raise ValueError(f"state has {state.dim} weights, the spec {spec.dim}")
+    def __init__(self, spec: GLMSpec, config: ClientConfig, budget: Optional[RunBudget], *,
+                 store: Optional[RunStore], k: int, passes: int, refusal: str = "",
+                 spam_check: Optional[SpamCheck] = None,
+                 ticket_ttl: float = DEFAULT_TICKET_TTL, block_of=None,
+                 ledger: Optional[Callable] = None):
         if budget is None and not refusal:
             raise ValueError("a service without a grant needs the reason (the ledger's denial)")
-        self.spec = spec
-        self.config = config
-        self.state = state
-        self.budget = budget
-        self.refusal = refusal
+        if budget is not None and store is None:
+            raise ValueError("a granted run needs its store")
+        check_ticket_ttl(ticket_ttl)
+        self.spec, self.config, self.budget, self.store = spec, config, budget, store
+        self.k, self.passes, self.refusal = k, passes, refusal
+        self.spam_check = spam_check
+        self.ticket_ttl = float(ticket_ttl)
         self.block_of = block_of
-        self.max_tickets = max_tickets
-        self._tickets: collections.OrderedDict = collections.OrderedDict()
-        self._lock = threading.Lock()
-        self.counters = Counters()
+        self.ledger = ledger
+        self._lock = threading.Lock()        # the mirror and its versions
+        self._check_lock = threading.Lock()  # the spam check's calibration state
+        self._refused = 0
+        self._released: Optional[bytes] = None
+        self._mirror: Optional[DnDState] = None
+        self._versions: dict[int, int] = {}
+        if store is not None:
+            rows = store.instances(self.grant_id, spec.dim)
+            if len(rows) != k:
+                raise ValueError(f"the run has {len(rows)} instances, expected {k}")
+            self._mirror = DnDState(np.stack([w for _, _, w in rows]))
+            self._versions = {s: v for s, v, _ in rows}
+
+    @classmethod
+    def open(cls, store: RunStore, budget: RunBudget, spec: GLMSpec, config: ClientConfig, *,
+             k: int, spam_check: bool = True, b0: Optional[np.ndarray] = None,
+             **kwargs) -> "DnDService":
+        """The service of a granted run: resumes the run's stored state, or creates it with
+        k instances drawn from N(b⁰, (k/2)σ²) (Theorem 1's spread)."""
+        grant = budget.grant
+        b0 = np.zeros(spec.dim) if b0 is None else np.asarray(b0, dtype=np.float64)
+        settings = {"model": spec.to_dict(), "client": config.to_dict(),
+                    "strategy": "draw_discard", "spam_check": bool(spam_check and k >= 2)}
+        store.open_run(grant_id=grant.grant_id, stream=grant.stream, run_id=grant.run_id,
+                       settings=settings, k=k, dim=spec.dim, passes=budget.passes,
+                       initial=lambda: initial_instances(b0, k, config.noise_variance))
+        check = SpamCheck.for_config(config) if settings["spam_check"] else None
+        return cls(spec, config, budget, store=store, k=k, passes=budget.passes,
+                   spam_check=check, **kwargs)
+
+    @classmethod
+    def denied(cls, spec: GLMSpec, config: ClientConfig, reason: str, *, k: int,
+               passes: int) -> "DnDService":
+        """The service of a run the ledger denied: it refuses every draw with ``reason``."""
+        return cls(spec, config, None, store=None, k=k, passes=passes, refusal=reason)
+
+    @property
+    def grant_id(self) -> Optional[str]:
+        return self.budget.grant.grant_id if self.budget is not None else None
 
     def spec_dict(self) -> dict:
         out = {"model": self.spec.to_dict(), "client": self.config.to_dict(),
-               "dim": self.spec.dim, "k": self.state.k}
+               "dim": self.spec.dim, "k": self.k, "passes": self.passes,
+               "ticket_ttl": self.ticket_ttl, "granted": self.budget is not None}
         if self.config.private:
             out["noise_scale"] = self.config.noise_scale
             out["update_epsilon"] = self.config.update_epsilon(self.spec.dim)
         if self.budget is not None:
             out["run_id"] = self.budget.grant.run_id
-            out["passes"] = self.budget.passes
         return out
 
-    def _blocks(self, client_id: str, blocks: Optional[Sequence[str]]) -> list[str]:
+    def _blocks(self, principal: str, blocks: Optional[Sequence[str]]) -> list[str]:
         if self.block_of is not None:
-            return list(self.block_of(client_id))
+            return list(self.block_of(principal))
         return list(blocks or [])
 
-    def draw(self, client_id: str, blocks: Optional[Sequence[str]] = None) -> tuple[str, np.ndarray]:
-        """Admits one update of ``client_id`` and hands out (ticket id, drawn instance).
+    def _refuse(self):
+        with self._lock:
+            self._refused += 1
+
+    def draw(self, principal: str, blocks: Optional[Sequence[str]] = None) -> tuple[str, np.ndarray]:
+        """Admits one update of ``principal`` and hands out (ticket, drawn instance).
 
         Raises:
-          UpdateRefused: no grant, block not granted or stopped, or no passes left.
+          UpdateRefused: no grant, block not granted or stopped, or no pass left.
+          RunReleasedError: the run's model was released.
         """
-        if not client_id:
-            raise UpdateRefused("a draw needs a client id")
+        if not principal:
+            raise UpdateRefused("a draw needs an authenticated principal")
         try:
             if self.budget is None:
                 raise UpdateRefused(f"no grant for this run: {self.refusal}")
-            self.budget.admit(client_id, self._blocks(client_id, blocks))
+            mine = self._blocks(principal, blocks)
+            self.budget.check_blocks(principal, mine)
+            ticket = self.store.issue_ticket(self.grant_id, principal, mine, passes=self.passes,
+                                             ttl=self.ticket_ttl)
         except UpdateRefused:
-            with self._lock:
-                self.counters.refused += 1
+            self._refuse()
             raise
-        ticket, vector = self.state.draw()
-        tid = secrets.token_hex(16)
-        with self._lock:
-            self._tickets[tid] = ticket
-            while len(self._tickets) > self.max_tickets:
-                self._tickets.popitem(last=False)
-            self.counters.draws += 1
-        return tid, vector
+        self._sync()
+        _, vector = self._mirror.draw()
+        return ticket, vector
 
-    def discard(self, ticket_id: str, update: np.ndarray) -> bool:
-        """Returns one update; True if it was accepted into the instances.
+    def discard(self, principal: str, ticket: str, update: np.ndarray) -> bool:
+        """Returns one update; True if the spam check accepted it into the instances.
 
         Raises:
-          UnknownTicketError: unknown, used or expired ticket.
-          ValueError: wrong length or non-finite weights (the ticket stays usable).
+          UnknownTicketError: unknown, used or expired ticket, or another principal's.
+          UpdateRefused: the client's block was stopped since its draw (nothing changed).
+          RunReleasedError: the run's model was released (nothing changed).
+          ValueError: wrong length or non-finite weights (nothing changed; the ticket stays
+            usable).
         """
         u = np.asarray(update, dtype=np.float64)
         if u.shape != (self.spec.dim,) or not np.all(np.isfinite(u)):
             raise ValueError(f"an update must be {self.spec.dim} finite float64 weights")
-        with self._lock:
-            ticket = self._tickets.pop(ticket_id, None)
-            in_flight = len(self._tickets)
-        if ticket is None:
-            raise UnknownTicketError(ticket_id)
-        if hasattr(self.state.spam_check, "in_flight"):
-            self.state.spam_check.in_flight = in_flight  # stale draws widen the honest null
-        before = (self.state.rejected, self.state.dropped)
-        ok = self.state.discard(ticket, u)
-        with self._lock:
-            if ok:
-                self.counters.accepted += 1
-            elif self.state.rejected > before[0]:
-                self.counters.rejected_spam += 1
-            else:
-                self.counters.dropped += 1
-        return ok
+        if self.budget is None:
+            raise UnknownTicketError(ticket)
+        # Cheap checks first: the spam check's work is spent only on a live ticket.
+        self.budget.check_blocks(principal, self.store.ticket_blocks(self.grant_id, principal,
+                                                                     ticket))
+        accepted = True
+        if self.spam_check is not None:
+            self._sync()
+            in_flight = max(self.store.outstanding(self.grant_id) - 1, 0)
+            with self._check_lock:  # its calibration state is per process
+                self.spam_check.in_flight = in_flight  # stale draws widen the honest null
+                accepted = bool(self.spam_check(self._mirror, u))
+        placed = self.store.return_update(self.grant_id, principal, ticket, u,
+                                          accepted=accepted, passes=self.passes)
+        if placed is not None:
+            self._mirror_put(*placed, u)
+        return accepted
 
-    def average(self) -> np.ndarray:
-        return self.state.average()
+    def _mirror_put(self, slot: int, version: int, weights: np.ndarray) -> None:
+        with self._lock:
+            if version > self._versions.get(slot, -1):
+                self._mirror.replace(slot, weights)
+                self._versions[slot] = version
+
+    def _sync(self) -> None:
+        """Brings the mirror up to the stored instances (only slots whose version moved)."""
+        current = self.store.instance_versions(self.grant_id)
+        with self._lock:
+            stale = [s for s, v in current.items() if v > self._versions.get(s, -1)]
+        for slot, version, w in self.store.instances(self.grant_id, self.spec.dim, stale):
+            self._mirror_put(slot, version, w)
+
+    def average(self) -> Average:
+        """The recorded release if the run was released, else the live average."""
+        if self.budget is None:
+            raise RunReleasedError(f"no grant for this run: {self.refusal}")
+        recorded = self._recorded()
+        if recorded is not None:
+            return Average(decode(recorded, self.spec.dim), True, self.store.run(self.grant_id).version)
+        self._sync()
+        return Average(self._mirror.average(), False, self.store.run(self.grant_id).version)
+
+    def _recorded(self) -> Optional[bytes]:
+        if self._released is None and self.store.run(self.grant_id).released_at is not None \
+                and self.ledger is not None:
+            from sage_tfx.ledger.releases import digest_bytes
+            with self.ledger() as led:
+                rec = led.recorded_release(self.grant_id, RELEASE_NAME)
+            if rec is not None:
+                if rec.value is None or digest_bytes(rec.value) != rec.digest:
+                    raise MissingGrantError(f"the recorded release {RELEASE_NAME!r} of grant "
+                                            f"{self.grant_id} does not match its digest")
+                self._released = rec.value
+        return self._released
+
+    def release(self) -> Average:
+        """Closes the run and records the average of its final instances against the grant
+        (once: a replay, here or in another process, returns the recorded bytes).
+
+        Raises:
+          RunReleasedError: the run was denied.
+          ReleaseConflictError / PermissionDeniedError: from the ledger.
+        """
+        from sage_tfx.ledger.releases import release_value_once
+        if self.budget is None or self.ledger is None:
+            raise RunReleasedError(f"no grant for this run: {self.refusal}" if self.budget is None
+                                   else "this service has no ledger to record its release in")
+        self.store.close_run(self.grant_id)  # no update lands after this
+
+        def produce() -> bytes:
+            rows = self.store.instances(self.grant_id, self.spec.dim)
+            return encode(np.stack([w for _, _, w in rows]).mean(axis=0))
+        with self.ledger() as led:
+            outcome = release_value_once(led, self.grant_id, RELEASE_NAME, produce)
+        self._released = outcome.value
+        return Average(decode(outcome.value, self.spec.dim), True,
+                       self.store.run(self.grant_id).version)
+
+    def refresh(self, ledger) -> list[str]:
+        """Stops the clients of blocks retired since the grant (see :meth:`RunBudget.refresh`)."""
+        return self.budget.refresh(ledger) if self.budget is not None else []
+
+    def sweep(self) -> int:
+        """Deletes the run's expired tickets."""
+        return self.store.sweep(self.grant_id) if self.store is not None else 0
 
     def stats(self) -> dict:
+        """Counters of the run (all processes) and this process's refusals."""
         with self._lock:
-            out = dataclasses.asdict(self.counters)
-            out["outstanding_tickets"] = len(self._tickets)
+            refused = self._refused
+        out = {"draws": 0, "updates": 0, "accepted": 0, "rejected_spam": 0, "refused": refused,
+               "outstanding_tickets": 0, "version": 0, "released": False}
+        if self.store is None:
+            return out
+        run = self.store.run(self.grant_id)
+        passes = self.store.passes(self.grant_id).values()
+        out.update(draws=sum(d for _, d in passes), updates=sum(u for u, _ in passes),
+                   accepted=run.accepted, rejected_spam=run.rejected,
+                   outstanding_tickets=self.store.outstanding(self.grant_id),
+                   version=run.version, released=run.released_at is not None)
         return out

@@ -1,7 +1,8 @@
 """A bounded asyncio client simulator for the Draw-and-Discard service (127.0.0.1 only).
 
-``concurrency`` workers share a pool of client ids; each update is a draw, a local update and a
-discard over one keep-alive HTTP connection (httpx). The run is bounded by ``updates`` and by
+``concurrency`` workers share a pool of clients, each a bearer token the ledger issued to a
+``client`` principal (the server keys passes by principal); each update is a draw, a local
+update and a discard with one client's token over one keep-alive HTTP connection (httpx). The run is bounded by ``updates`` and by
 ``timeout`` seconds. Every accepted update's SHA-256 is recorded, so a test can check that every
 slot of the server is an initial instance or an accepted update (no lost or torn instances).
 """
@@ -12,7 +13,7 @@ import dataclasses
 import hashlib
 import time
 import urllib.parse
-from typing import Callable, Optional
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -50,24 +51,29 @@ def _check_local(base_url: str) -> None:
         raise ValueError(f"the simulator only talks to 127.0.0.1, not {host!r}")
 
 
-async def simulate(base_url: str, *, updates: int, concurrency: int = 16,
-                   make_update: Callable[[np.ndarray], np.ndarray],
-                   client_ids: Optional[list] = None, timeout: float = 60.0,
+def bearer(token: str) -> dict:
+    return {"authorization": f"Bearer {token}"}
+
+
+async def simulate(base_url: str, *, updates: int, tokens: Sequence[str], concurrency: int = 16,
+                   make_update: Callable[[np.ndarray], np.ndarray], timeout: float = 60.0,
                    stop_on_refusal: bool = True) -> SimulationResult:
     """Runs at most ``updates`` updates against the service at ``base_url``.
 
     Args:
+      tokens: the clients' bearer tokens, used round-robin (one per update: draw and discard).
       make_update: the client's local step on a drawn instance (e.g. Alg. 1 on its examples).
-      client_ids: clients, used round-robin (default: one fresh id per update).
       stop_on_refusal: a worker stops at its first refusal (a stopped client), else skips on.
     """
     import httpx
     _check_local(base_url)
     if not 1 <= updates <= MAX_UPDATES or not 1 <= concurrency <= 512:
         raise ValueError(f"bounded load only: 1 <= updates <= {MAX_UPDATES}, concurrency <= 512")
-    spec = httpx.get(f"{base_url}/v1/spec", timeout=10).json()
+    if not tokens:
+        raise ValueError("the simulator needs at least one client token")
+    spec = httpx.get(f"{base_url}/v1/spec", headers=bearer(tokens[0]), timeout=10).json()
     dim = spec["dim"]
-    ids = client_ids or [f"sim-{i}" for i in range(updates)]
+    ids = list(tokens)
     next_job = iter(range(updates))
     result = SimulationResult(0, 0, 0, 0, 0.0, [], set())
     deadline = time.perf_counter() + timeout
@@ -77,10 +83,10 @@ async def simulate(base_url: str, *, updates: int, concurrency: int = 16,
         for job in next_job:
             if time.perf_counter() > deadline:
                 return
-            cid = ids[job % len(ids)]
+            token = ids[job % len(ids)]
             t0 = time.perf_counter()
             try:
-                accepted, u = await one_update(client, cid)
+                accepted, u = await one_update(client, token)
             except httpx.TransportError:
                 result.errors += 1
                 continue
@@ -94,18 +100,17 @@ async def simulate(base_url: str, *, updates: int, concurrency: int = 16,
                 result.accepted += 1
                 result.accepted_hashes.add(weights_hash(u))
 
-    async def one_update(client, cid):
+    async def one_update(client, token):
         """(accepted, update), or (None, None) if the draw was refused."""
-        r = await client.post("/v1/draw", params={"client_id": cid},
-                              headers={"accept": BINARY})
-        if r.status_code == 403:
+        r = await client.post("/v1/draw", headers={"accept": BINARY, **bearer(token)})
+        if r.status_code in (403, 409):
             result.refused += 1
             return None, None
         r.raise_for_status()
         ticket = r.headers[TICKET_HEADER]
         u = np.asarray(make_update(decode(r.content, dim)), dtype=np.float64)
         r = await client.post(f"/v1/discard/{ticket}", content=encode(u),
-                              headers={"content-type": BINARY})
+                              headers={"content-type": BINARY, **bearer(token)})
         r.raise_for_status()
         return bool(r.json()["accepted"]), u
 

@@ -191,7 +191,8 @@ def calibrate(instances: np.ndarray, noise_scale: float, *, z: float = 3.0,
         out = 0.0
         for off, s_, n, weight in comps:
             qm = _laplace_two_sided_tail(-m * s_ - off + a, m * s_ - off - a, noise_scale, n)
-            log_keep = scale_sum * np.sum(np.log1p(-np.minimum(qm, 1 - 1e-300)), axis=1)
+            with np.errstate(divide="ignore"):  # a weight certain to exceed: log(0) = -inf
+                log_keep = scale_sum * np.sum(np.log1p(-qm), axis=1)
             out += weight * float(np.mean(-np.expm1(log_keep)))
         return out
     m_hi = z

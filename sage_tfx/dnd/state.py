@@ -167,6 +167,17 @@ class DnDState:
             self.accepted += 1
             return True
 
+    def replace(self, slot: int, vector: np.ndarray) -> None:
+        """Overwrites one slot with ``vector``: keeps this state a mirror of instances held
+        elsewhere (a served run's, in the ledger's database: :mod:`~sage_tfx.dnd.service`)."""
+        v = np.asarray(vector, dtype=np.float64)
+        if v.shape != (self.dim,) or not np.all(np.isfinite(v)):
+            raise ValueError(f"an instance must be {self.dim} finite numbers")
+        if not 0 <= slot < self.k:
+            raise ValueError(f"slot must be in [0, {self.k}), got {slot!r}")
+        with self._lock:
+            self._put(slot, v)
+
     def _put(self, slot: int, vector: np.ndarray) -> None:
         v = np.array(vector, dtype=np.float64)
         v.setflags(write=False)

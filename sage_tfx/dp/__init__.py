@@ -9,7 +9,9 @@
   :mod:`~sage_tfx.dp.logistic` (output-perturbed logistic regression);
 * SLAed validation — :mod:`~sage_tfx.dp.validation` (ACCEPT / REJECT / RETRY validators),
   :mod:`~sage_tfx.dp.sla_bounds` (DP-noise corrections, Bernstein bounds),
-  :mod:`~sage_tfx.dp.sla_baselines` (Tab. 2's No SLA / NP SLA / UC DP SLA, for evaluations).
+  :mod:`~sage_tfx.dp.sla_baselines` (Tab. 2's No SLA / NP SLA / UC DP SLA, for evaluations);
+* under a grant — :mod:`~sage_tfx.dp.granted` (statistics, validations and AdaSSP released once
+  against the ledger grant that paid for them: a replay returns the recorded release).
 
 Privacy parameters are checked with :mod:`sage_tfx.ledger.accounting`, so a value the ledger
 accepts is the value a mechanism runs with. No TensorFlow at import time.

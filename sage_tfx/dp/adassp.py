@@ -39,7 +39,8 @@ import numpy as np
 from dp_accounting import dp_event as dp_event_lib
 
 from sage_tfx.dp import dpsgd
-from sage_tfx.ledger.accounting import check_delta, check_epsilon, check_positive
+from sage_tfx.ledger.accounting import (check_delta, check_epsilon, check_positive, event_from_dict,
+                                        event_to_dict)
 from sage_tfx.dp._common import check_features, clip_rows
 from sage_tfx.dp.mechanisms import noise_source, secure_gaussian_sigma
 from sage_tfx.dp.noise import NoiseSource
@@ -112,6 +113,27 @@ class AdaSSPResult:
     def predict(self, features: Any) -> np.ndarray:
         """``features @ weights`` (no clipping: prediction is post-processing)."""
         return np.asarray(features, dtype=np.float64) @ self.weights
+
+    def to_dict(self) -> dict:
+        """A JSON-ready dict: arrays as nested lists, the event as ``accounting.event_to_dict``."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for key in _ARRAYS:
+            out[key] = np.asarray(out[key], dtype=np.float64).tolist()
+        out["event"] = event_to_dict(self.event)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "AdaSSPResult":
+        """The result :meth:`to_dict` wrote (float64 arrays, read-only)."""
+        fields = dict(data)
+        for key in _ARRAYS:
+            fields[key] = np.asarray(fields[key], dtype=np.float64)
+            fields[key].flags.writeable = False
+        fields["event"] = event_from_dict(fields["event"])
+        return cls(**fields)
+
+
+_ARRAYS = ("weights", "noisy_xtx", "noisy_xty")
 
 
 def release_from_moments(xtx: np.ndarray, xty: np.ndarray, *, noise_multiplier: float,

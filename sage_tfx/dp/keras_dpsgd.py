@@ -190,7 +190,12 @@ def compile_dp(model: Any, *, loss: Any, optimizer: Any = None, learning_rate: f
     return model
 
 
-def _check_data(features: Any, labels: Any) -> tuple[np.ndarray, np.ndarray]:
+def check_data(features: Any, labels: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``(x, y)`` as float32 arrays, labels as a column: n ≥ 1 aligned rows, all finite.
+
+    Raises:
+      ValueError: bad shapes, misaligned rows, NaN or infinite values.
+    """
     x = np.asarray(features, dtype=np.float32)
     y = np.asarray(labels, dtype=np.float32)
     if x.ndim < 2 or x.shape[0] < 1:
@@ -274,7 +279,7 @@ def train_dp_keras(features: Any, labels: Any, *, layers: LayersSpec, loss: Any,
         raise InvalidPrivacyParameterError("give exactly one of epsilon and noise_multiplier")
     if isinstance(epochs, bool) or not isinstance(epochs, (int, np.integer)) or epochs < 1:
         raise InvalidPrivacyParameterError(f"epochs must be an int ≥ 1, got {epochs!r}")
-    x, y = _check_data(features, labels)
+    x, y = check_data(features, labels)
     num_examples = x.shape[0]
     l2_norm_clip = _check_clip(l2_norm_clip)
     if noise_multiplier is None:
@@ -320,6 +325,21 @@ def _poisson_dp_class() -> Any:
     tf, dp_sequential, _ = import_tf_privacy()
     from tensorflow_privacy.privacy.fast_gradient_clipping import clip_grads
 
+    class _AggregationRecord(tf.Module):
+        """How many noisy aggregations ran, and the smallest / largest noise std added."""
+
+        def __init__(self) -> None:
+            super().__init__(name="dp_aggregations")
+            self.steps = tf.Variable(0, dtype=tf.int64, trainable=False)
+            self.min_stddev = tf.Variable(np.inf, dtype=tf.float64, trainable=False)
+            self.max_stddev = tf.Variable(0.0, dtype=tf.float64, trainable=False)
+
+        def count(self, stddev: Any) -> None:
+            stddev = tf.cast(stddev, tf.float64)  # a tensor: exact (float32 ⊂ float64)
+            self.steps.assign_add(1)
+            self.min_stddev.assign(tf.minimum(self.min_stddev, stddev))
+            self.max_stddev.assign(tf.maximum(self.max_stddev, stddev))
+
     class PoissonDPSequential(dp_sequential):  # type: ignore[misc, valid-type]
         """DP-SGD on Poisson-sampled batches, normalised by the expected batch size."""
 
@@ -331,6 +351,23 @@ def _poisson_dp_class() -> Any:
             self._noisy_gradients = (tf.function(self.noisy_gradients, jit_compile=True)
                                      if jit_compile else self.noisy_gradients)
             self._noise_rng = tf.random.Generator.from_non_deterministic_state()
+            # What the noisy aggregation ran, counted inside the traced step (a tf.Module, so
+            # the counters are not model weights and an exported copy does not carry them).
+            self.dp_ran = _AggregationRecord()
+
+        def noisy_aggregations(self) -> tuple[int, float, float]:
+            """(noisy aggregations run, smallest and largest noise std they added).
+
+            Counted where the noise is added, inside the traced (or XLA-compiled) step: every
+            DP-SGD step, whoever called ``fit``, is one aggregation. The std is
+            ``l2_norm_clip · noise_multiplier`` rounded to the gradients' dtype (float32: within
+            2⁻²⁴ relative), the value the sampler draws with. Std 0.0 when none ran.
+            """
+            steps = int(self.dp_ran.steps.numpy())
+            if steps == 0:
+                return 0, 0.0, 0.0
+            return (steps, float(self.dp_ran.min_stddev.numpy()),
+                    float(self.dp_ran.max_stddev.numpy()))
 
         def train_step(self, data: Any) -> Any:
             if self._clipping_loss is None:
@@ -357,7 +394,9 @@ def _poisson_dp_class() -> Any:
         def noisy_gradients(self, x: Any, y: Any, mask: Any = None) -> tuple[list[Any], Any]:
             """(clipped sum + N(0, (σC)²)) / expected batch size, and the predictions."""
             summed, y_pred = self.clipped_sum(x, y, mask)
-            std = self._l2_norm_clip * self._noise_multiplier
+            # σ·C in the gradients' dtype: the std the sampler actually draws with.
+            std = tf.constant(self._l2_norm_clip * self._noise_multiplier, summed[0].dtype)
+            self.dp_ran.count(std)
             return [(g + self._noise_rng.normal(tf.shape(g), stddev=std, dtype=g.dtype))
                     / self.expected_batch_size for g in summed], y_pred
 
@@ -480,7 +519,7 @@ def expected_update_std(noise_multiplier: float, l2_norm_clip: float, batch_size
 
 
 __all__ = [
-    "compile_dp", "expected_update_std", "import_tf_privacy", "make_dp_keras_model",
+    "check_data", "compile_dp", "expected_update_std", "import_tf_privacy", "make_dp_keras_model",
     "make_poisson_dp_model", "mlp_layers", "poisson_batches", "poisson_masks", "shuffled_batches",
     "train_dp_keras",
 ]

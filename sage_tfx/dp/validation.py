@@ -116,6 +116,19 @@ class ValidationResult:
         out["outcome"] = self.outcome.value
         return out
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ValidationResult":
+        """The result :meth:`to_dict` wrote (e.g. a release recorded in the ledger).
+
+        Raises:
+          ValueError: missing or unknown fields, or an unknown outcome.
+        """
+        names = {f.name for f in dataclasses.fields(cls)}
+        if not isinstance(data, dict) or not set(data) <= names or \
+                not names - {"details"} <= set(data):
+            raise ValueError(f"not a ValidationResult: {sorted(data) if isinstance(data, dict) else data!r}")
+        return cls(**{**data, "outcome": Outcome(data["outcome"])})
+
 
 # ---------------------------------------------------------------------------------------------
 # Argument checks. Privacy parameters go through sage_tfx.ledger.accounting (one home for ε checks).

@@ -33,7 +33,9 @@ from sage_tfx.ledger import audit, schema
 from sage_tfx.ledger.queries import LOCATION
 from sage_tfx.ledger.values import ACTIVE, now
 
-MAX_RETRIES = 12
+# Conflicts and lost sessions are retried until this many seconds have passed (a deadline, not
+# a count of attempts: under load and repeated session terminations a request keeps trying).
+RETRY_SECONDS = 120.0
 CHECKPOINT_EVERY = 64  # SQLite: commits of one connection between its WAL checkpoints
 APPLICATION_NAME = "sage-tfx-ledger"  # PostgreSQL sessions of the ledger (pg_stat_activity)
 
@@ -226,15 +228,18 @@ class Store:
         self._analyze: set = set()
         self._flush_after_unlock = False
         self.principal = "local"  # who writes: set by the Ledger once the caller is identified
-        for attempt in range(MAX_RETRIES + 1):
+        deadline = time.monotonic() + RETRY_SECONDS
+        attempt = 0
+        while True:
             try:
                 self.conn = self.backend.connect()
                 schema.init(self)
                 break
             except Exception as exc:  # a session ended by the server while opening: reopen
-                if self.backend.retry_kind(exc) is None or attempt == MAX_RETRIES:
+                if self.backend.retry_kind(exc) is None or time.monotonic() >= deadline:
                     raise
-                time.sleep(0.01 * (attempt + 1))
+                attempt += 1
+                time.sleep(min(0.5, 0.01 * attempt))
 
     @property
     def kind(self) -> str:
@@ -430,17 +435,19 @@ class Store:
         return self.retrying(fn, idempotent=True)
 
     def retrying(self, fn: Callable[[], Any], idempotent: bool) -> Any:
-        """``fn()``, retried on conflicts and, if ``idempotent``, on a lost session."""
+        """``fn()``, retried on conflicts and, if ``idempotent``, on a lost session, until
+        :data:`RETRY_SECONDS` have passed (jittered exponential backoff, capped at 0.5 s)."""
         attempt = 0
+        deadline = time.monotonic() + RETRY_SECONDS
         while True:
             try:
                 return fn()
             except Exception as exc:
                 kind = self.backend.retry_kind(exc)
-                if kind is None or attempt >= MAX_RETRIES or (kind == "disconnect"
-                                                             and not idempotent):
+                if kind is None or time.monotonic() >= deadline or (kind == "disconnect"
+                                                                    and not idempotent):
                     raise
-                time.sleep(min(0.5, 0.002 * 2 ** attempt) * random.uniform(0.5, 1.5))
+                time.sleep(min(0.5, 0.002 * 2 ** min(attempt, 10)) * random.uniform(0.5, 1.5))
                 if kind == "disconnect":
                     self._reconnect()
                 attempt += 1

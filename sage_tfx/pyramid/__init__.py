@@ -3,7 +3,11 @@
 * :mod:`~sage_tfx.pyramid.featurize` — :class:`CountSpec` and :class:`Featurization` (label rates
   with back-off from the sum of live windows).
 * :mod:`~sage_tfx.pyramid.windows` — :class:`PyramidStore`: hot window, sealing with one ledger
-  charge per (stream, spec, window), retention with drop + retrain, roll-over deletion.
+  charge and one recorded release per (stream, spec, window), discard, restore, retention with
+  drop + retrain, roll-over deletion; safe for several processes on one directory.
+* :mod:`~sage_tfx.pyramid.sealing` — the noisy tables of a window, released once per grant.
+* :mod:`~sage_tfx.pyramid.hot` — the directory lock and the hot windows' data keys (kept in the
+  ledger's database); :mod:`~sage_tfx.pyramid.rows` — raw rows as bytes without pickle.
 * :mod:`~sage_tfx.pyramid.weights` — weighted noise infusion with DP weights.
 * :mod:`~sage_tfx.pyramid.selection` — DP count selection by mutual information.
 
@@ -18,9 +22,10 @@ from sage_tfx.pyramid.featurize import (CountSpec, Featurization, NonCategorical
 from sage_tfx.pyramid.selection import select_groups
 from sage_tfx.pyramid.weights import exact_noise_weights, select_noise_weights
 from sage_tfx.pyramid.windows import (BudgetDeniedError, PyramidStore, RetentionError, SealResult,
-                                      WindowSealedError, pyramid_run_id, window_event)
+                                      WindowSealedError, pyramid_run_id, release_name,
+                                      window_event)
 
 __all__ = ["CountSpec", "Featurization", "PyramidStore", "SealResult", "WindowSealedError",
            "RetentionError", "BudgetDeniedError", "UnknownFeatureError", "NonCategoricalError",
            "select_groups", "pyramid_run_id", "select_noise_weights", "exact_noise_weights",
-           "window_event"]
+           "window_event", "release_name"]

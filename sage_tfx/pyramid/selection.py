@@ -10,11 +10,15 @@ top-k at ε (:func:`sage_tfx.dp.count_selection.private_top_k`).
 
 The paper leaves private count selection as a proposal (sample-and-aggregate with the center of
 attention); noisy top-k over scores of bounded sensitivity is a simpler, standard ε-DP selection.
-The hot window this reads must be charged (:meth:`select_groups` charges the ledger first).
+The hot window this reads must be charged (:meth:`select_groups` charges the ledger first), and
+the choice is released once: it is recorded against the grant (release
+:data:`SELECTION_RELEASE`) before it is returned, and a replay of the run id returns the
+recorded choice without drawing new noise.
 """
 from __future__ import annotations
 
 import itertools
+import json
 from typing import Optional, Sequence
 
 import pandas as pd
@@ -22,9 +26,12 @@ import pandas as pd
 from sage_tfx.dp.count_selection import mi_score, mi_score_sensitivity, private_top_k
 from sage_tfx.errors import InvalidRequestError
 from sage_tfx.ledger.accounting import check_epsilon
+from sage_tfx.ledger.releases import release_value_once
 from sage_tfx.pyramid.featurize import check_frame, group_keys
 
-__all__ = ["pair_gains", "select_groups", "gain_sensitivity"]
+__all__ = ["pair_gains", "select_groups", "gain_sensitivity", "SELECTION_RELEASE"]
+
+SELECTION_RELEASE = "pyramid/select_groups"
 
 
 def gain_sensitivity(max_records: int) -> float:
@@ -48,7 +55,9 @@ def select_groups(frame: pd.DataFrame, features: Sequence[str], label: str, n_se
                   ) -> list[tuple[str, str]]:
     """ε-DP choice of ``n_select`` feature pairs to count, from the hot window ``frame``.
 
-    With a ``ledger``, ε is charged to ``blocks`` under ``run_id`` before anything is computed.
+    With a ``ledger``, ε is charged to ``blocks`` under ``run_id`` before anything is computed,
+    and the choice is recorded against the grant; a replay of ``run_id`` returns the recorded
+    choice (no new noise, no new charge).
 
     Raises:
       InvalidRequestError: fewer than two features, more observations than ``max_records``,
@@ -64,13 +73,20 @@ def select_groups(frame: pd.DataFrame, features: Sequence[str], label: str, n_se
     if isinstance(n_select, bool) or not isinstance(n_select, int) or not 1 <= n_select <= n_pairs:
         raise InvalidRequestError(f"n_select must be an int in [1, {n_pairs}], got {n_select!r}")
     check_frame(frame, features, label, n_labels=int(frame[label].max()) + 1 if len(frame) else 2)
-    if ledger is not None:
-        if not (stream and blocks and run_id):
-            raise InvalidRequestError("a charged selection needs stream, blocks and run_id")
-        decision = ledger.request(stream, run_id=run_id, blocks=list(blocks), epsilon=epsilon,
-                                  delta=0.0)
-        if not decision.granted:
-            raise InvalidRequestError(f"ledger refused count selection: {decision.reason}")
-    pairs, gains = pair_gains(frame, features, label)
-    idx = private_top_k(gains, n_select, gain_sensitivity(max_records), epsilon)
-    return [pairs[i] for i in idx]
+
+    def draw() -> list[tuple[str, str]]:
+        pairs, gains = pair_gains(frame, features, label)
+        return [pairs[i] for i in private_top_k(gains, n_select, gain_sensitivity(max_records),
+                                                epsilon)]
+
+    if ledger is None:
+        return draw()
+    if not (stream and blocks and run_id):
+        raise InvalidRequestError("a charged selection needs stream, blocks and run_id")
+    decision = ledger.request(stream, run_id=run_id, blocks=list(blocks), epsilon=epsilon,
+                              delta=0.0)
+    if not decision.granted:
+        raise InvalidRequestError(f"ledger refused count selection: {decision.reason}")
+    out = release_value_once(ledger, decision.grant.grant_id, SELECTION_RELEASE,
+                             lambda: json.dumps([list(p) for p in draw()]).encode("utf-8"))
+    return [tuple(p) for p in json.loads(out.value)]

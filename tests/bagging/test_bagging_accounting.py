@@ -71,7 +71,7 @@ def test_discrete_laplace_on_integer_counts_would_be_undercharged():
     assert disc.self_compose(300).get_epsilon_for_delta(1e-5) > cont.self_compose(300).get_epsilon_for_delta(1e-5)
 
 
-def _saa_labels(epsilon, *, n=250, delta=1e-3):
+def _saa_labels(epsilon, *, n=250, delta=1e-3, reproduce_alg1=True):
     """Alg. 1's loop with k = 1 (SAA): m = 1 for every unit whatever the votes."""
     rng = np.random.default_rng(0)
     unit_chunks = rng.integers(0, n, size=(300, 1))
@@ -79,7 +79,7 @@ def _saa_labels(epsilon, *, n=250, delta=1e-3):
     answered = 0
     while True:
         pred = rng.integers(0, 2, size=(512, 1, n)).astype(np.uint8)
-        a = pma.answer(pred, epsilon, 2)
+        a = pma.answer(pred, epsilon, 2, reproduce_alg1=reproduce_alg1)
         answered += a
         if a < len(pred):
             return answered, pma
@@ -92,6 +92,18 @@ def test_paper_accountant_reproduces_table2_saa_at_delta_1e3(epsilon, expected):
     assert answered == expected
     assert pma.epsilon_hat() >= epsilon        # Alg. 1 answers the query that crosses ε
     assert moments_epsilon(expected - 1, lam=2 / 250, delta=1e-3) < epsilon
+
+
+@pytest.mark.parametrize("epsilon", [1, 3, 5])
+def test_runs_stop_before_the_query_that_would_cross_epsilon(epsilon):
+    """What runs answer: every answered query keeps ε̂ <= ε, the next one would cross it."""
+    answered, pma = _saa_labels(epsilon, reproduce_alg1=False)
+    lam, delta = 2 / 250, 1e-3
+    assert pma.epsilon_hat() <= epsilon
+    # independently of the accountant object: with k = 1, S = number of answered queries
+    assert moments_epsilon(answered, lam=lam, delta=delta) <= epsilon
+    assert moments_epsilon(answered + 1, lam=lam, delta=delta) > epsilon
+    assert answered == _saa_labels(epsilon)[0] - 1   # one fewer than Alg. 1: the crossing query
 
 
 def test_paper_delta_1e5_does_not_reproduce_table2():

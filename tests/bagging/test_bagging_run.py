@@ -4,7 +4,7 @@ import pytest
 from sklearn.linear_model import LogisticRegression
 
 from sage_tfx.bagging import (BaggingConfig, TeacherCache, chunk_assignment, fit_dp_bagging,
-                              label_public, train_teachers)
+                              label_public, plan_labels, train_teachers)
 from sage_tfx.dp.noise import SeededNoise
 from sage_tfx.errors import InvalidPrivacyParameterError, InvalidRequestError
 
@@ -33,7 +33,8 @@ def test_batched_logistic_teachers_equal_scikit_learn():
 @pytest.mark.parametrize("mode", ["fixed_queries", "paper"])
 def test_run_labels_and_trains_a_useful_student(mode):
     X, y, units, Xp, yp = data()
-    cfg = BaggingConfig(k=10, n=20, lam=0.2, mode=mode)
+    cfg = BaggingConfig(k=10, n=20, lam=0.2, mode=mode,
+                        accept_not_differentially_private=mode == "paper")
     res = fit_dp_bagging(X, y, units, Xp, config=cfg, epsilon=5.0, delta=1e-5, salt=b"s",
                          public_declared=True, noise=SeededNoise(0))
     lab = res.labelling
@@ -42,9 +43,12 @@ def test_run_labels_and_trains_a_useful_student(mode):
     assert (lab.labels == yp[:lab.queries]).mean() > 0.7
     assert (res.student.predict(Xp) == yp).mean() > 0.75
     report = lab.report()
-    assert "counts" not in str(report).lower()
-    if mode == "paper":
-        assert lab.epsilon == 5.0 and lab.epsilon_hat >= 5.0 and lab.epsilon_hat_worst_star >= lab.epsilon_hat
+    assert "counts" not in str(report).lower() and res.report["public_start"] == 0
+    if mode == "paper":     # the grant, charged whole; the data-dependent count is not reported
+        assert lab.epsilon == 5.0 and report["queries"] is None
+        assert report["not_differentially_private"] is True
+    else:
+        assert report["queries"] == lab.queries and report["not_differentially_private"] is False
 
 
 @pytest.mark.parametrize("change,err", [
@@ -70,23 +74,34 @@ def test_bad_input_is_refused(change, err):
 
 
 def test_teachers_cached_per_window_and_public_cursor_advances(tmp_path):
+    from sage_tfx.ledger import BlockSpec, open_ledger
     X, y, units, Xp, _ = data()
-    cache = TeacherCache(str(tmp_path))
+    ledger = open_ledger(f"sqlite:///{tmp_path}/ledger.db")
+    ledger.create_stream("s", epsilon_g=20.0, delta_g=1e-4)
+    ledger.add_blocks("s", [BlockSpec(b, str(tmp_path / b)) for b in ("b1", "b2", "b3")])
     cfg = BaggingConfig(k=4, n=10, lam=0.05)
-    window = dict(stream="s", blocks=["b1", "b2"])
-    kw = dict(config=cfg, epsilon=1.0, delta=1e-5, salt=b"s", public_declared=True,
-              noise=SeededNoise(0), cache=cache, cache_id=window)
-    first = fit_dp_bagging(X, y, units, Xp, **kw)
-    second = fit_dp_bagging(X, y, units, Xp, **kw)
+    plan = plan_labels(cfg, epsilon=1.0, delta=1e-5, public_size=len(Xp))
+
+    def grant(run, blocks=("b1", "b2")):
+        return ledger.request("s", run_id=run, blocks=list(blocks), epsilon=plan.epsilon,
+                              delta=plan.delta).grant.grant_id
+
+    cache = TeacherCache(str(tmp_path / "cache"))
+    kw = dict(config=cfg, salt=b"s", public_declared=True, cache=cache, ledger=ledger)
+    first = fit_dp_bagging(X, y, units, Xp, grant_id=grant("r1"), **kw)
+    second = fit_dp_bagging(X, y, units, Xp, grant_id=grant("r2"), **kw)
     assert cache.trained == 1 and not first.teachers_cached and second.teachers_cached
     q = first.labelling.queries
-    assert second.labelling.public_index[0] == q                 # fresh public points
+    assert q == plan.queries and second.labelling.public_index[0] == q   # fresh public points
     # a new process reads the cache from disk; another window trains again
-    disk = TeacherCache(str(tmp_path))
-    third = fit_dp_bagging(X, y, units, Xp, **{**kw, "cache": disk})
+    disk = TeacherCache(str(tmp_path / "cache"))
+    third = fit_dp_bagging(X, y, units, Xp, grant_id=grant("r3"), **{**kw, "cache": disk})
     assert disk.trained == 0 and third.labelling.public_index[0] == 2 * q
-    fit_dp_bagging(X, y, units, Xp, **{**kw, "cache": disk, "cache_id": dict(stream="s", blocks=["b3"])})
+    fit_dp_bagging(X, y, units, Xp, grant_id=grant("r4", ["b3"]), **{**kw, "cache": disk})
     assert disk.trained == 1
+    # the cache holds teachers only (the cursor is the ledger's), in files only we can read
+    assert sorted(p.name.endswith(".pkl") for p in (tmp_path / "cache").iterdir()) == [True, True]
+    assert all(p.stat().st_mode & 0o077 == 0 for p in (tmp_path / "cache").iterdir())
 
 
 def test_tree_teachers_multiclass():

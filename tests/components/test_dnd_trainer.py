@@ -228,3 +228,37 @@ def test_executor_refuses_a_charge_that_is_not_the_run(tmp_path, case):
     with pytest.raises(MissingGrantError):
         Executor().Do(inputs, outputs, _props())
     assert not os.path.exists(tmp_path / "model")
+
+
+@pytest.mark.slow
+def test_a_re_executed_trainer_returns_the_recorded_model_byte_for_byte(tmp_path, monkeypatch):
+    """A retried pod or re-run receives the replayed grant: it must publish the model the grant
+    already released (recorded in the ledger), never run the protocol (new noise) again."""
+    from sage_tfx.components.dnd_trainer import spec
+    from sage_tfx.components.dnd_trainer.executor import Executor
+    from sage_tfx.ledger import open_ledger
+    from sage_tfx.ledger.releases import tree_digest
+    inputs, outputs = _inputs(tmp_path, epsilon=16.0)
+    Executor().Do(inputs, outputs, _props())
+    first = outputs["model"][0]
+    assert first.get_int_custom_property(spec.REPLAYED_PROPERTY) == 0
+
+    def no_second_run(*a, **k):
+        raise AssertionError("the protocol ran again under a used grant")
+    monkeypatch.setattr(P, "run_protocol", no_second_run)
+    from tfx.types import standard_artifacts
+    for where in ("retry", "elsewhere/model"):   # the same output dir, and another one
+        again = standard_artifacts.Model()
+        again.uri = str(tmp_path / where)
+        Executor().Do(inputs, {"model": [again]}, _props())
+        assert tree_digest(again.uri) == tree_digest(first.uri)
+        assert again.get_int_custom_property(spec.REPLAYED_PROPERTY) == 1
+        assert again.get_string_custom_property(spec.RELEASE_DIGEST_PROPERTY) == \
+            first.get_string_custom_property(spec.RELEASE_DIGEST_PROPERTY)
+        assert again.get_int_custom_property(spec.UPDATES_PROPERTY) == \
+            first.get_int_custom_property(spec.UPDATES_PROPERTY)
+    grant_id = first.get_string_custom_property(spec.GRANT_ID_PROPERTY)
+    with open_ledger(f"sqlite:///{tmp_path}/ledger.db") as led:
+        assert [r.name for r in led.releases(grant_id)] == [spec.RELEASE_NAME]
+        assert [b.charges for b in led.blocks("s")] == [1]
+        assert led.check_consistency("s") == []

@@ -2,11 +2,13 @@
 import csv
 import json
 import os
+import re
 
 import numpy as np
 import pytest
 
 from blockdata import make_example, write_block_file
+from racing import race
 
 pytestmark = pytest.mark.slow
 
@@ -160,3 +162,241 @@ def test_pipeline_gate_needs_n_records_before_charging(tmp_path):
         lam=0.5, label_key="label", unit_key="user", feature_keys=["x0", "x1"])
     [gate] = [c for c in pipeline.components if c.id == "SageGate"]
     assert gate.exec_properties["min_records"] == N
+
+
+# ---------------------------------------------------------------------------------------------
+# Release once, paper mode's opt-in, and DPModelValidator's decision (executors run directly).
+
+LAM, TRAIN_EPS, DELTA = 0.5, 4.0, 1e-5
+PROPS = {"k": K, "n": N, "lam": LAM, "mode": "fixed_queries", "accountant": "rdp",
+         "teacher": "logistic", "label_key": "label", "unit_key": "user",
+         "feature_keys": '["x0", "x1"]', "public_declared": 1, "split": "train",
+         "public_split": "train"}
+PAPER_PROPS = {**PROPS, "mode": "paper", "accept_not_differentially_private": 1, "max_labels": 150}
+
+
+def _write_split(root, split, records):
+    import tensorflow as tf
+    os.makedirs(root / f"Split-{split}", exist_ok=True)
+    with tf.io.TFRecordWriter(str(root / f"Split-{split}" / "data_tfrecord-00000-of-00001.gz"),
+                              options="GZIP") as w:
+        for r in records:
+            w.write(r)
+
+
+@pytest.fixture
+def world(tmp_path):
+    """A ledger with the three blocks, the window's records as private Examples (train and eval
+    splits, as BlockExampleGen writes them) and the public CSV as declared-public Examples.
+    Plain strings only, so a child process can rebuild the executor's inputs."""
+    from sage_tfx.adaptive.plan import PlanPart, PrivacyPlan
+    from sage_tfx.components.block_example_gen.executor import read_gzip_tfrecords
+    from sage_tfx.ledger import open_ledger
+    specs, public_dir = _write_data(tmp_path)
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    with open_ledger(url) as ledger:
+        ledger.create_stream(STREAM, epsilon_g=50.0, delta_g=1e-3, granularity="day")
+        ledger.add_blocks(STREAM, specs)
+    records = [r for s in specs for path in sorted(os.listdir(s.location))
+               for r in read_gzip_tfrecords(os.path.join(s.location, path))]
+    _write_split(tmp_path / "private", "train", records)
+    _write_split(tmp_path / "private", "eval", records)
+    with open(os.path.join(public_dir, "public.csv")) as f:
+        rows = list(csv.DictReader(f))
+    _write_split(tmp_path / "public", "train", [make_example(
+        {"x0": float(r["x0"]), "x1": float(r["x1"])}).SerializeToString() for r in rows])
+    plan = PrivacyPlan.of(PlanPart("train", TRAIN_EPS, DELTA), PlanPart("validate", 1.0))
+    return {"url": url, "root": str(tmp_path), "plan": plan.to_json(),
+            "private": str(tmp_path / "private"), "public": str(tmp_path / "public")}
+
+
+def _charge(world, run_id):
+    from sage_tfx.adaptive.plan import PrivacyPlan
+    from sage_tfx.ledger import Window, open_ledger
+    with open_ledger(world["url"]) as ledger:
+        d = ledger.request(STREAM, run_id=run_id, window=Window(last=3),
+                           **PrivacyPlan.from_json(world["plan"]).cost())
+    assert d.granted
+    return d.grant.grant_id
+
+
+def _inputs(world, run_id, name):
+    """The trainer's inputs under the grant of ``run_id``, as a gate (re)playing it writes them."""
+    from tfx.types import artifact_utils, standard_artifacts
+    from sage_tfx.adaptive.plan import PrivacyPlan
+    from sage_tfx.components import artifacts, plan_io
+    from sage_tfx.ledger import open_ledger
+    with open_ledger(world["url"]) as ledger:
+        g = ledger.grant_for_run(STREAM, run_id)
+    grant = artifacts.SageGrant()
+    grant.uri = os.path.join(world["root"], f"grant-{name}")
+    artifacts.write_grant(grant, g, stream=STREAM, run_id=run_id, context="default",
+                          ledger_url=world["url"])
+    plan_io.write_plan(grant, PrivacyPlan.from_json(world["plan"]))
+    private, public = standard_artifacts.Examples(), standard_artifacts.Examples()
+    private.uri, public.uri = world["private"], world["public"]
+    private.split_names = artifact_utils.encode_split_names(["train", "eval"])
+    public.split_names = artifact_utils.encode_split_names(["train"])
+    private.set_string_custom_property("grant_id", g.grant_id)
+    return {"examples": [private], "public_examples": [public], "grant": [grant]}
+
+
+def _train(world, run_id, name, props=PROPS):
+    """Runs DPBaggingTrainer's executor; returns its Model artifact."""
+    from tfx.types import standard_artifacts
+    from sage_tfx.components.dp_bagging_trainer.executor import Executor
+    model = standard_artifacts.Model()
+    model.uri = os.path.join(world["root"], f"model-{name}")
+    Executor().Do(_inputs(world, run_id, name), {"model": [model]}, dict(props))
+    return model
+
+
+def _published(model):
+    """What a trainer published: its directory tree (digest), report bytes and properties."""
+    from sage_tfx.ledger.releases import tree_digest
+    with open(os.path.join(model.uri, "privacy_report.json"), "rb") as f:
+        report = f.read()
+    props = {k: str(v) for k, v in model.mlmd_artifact.custom_properties.items()}
+    return {"tree": tree_digest(model.uri), "report": report, "props": props}
+
+
+def _train_in_child(world, run_id, name, barrier, out):
+    try:
+        from sage_tfx.components.dp_bagging_trainer.executor import Executor  # noqa: F401
+        barrier.wait(timeout=600)
+        out.put(_published(_train(world, run_id, name)))
+    except Exception as e:  # surfaces in the parent's assertion
+        out.put({"error": repr(e)})
+
+
+def _children(world, run_id, names):
+    return race(_train_in_child, [(world, run_id, n) for n in names], timeout=900)
+
+
+def _one_charge_one_release(world, grant_ids):
+    from sage_tfx.bagging import LABELS_RELEASE, MODEL_RELEASE
+    from sage_tfx.ledger import open_ledger
+    with open_ledger(world["url"]) as ledger:
+        for b in ledger.blocks(STREAM):
+            assert b.charges == len(grant_ids)
+        for g in grant_ids:
+            assert sorted(r.name for r in ledger.releases(g)) == [LABELS_RELEASE, MODEL_RELEASE]
+        assert ledger.check_consistency(STREAM) == []
+
+
+def test_executor_replays_its_release_in_process_elsewhere_and_in_a_new_process(world):
+    g = _charge(world, "bag-1")
+    first = _published(_train(world, "bag-1", "a"))
+    again = _published(_train(world, "bag-1", "a"))          # a retried execution, same output
+    elsewhere = _published(_train(world, "bag-1", "b"))      # another output directory
+    [child] = _children(world, "bag-1", ["c"])               # a new process (a retried pod)
+    assert again == first and elsewhere == first and child == first
+    from sage_tfx.errors import ReleaseConflictError
+    with pytest.raises(ReleaseConflictError, match="already bought labels"):   # other settings
+        _train(world, "bag-1", "d", {**PROPS, "salt": "another"})
+    assert not os.path.exists(os.path.join(world["root"], "model-d"))
+    report = json.loads(first["report"])
+    assert report["formally_dp"] is True and report["not_differentially_private"] is False
+    assert report["public_start"] == 0 and report["grant_id"] == g
+    assert first["props"]["not_differentially_private"].strip() == "int_value: 0"
+    _one_charge_one_release(world, [g])
+
+
+def test_two_concurrent_executors_under_one_grant_publish_one_release(world):
+    g = _charge(world, "bag-2")
+    a, b = _children(world, "bag-2", ["x", "y"])
+    assert a == b
+    assert _published(_train(world, "bag-2", "z")) == a      # and a later replay in this process
+    _one_charge_one_release(world, [g])
+
+
+def test_paper_mode_opt_in_is_on_the_model_and_the_validator_refuses_it(world, caplog):
+    import logging
+    from tfx.types import standard_artifacts
+    from sage_tfx.components.dp_validator import executor as validator
+    from sage_tfx.components.dp_validator import spec as vspec
+    caplog.set_level(logging.INFO)
+    g = _charge(world, "paper-1")
+    paper = _train(world, "paper-1", "paper", PAPER_PROPS)
+    assert paper.get_int_custom_property("not_differentially_private") == 1
+    assert "bagging_queries" not in paper.mlmd_artifact.custom_properties   # data-dependent
+    with open(os.path.join(paper.uri, "privacy_report.json")) as f:
+        report = json.load(f)
+    # every figure of the report is fixed by public inputs: nothing data-dependent, no epsilon-hat
+    stopping = report.pop("stopping_rule")
+    assert "not differentially private" in stopping
+    assert report == {"accountant": None, "delta": DELTA, "epsilon": TRAIN_EPS, "event": None,
+                      "formally_dp": False, "grant_id": g, "k": K, "lambda": LAM, "mode": "paper",
+                      "n": N, "noise_scale": K / LAM, "not_differentially_private": True,
+                      "per_block_charge": {b: {"delta": DELTA, "epsilon": TRAIN_EPS + 1.0}
+                                           for b in BLOCKS},
+                      "per_query_epsilon": 2 * LAM, "public_reserved": 150, "public_start": 0,
+                      "queries": None, "stream": STREAM, "teacher": "logistic"}
+    lines = [r.getMessage() for r in caplog.records if "DPBaggingTrainer" in r.getMessage()]
+    assert lines and all("NOT differentially private" in line for line in lines)
+    assert all(set(re.findall(r"\d+(?:\.\d+)?(?:e-?\d+)?", line.replace(g, ""))) <= {"4", "1e-05"}
+               for line in lines)
+
+    def validate(model, run_id, name):
+        blessing = standard_artifacts.ModelBlessing()
+        blessing.uri = os.path.join(world["root"], name)
+        inputs = _inputs(world, run_id, name)
+        validator.Executor().Do(
+            {"examples": inputs["examples"], "model": [model], "grant": inputs["grant"]},
+            {"blessing": [blessing]},
+            {vspec.METRIC_KEY: "accuracy", vspec.TARGET_KEY: 0.5, vspec.ETA_KEY: 0.05,
+             vspec.LABEL_KEY: "label", vspec.EVAL_SPLIT_KEY: "eval",
+             vspec.SIGNATURE_NAME_KEY: "serving_default", vspec.BATCH_SIZE_KEY: 64})
+        return blessing
+
+    refused = validate(paper, "paper-1", "blessing-paper")
+    assert os.listdir(refused.uri) == ["NOT_BLESSED"]
+    assert refused.get_int_custom_property("blessed") == 0
+    assert refused.get_int_custom_property("not_differentially_private") == 1
+    assert "not differentially private" in refused.get_string_custom_property("reason")
+    # a DP model of the same window (the 50 public points left) is validated as usual
+    _charge(world, "fixed-1")
+    dp = _train(world, "fixed-1", "fixed")
+    assert dp.get_int_custom_property("not_differentially_private") == 0
+    decided = validate(dp, "fixed-1", "blessing-fixed")
+    assert decided.get_string_custom_property("outcome") in ("ACCEPT", "REJECT", "RETRY")
+    assert "not_differentially_private" not in decided.mlmd_artifact.custom_properties
+
+
+def test_paper_mode_without_the_opt_in_is_refused_before_any_charge(tmp_path):
+    from tfx import types
+    from tfx.types import standard_artifacts
+    from sage_tfx.components.artifacts import SageGrant
+    from sage_tfx.components.dp_bagging_trainer.component import DPBaggingTrainer
+    from sage_tfx.components.dp_bagging_trainer.executor import config_from_exec_properties
+    from sage_tfx.errors import InvalidRequestError
+    from sage_tfx.pipelines.dp_bagging_pipeline import create_pipeline
+    ch = dict(examples=types.Channel(type=standard_artifacts.Examples),
+              public_examples=types.Channel(type=standard_artifacts.Examples),
+              grant=types.Channel(type=SageGrant))
+    ok = dict(k=2, n=3, lam=0.5, label_key="label", unit_key="user", feature_keys=["x0"],
+              public_declared=True, mode="paper")
+    with pytest.raises(InvalidRequestError, match="NOT differentially private"):
+        DPBaggingTrainer(**ch, **ok)
+    trainer = DPBaggingTrainer(**ch, **ok, accept_not_differentially_private=True, max_labels=50)
+    assert trainer.exec_properties["accept_not_differentially_private"] == 1
+    for bad_max in (0, True, 2.5):
+        with pytest.raises(InvalidRequestError, match="max_labels"):
+            DPBaggingTrainer(**ch, **ok, accept_not_differentially_private=True, max_labels=bad_max)
+    with pytest.raises(InvalidRequestError, match="paper mode only"):
+        DPBaggingTrainer(**ch, **{**ok, "mode": "fixed_queries"}, max_labels=50)
+    for bad in ({**PAPER_PROPS, "accept_not_differentially_private": 0},
+                {**PAPER_PROPS, "accept_not_differentially_private": 2},
+                {**PROPS, "accept_not_differentially_private": 1}):
+        with pytest.raises(InvalidRequestError):
+            config_from_exec_properties(bad)
+    kw = dict(ledger_url=f"sqlite:///{tmp_path}/l.db", stream=STREAM, window_last=3,
+              public_csv_dir=str(tmp_path), public_size=200, epsilon=4.0, delta=1e-5, k=K, n=N,
+              lam=0.5, label_key="label", unit_key="user", feature_keys=["x0", "x1"], mode="paper")
+    with pytest.raises(InvalidRequestError, match="NOT differentially private"):
+        create_pipeline("p", str(tmp_path / "root"), str(tmp_path / "m.db"), **kw)
+    assert not os.path.exists(tmp_path / "l.db")           # nothing was opened or charged
+    pipeline = create_pipeline("p", str(tmp_path / "root"), str(tmp_path / "m.db"), **kw,
+                               accept_not_differentially_private=True)
+    [gate] = [c for c in pipeline.components if c.id == "SageGate"]
+    assert gate.exec_properties["epsilon"] == 4.0          # the whole grant is charged

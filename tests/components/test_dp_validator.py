@@ -11,11 +11,13 @@ import os
 import numpy as np
 import pytest
 
+from trainerdata import examples_artifact as _examples
+from trainerdata import grant_artifact as _grant
+
 pytestmark = pytest.mark.slow
 
 N_EVAL = 2000
 NOISE_SD = 0.1  # labels y = 2x + 1 + N(0, 0.1²): the good model's expected squared error is 0.01
-STREAM = "s"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -67,16 +69,6 @@ def examples_dir(tmp_path_factory, eval_data):
     return str(root)
 
 
-def _examples(examples_dir, grant_id=None):
-    from tfx.types import artifact_utils, standard_artifacts
-    ex = standard_artifacts.Examples()
-    ex.uri = examples_dir
-    ex.split_names = artifact_utils.encode_split_names(["train", "eval"])
-    if grant_id is not None:
-        ex.set_string_custom_property("grant_id", grant_id)
-    return ex
-
-
 def _save_model(model_uri, w, b, two_outputs):
     """A Keras model saved as the TFX Trainer does: serving signature on serialized tf.Example.
 
@@ -126,29 +118,6 @@ def _plan(*parts):
     return PrivacyPlan.of(*[PlanPart(*p) if isinstance(p, tuple) else p for p in parts])
 
 
-def _grant(mods, tmp_path, plan, *, mode="basic", name="grant", epsilon_g=10.0,
-           write_plan=True):
-    """A SageGrant artifact holding a real ledger's decision on ``plan.cost()`` (and the plan)."""
-    from sage_tfx.ledger import BlockSpec, open_ledger
-    _, _, _, artifacts, plan_io = mods
-    url = f"sqlite:///{tmp_path}/{name}.db"
-    with open_ledger(url) as ledger:
-        ledger.create_stream(STREAM, epsilon_g=epsilon_g, delta_g=1e-5, mode=mode)
-        ledger.add_blocks(STREAM, [BlockSpec("b1", f"{tmp_path}/blocks/b1")])
-        decision = ledger.request(STREAM, run_id="run-1", blocks=["b1"], **plan.cost())
-    art = artifacts.SageGrant()
-    art.uri = str(tmp_path / name)
-    if decision.granted:
-        artifacts.write_grant(art, decision.grant, stream=STREAM, run_id="run-1",
-                              context="default", ledger_url=url)
-        if write_plan:
-            plan_io.write_plan(art, plan)
-    else:
-        artifacts.write_grant(art, None, stream=STREAM, run_id="run-1", context="default",
-                              ledger_url=url, reason=decision.reason)
-    return art
-
-
 def _props(spec, **kw):
     props = {spec.METRIC_KEY: "loss", spec.LOSS_FN_KEY: "squared_error", spec.TARGET_KEY: 0.1,
              spec.LOSS_BOUND_KEY: 1.0, spec.ETA_KEY: 0.05, spec.LABEL_KEY: "y",
@@ -160,9 +129,19 @@ def _props(spec, **kw):
     return props
 
 
-def _run(mods, tmp_path, *, grant, model, examples, name="blessing", **kw):
+def _trained_under(model, grant):
+    """The record a DPTrainer writes on its Model once it verified what its loop ran."""
+    model.set_string_custom_property("grant_id", grant.grant_id)
+    model.set_string_custom_property("dp_algorithm", "dpsgd")
+    model.set_string_custom_property("dp_verification", "observed")
+    return model
+
+
+def _run(mods, tmp_path, *, grant, model, examples, name="blessing", trained=True, **kw):
     from tfx.types import standard_artifacts
     _, executor, spec, _, _ = mods
+    if trained:
+        _trained_under(model, grant)
     blessing = standard_artifacts.ModelBlessing()
     blessing.uri = str(tmp_path / name)
     executor.Executor().Do(
@@ -215,7 +194,8 @@ def test_accept_blesses_with_dp_quantities_only(mods, tmp_path, eval_data, examp
     assert _custom_properties(blessing) == {
         "blessed", "outcome", "metric_name", "dp_estimate", "upper_bound", "lower_bound",
         "n_test_dp", "epsilon", "delta", "eta", "target", "loss_bound", "grant_id",
-        "current_model", "current_model_id"}
+        "current_model", "current_model_id", "replayed", "release_name", "release_digest"}
+    assert blessing.get_int_custom_property("replayed") == 0  # this run drew the release
     raw_mean = float(_raw_losses(eval_data).mean())
     assert blessing.get_float_custom_property("dp_estimate") != raw_mean
     assert blessing.get_float_custom_property("n_test_dp") != float(N_EVAL)
@@ -359,7 +339,9 @@ def test_data_never_raises_empty_split_and_missing_labels_still_decide(mods, tmp
                     examples=_examples(str(empty)))
     assert blessing.get_string_custom_property("outcome") == "RETRY"
     assert os.path.exists(os.path.join(blessing.uri, spec.NOT_BLESSED_FILE_NAME))
-    # Missing labels count as the worst loss B = 1: far above the target.
+    # Missing labels count as the worst loss B = 1: far above the target (a second validation:
+    # a second grant).
+    grant = _grant(mods, tmp_path, _plan(("validate", 1.0)), name="grant2")
     blessing = _run(mods, tmp_path, name="unlabeled", grant=grant, model=_model(good_model_uri),
                     examples=_examples(examples_dir), label_key="no_such_feature")
     assert blessing.get_string_custom_property("outcome") == "REJECT"
@@ -432,6 +414,40 @@ def test_examples_of_another_grant_are_refused(mods, tmp_path, examples_dir):
                     examples=_examples(examples_dir, grant_id="f" * 32))
 
 
+@pytest.mark.parametrize("record", ["none", "other_grant", "reported_not_observed"])
+def test_a_model_without_its_trainers_verified_record_is_never_blessed(
+        mods, tmp_path, examples_dir, good_model_uri, record):
+    """A good model (it would be ACCEPTed) that no Sage trainer recorded as trained and verified
+    under this grant — the stock Trainer's, or a DPTrainer model verified from a run_fn's report
+    instead of what ran — is refused with the reason, before the model or any example is read."""
+    from tfx.types import standard_artifacts
+    from sage_tfx.components.dp_trainer.guarantee import UnverifiedTrainingError
+    _, executor, spec, _, _ = mods
+    grant = _grant(mods, tmp_path, _plan(("validate", 1.0)))
+    model = _model(good_model_uri)
+    if record == "other_grant":
+        model.set_string_custom_property("grant_id", "f" * 32)
+    elif record == "reported_not_observed":
+        _trained_under(model, grant).set_string_custom_property("dp_verification", "reported")
+    blessing = standard_artifacts.ModelBlessing()
+    blessing.uri = str(tmp_path / "refused")
+    reason = ("not verified from the training the executor ran"
+              if record == "reported_not_observed" else "records no DP training under grant")
+    with pytest.raises(UnverifiedTrainingError, match=reason):
+        executor.Executor().Do(
+            {spec.EXAMPLES_KEY: [_examples(examples_dir)], spec.MODEL_KEY: [model],
+             spec.GRANT_INPUT_KEY: [grant]},
+            {spec.BLESSING_KEY: [blessing]}, _props(spec))
+    assert os.listdir(blessing.uri) == [spec.NOT_BLESSED_FILE_NAME]
+    assert blessing.get_int_custom_property("blessed") == 0
+    assert reason in blessing.get_string_custom_property("reason")
+    assert not blessing.has_custom_property("outcome")
+    # The same model with the trainer's record of this grant is validated and blessed.
+    accepted = _run(mods, tmp_path, name="accepted", grant=grant, model=_model(good_model_uri),
+                    examples=_examples(examples_dir))
+    assert accepted.get_int_custom_property("blessed") == 1
+
+
 # ---------------------------------------------------------------------------------------------
 # Configuration errors found at run time (model / data layout).
 
@@ -473,12 +489,12 @@ def _push(tmp_path, model, blessing, name):
 
 
 def test_stock_pusher_pushes_only_accepted_models(mods, tmp_path, examples_dir, good_model_uri):
-    grant = _grant(mods, tmp_path, _plan(("validate", 1.0)))
     model = _model(good_model_uri)
-    accepted = _run(mods, tmp_path, name="accepted", grant=grant, model=model,
-                    examples=_examples(examples_dir))
-    retried = _run(mods, tmp_path, name="retried", grant=grant, model=model,
-                   examples=_examples(examples_dir), target=0.012)
+    accepted = _run(mods, tmp_path, name="accepted", model=model, examples=_examples(examples_dir),
+                    grant=_grant(mods, tmp_path, _plan(("validate", 1.0))))
+    retried = _run(mods, tmp_path, name="retried", model=model, examples=_examples(examples_dir),
+                   grant=_grant(mods, tmp_path, _plan(("validate", 1.0)), name="grant2"),
+                   target=0.012)
     assert accepted.get_string_custom_property("outcome") == "ACCEPT"
     assert retried.get_string_custom_property("outcome") == "RETRY"
 

@@ -99,6 +99,8 @@ def test_accept_pushes_the_model_and_charges_the_plan_once(runs):
     assert set(result.blessing) <= {"blessed", "outcome", "metric_name", "dp_estimate",
                                     "upper_bound", "lower_bound", "n_test_dp", "epsilon",
                                     "delta", "eta", "target", "loss_bound", "grant_id"}
+    # Each DP output was drawn by this run (not a replay), and released once against its grant.
+    assert result.replayed == {"TransformGraph": 0, "Examples": 0, "ModelBlessing": 0}
     # The model's DP guarantee fits the plan's train part (and spends it, not wasted).
     train = plan.part("train")
     guarantee = result.model_guarantee
@@ -112,6 +114,10 @@ def test_accept_pushes_the_model_and_charges_the_plan_once(runs):
     _, grants, inconsistencies, audit = _spent(settings["ledger_url"])
     grant = next(g for g in grants if g.grant_id == result.grant_id)
     assert grant.block_ids == granted and grant.status == "released"
+    from sage_tfx.ledger import open_ledger
+    with open_ledger(settings["ledger_url"]) as ledger:
+        names = {r.name for r in ledger.releases(result.grant_id)}
+    assert {"dp_transform/transform_graph", "dp_validator/validation"} <= names
     assert accounting.exact(grant.epsilon) == accounting.exact(plan.cost()["epsilon"])
     assert accounting.exact(grant.delta) == accounting.exact(plan.cost()["delta"])
     assert inconsistencies == [] and audit.ok

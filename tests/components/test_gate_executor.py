@@ -124,6 +124,27 @@ def test_default_run_id_comes_from_the_pipeline_run(tfx_modules, tmp_path, block
     assert _charges(url)["2024-01-04"] == (pytest.approx(0.2), 2)
 
 
+def test_node_id_comes_from_the_context_else_from_the_baked_in_exec_properties(
+        tfx_modules, tmp_path, block_ledger):
+    """Kubeflow pods and Airflow tasks have no pipeline node in their context: the ids baked in
+    by for_orchestrator name the gate. LocalDagRunner's context wins over them."""
+    from sage_tfx.errors import InvalidRequestError
+    _, _, spec = tfx_modules
+    url, _ = block_ledger
+    props = dict(_props(spec, url, window_last=1, epsilon=0.1), pipeline_run_id="job-1")
+    baked = dict(props, node_id="GateB", pipeline_id="two-gates")
+    pod = _run_gate(tfx_modules, tmp_path, "pod", baked)
+    assert pod.run_id == "two-gates.GateB.job-1"
+    local = _run_gate(tfx_modules, tmp_path, "local", baked, _context(None, "GateA", "p"))
+    assert local.run_id == "p.GateA.job-1" and local.grant_id != pod.grant_id
+    before = _charges(url)
+    for missing in ("node_id", "pipeline_id"):  # neither source: refused, nothing charged
+        with pytest.raises(InvalidRequestError, match="cannot derive its run id"):
+            _run_gate(tfx_modules, tmp_path, f"no-{missing}",
+                      {k: v for k, v in baked.items() if k != missing})
+    assert _charges(url) == before
+
+
 def test_no_run_id_at_all_is_a_clear_error(tfx_modules, tmp_path, block_ledger):
     from sage_tfx.errors import InvalidRequestError
     _, _, spec = tfx_modules

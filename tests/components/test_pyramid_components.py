@@ -90,6 +90,21 @@ def test_count_snapshot_transform(tmp_path, setup):
     os.makedirs(out2.uri)
     counts.Executor().Do({cs.GRANT_INPUT_KEY: [good]}, {cs.WINDOW_TABLE_KEY: [out2]}, props)
     assert json.load(open(os.path.join(out2.uri, "window.json")))["replayed"]
+    # Re-executed with another store_dir (the gate replays the grant): the recorded tables,
+    # byte for byte, from the ledger; no block read, no new noise, no new charge.
+    out3 = PyramidWindowTable()
+    out3.uri = str(tmp_path / "wt3")
+    os.makedirs(out3.uri)
+    counts.Executor().Do({cs.GRANT_INPUT_KEY: [good]}, {cs.WINDOW_TABLE_KEY: [out3]},
+                         dict(props, **{cs.STORE_DIR_KEY: str(tmp_path / "store3")}))
+    tables = {open(os.path.join(o.uri, "tables.npz"), "rb").read() for o in (out, out2, out3)}
+    tables.add(open(tmp_path / "store3" / "sealed" / "w0.npz", "rb").read())
+    assert len(tables) == 1
+    with open_ledger(url) as led:
+        assert {b.block_id: b.epsilon_spent for b in led.blocks(STREAM)} == spent
+        released = led.releases(meta["grant_id"])
+        assert len(released) == 1 and released[0].value == tables.pop()
+        assert led.check_consistency(STREAM) == []
 
     feat_art = PyramidFeaturization()
     feat_art.uri = str(tmp_path / "feat")

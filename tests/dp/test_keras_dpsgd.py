@@ -288,6 +288,12 @@ def test_poisson_step_divides_by_the_expected_batch_size(tf):
             samples.append(np.concatenate([w.ravel() for w in noisy.get_weights()]))
         assert np.std(samples) == pytest.approx(lr * sigma * clip / 40, rel=0.05), realised
         assert not np.allclose(samples[0], samples[1])   # fresh noise every step under XLA
+    # Every noisy aggregation was counted inside the (XLA-compiled) step, with the std it drew
+    # with — the one whose empirical value was just checked — and the counters are no weights.
+    steps, low, high = noisy.noisy_aggregations()
+    assert steps == 60 == int(noisy.optimizer.iterations.numpy())
+    assert low == high == float(np.float32(sigma * clip))
+    assert len(noisy.get_weights()) == len(noisy.trainable_variables) == 2
 
 
 @pytest.mark.slow

@@ -78,7 +78,7 @@ def test_flights_dag_charges_blesses_and_pushes(flights_blocks, airflow_home, tm
     assert list(grant.block_ids) == granted
     assert (grant.epsilon, grant.delta) == (EPSILON, DELTA)
     assert grant.run_id == derive_run_id(
-        "pipeline", "SageGate", f"flights-dp.manual__{LOGICAL_DATE}T00:00:00+00:00")
+        "flights-dp", "SageGate", f"flights-dp.manual__{LOGICAL_DATE}T00:00:00+00:00")
     assert {b: after[b][2] - before[b][2] for b in block_ids} == {
         b: int(b in granted) for b in block_ids}
     assert inconsistencies == [] and audit.ok
@@ -158,3 +158,20 @@ def _num_examples(stats_uri):
             s.ParseFromString(f.read())
         total += s.datasets[0].num_examples
     return total
+
+
+def test_two_gates_are_two_grants_on_airflow(airflow_home, tmp_path):
+    """An Airflow task's executor context names no node: each gate's node id comes from the
+    DAG's exec properties (baked in by airflow_dag), so the two tasks make two requests."""
+    import twogates
+
+    url = twogates.make_ledger(tmp_path)
+    name = "two-gates-airflow"
+    dag_file = tmp_path / "two_gates_dag.py"
+    dag_file.write_text(twogates.AIRFLOW_DAG)
+    home = _home(airflow_home, tmp_path, "home", dag_file)
+    shutil.copy(twogates.__file__, home / "dags" / "twogates.py")  # the DAG file imports it
+    env = twogates.airflow_env(name, tmp_path / "root", tmp_path / "mlmd.db", url)
+    out = _check(_airflow(["dags", "test", name, LOGICAL_DATE], home, env), "dags test")
+    assert "state=success" in out, out[-3000:]
+    twogates.check_two_grants(url, name, f"{name}.manual__{LOGICAL_DATE}T00:00:00+00:00")

@@ -129,9 +129,9 @@ def test_kfp_pods_decide_what_local_dag_runner_decides(flights_blocks, local_run
     assert json.loads(grant_meta["block_ids"]) == list(granted)
     assert (grant_meta["epsilon"], grant_meta["delta"], grant_meta["mode"]) == (
         EPSILON, DELTA, "basic")
-    # The gate's ledger run id came from the KFP job placeholder, substituted per job (a KFP
-    # pod's executor context names no pipeline, hence the generic prefix).
-    assert grant_meta["run_id"] == derive_run_id("pipeline", "SageGate", job_uuid)
+    # The gate's ledger run id came from the KFP job placeholder, substituted per job; its
+    # pipeline and node ids from the IR (a KFP pod's executor context names neither).
+    assert grant_meta["run_id"] == derive_run_id("flights-kfp", "SageGate", job_uuid)
 
     blessing = results["DPModelValidator"]["outputs"]["blessing"]["metadata"]
     # The validator's released numbers carry fresh OpenDP noise in each run (seeded noise never
@@ -178,3 +178,41 @@ def test_gate_refuses_a_run_id_template_no_orchestrator_resolved(flights_blocks,
     with pytest.raises(InvalidRequestError, match="unresolved pipeline run id"):
         executor.Executor().Do({}, {spec.GRANT_KEY: [grant]}, props)
     assert spent(ledger_url)[0] == before
+
+
+def test_two_gates_are_two_grants_under_local_dag_runner(tmp_path):
+    """The reference: LocalDagRunner's executor context names each gate's node (built for
+    "local" as `build` does: the baked-in ids change nothing there)."""
+    import twogates
+    from tfx import v1 as tfx
+    from sage_tfx.pipelines import orchestration
+
+    url = twogates.make_ledger(tmp_path)
+    pipeline = twogates.create_pipeline(
+        "two-gates-local", str(tmp_path / "root"), str(tmp_path / "mlmd.db"), url)
+    tfx.orchestration.LocalDagRunner().run(orchestration.for_orchestrator(pipeline, "local"))
+    twogates.check_two_grants(url, "two-gates-local")
+
+
+def test_two_gates_are_two_grants_on_kfp_pods(tmp_path):
+    """A KFP pod's executor context names no node: each gate's node id comes from the compiled
+    IR (baked in by for_orchestrator), so the two pods make two requests, both charged."""
+    import kfp_pods
+    import twogates
+    from sage_tfx.components.gate import spec as gate_spec
+    from sage_tfx.pipelines import orchestration
+
+    url = twogates.make_ledger(tmp_path)
+    name = "two-gates-kfp"
+    path = orchestration.compile_kubeflow(
+        twogates.create_pipeline(name, str(tmp_path / "root"), str(tmp_path / "m.db"), url),
+        str(tmp_path / "kfp"), image=IMAGE)
+    tasks = kfp_pods.pipeline_spec(kfp_pods.load_job(path)).root.dag.tasks
+    for gate_id in twogates.GATE_IDS:
+        params = tasks[gate_id].inputs.parameters
+        assert params[gate_spec.NODE_ID_KEY].runtime_value.constant.string_value == gate_id
+        assert params[gate_spec.PIPELINE_ID_KEY].runtime_value.constant.string_value == name
+    job_uuid = "2f0c9a5e-0000-4000-8000-0000000000ab"
+    results = kfp_pods.run_job(path, job_uuid=job_uuid, log_dir=str(tmp_path / "logs"))
+    assert set(results) == set(twogates.GATE_IDS) and all(r["ran"] for r in results.values())
+    twogates.check_two_grants(url, name, job_uuid)

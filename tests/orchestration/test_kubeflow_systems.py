@@ -91,6 +91,9 @@ def test_system_pipelines_compile_to_kfp_v2_ir(tmp_path):
             params = tasks[gate.id].inputs.parameters
             value = params[gate_spec.PIPELINE_RUN_ID_KEY].runtime_value.constant.string_value
             assert value == KFP_JOB_UUID, (system, gate.id)
+            # Each gate's own node id: a pod derives its run id from it (two gates, two ids).
+            node_id = params[gate_spec.NODE_ID_KEY].runtime_value.constant.string_value
+            assert node_id == gate.id, (system, gate.id)
         # sage-tfx's own artifact types reach the IR with their metadata as custom properties.
         custom = [a.artifact_type.instance_schema for c in spec.components.values()
                   for a in c.output_definitions.artifacts.values()

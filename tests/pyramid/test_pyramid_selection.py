@@ -30,6 +30,16 @@ def test_private_selection_finds_it_and_charges_the_ledger(sqlite_url):
                         ledger=led, stream="s", blocks=["b0"], run_id="sel-w0")
     assert got == [("a", "b")]
     assert led.remaining("s", "b0")["epsilon"] == pytest.approx(0.5)
+    # A replay of the run id returns the recorded choice, even on other data (where (c, d)
+    # is the pair to find): no new noise, no new charge, one release.
+    swapped = xor_frame(seed=1).rename(columns={"a": "c", "b": "d", "c": "a", "d": "b"})
+    again = select_groups(swapped, ["a", "b", "c", "d"], "y", 1, 0.5, max_records=10_000,
+                          ledger=led, stream="s", blocks=["b0"], run_id="sel-w0")
+    assert again == [("a", "b")]
+    assert led.remaining("s", "b0")["epsilon"] == pytest.approx(0.5)
+    grant = led.grant_for_run("s", "sel-w0")
+    assert [r.name for r in led.releases(grant.grant_id)] == ["pyramid/select_groups"]
+    assert led.check_consistency("s") == []
 
 
 @pytest.mark.parametrize("kw", [dict(n_select=0), dict(n_select=7), dict(max_records=10),

@@ -61,18 +61,28 @@ def test_seal_charges_each_window_once_with_the_spec_epsilon(tmp_path, ledger):
     assert len(ledger.grants("obs")) == 1
 
 
+class NoNoise:
+    """A noise source that must never be asked: a replay draws no noise."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"noise drawn ({name}) for a release already recorded")
+
+
 def test_a_charged_run_is_never_re_noised(tmp_path, ledger):
     s = store(tmp_path, ledger)
     fill(s, 0)
-    s.seal()
-    # A second store on the same ledger, same spec, same window: the run id replays.
+    first = s.seal()
+    # A second store on the same ledger, same spec, same window: the run id replays, and the
+    # recorded tables are published byte for byte (its own rows and noise are never used).
     other = PyramidStore(SPEC, str(tmp_path / "other"), retention=2, ledger=ledger, stream="obs",
-                         noise=SeededNoise(1))
-    fill(other, 0)
-    with pytest.raises(InvalidRequestError, match="refusing to draw fresh noise"):
-        other.seal()
-    assert other.hot_window == 0 and not other.live_windows
+                         noise=NoNoise())
+    fill(other, 0, seed=7)
+    r = other.seal()
+    assert r.replayed and not first.replayed and r.grant_id == first.grant_id
+    assert open(other.sealed_path(0), "rb").read() == open(s.sealed_path(0), "rb").read()
+    assert other.hot_window is None and other.live_windows == (0,)
     assert ledger.remaining("obs", "w0d0")["epsilon"] == pytest.approx(1.5)
+    assert len(ledger.releases(first.grant_id)) == 1
 
 
 def test_retention_drops_oldest_window_and_calls_retrain(tmp_path, ledger):
@@ -107,7 +117,7 @@ def test_roll_over_deletes_hot_raw_data_and_non_dp_artifacts(tmp_path, ledger):
     # Nothing under the store holds raw rows any more: only the manifest and DP tables.
     left = [os.path.relpath(os.path.join(d, f), tmp_path / "pyr")
             for d, _, fs in os.walk(tmp_path / "pyr") for f in fs]
-    assert sorted(left) == ["manifest.json", "sealed/w0.npz"]
+    assert sorted(left) == [".lock", "manifest.json", "sealed/w0.npz"]
     with pytest.raises(InvalidRequestError):
         s.hot_frame()
 

@@ -1,0 +1,67 @@
+"""Draw-and-Discard test helpers: a ledger with principals, a server on 127.0.0.1."""
+import contextlib
+import dataclasses
+import threading
+import time
+
+from sage_tfx.ledger import BlockSpec, open_ledger
+
+STREAM = "clients"
+GRANULARITY = "hash:client_id:4:dnd"
+
+
+@dataclasses.dataclass
+class Principals:
+    """Tokens of a ledger's principals: admin, the server (pipeline + auditor, bound to the
+    stream), a model reader (pipeline), an auditor and clients by name."""
+
+    url: str
+    admin: str
+    server: str
+    pipeline: str
+    auditor: str
+    clients: dict
+
+    def client(self, name: str) -> str:
+        return self.clients[name]
+
+
+def make_ledger(url: str, *, clients=("alice", "bob"), epsilon_g: float = 2000.0,
+                granularity: str = GRANULARITY, blocks=None) -> Principals:
+    """A stream of hash-bucket blocks and principals (authentication on)."""
+    with open_ledger(url) as led:
+        led.create_stream(STREAM, epsilon_g=epsilon_g, delta_g=1e-6, granularity=granularity)
+        led.add_blocks(STREAM, [BlockSpec(b, f"/b/{b}") for b in
+                                (blocks or [f"bucket-{i}" for i in range(4)])])
+        admin = led.add_principal("root", ["admin"])
+    with open_ledger(url, token=admin) as led:
+        server = led.add_principal("dnd-server", ["pipeline", "auditor"])
+        led.bind("dnd-server", STREAM, "default")
+        pipeline = led.add_principal("model-reader", ["pipeline"])
+        auditor = led.add_principal("auditor", ["auditor"])
+        tokens = {c: led.add_principal(c, ["client"]) for c in clients}
+    return Principals(url, admin, server, pipeline, auditor, tokens)
+
+
+def bearer(token: str) -> dict:
+    return {"authorization": f"Bearer {token}"}
+
+
+@contextlib.contextmanager
+def serving(app):
+    """Runs ``app`` on uvicorn in a thread on 127.0.0.1 (an ephemeral port)."""
+    import uvicorn
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
+                                           access_log=False, timeout_keep_alive=75))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    for _ in range(500):
+        if server.started:
+            break
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
