@@ -12,20 +12,6 @@ from sage_tfx.ptk.abstraction import canonical_json
 from ptk_data import HS, HS_CONFIG, SMALL, test_registry, window
 
 
-_BARRIER = None
-
-
-def init(barrier) -> None:
-    """Pool initializer: the barrier the two workers start their task at."""
-    global _BARRIER
-    _BARRIER = barrier
-
-
-def start() -> None:
-    if _BARRIER is not None:
-        _BARRIER.wait(timeout=120)
-
-
 def open_store(url, data_root, seed=0, lease_ttl=None):
     store = PTKStore(url, data_root, SMALL, noise=SeededNoise(seed), registry=test_registry())
     if lease_ttl is not None:
@@ -33,7 +19,29 @@ def open_store(url, data_root, seed=0, lease_ttl=None):
     return store
 
 
-def register_many(url, data_root, prefix, count, profiled):
+def _race(work, args) -> None:
+    """Runs ``work`` as a ``tests/racing.race`` target: it starts at the barrier and puts one
+    result (or the error) on the queue."""
+    *args, barrier, out = args
+    try:
+        out.put({"result": work(*args, start=lambda: barrier.wait(timeout=120))})
+    except BaseException as exc:  # reported to the parent, which fails the test
+        out.put({"error": f"{type(exc).__name__}: {exc}"})
+
+
+def register_many_racing(*args):
+    _race(register_many, args)
+
+
+def advance_many_racing(*args):
+    _race(advance_many, args)
+
+
+def train_again_racing(*args):
+    _race(train_again, args)
+
+
+def register_many(url, data_root, prefix, count, profiled, start=lambda: None):
     """Registers ``count`` PTKs with supplied menus (and one profiled if ``profiled``); each
     allocation takes 0.2 s longer than it would, so the two processes' re-plans overlap."""
     store = open_store(url, data_root)
@@ -57,7 +65,7 @@ def register_many(url, data_root, prefix, count, profiled):
         store.close()
 
 
-def advance_many(url, data_root, seeds):
+def advance_many(url, data_root, seeds, start=lambda: None):
     """Advances one window per seed (racing the other process for the window lease)."""
     store = open_store(url, data_root, seed=seeds[0])
     try:
@@ -67,7 +75,7 @@ def advance_many(url, data_root, seeds):
         store.close()
 
 
-def train_again(url, data_root, w):
+def train_again(url, data_root, w, start=lambda: None):
     """Re-runs window ``w``'s training (a replay); returns what it reported."""
     store = open_store(url, data_root)
     try:

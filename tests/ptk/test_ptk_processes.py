@@ -9,16 +9,15 @@ from sage_tfx.ptk.allocator import dec
 
 import ptk_workers as workers
 from conftest import HS, HS_CONFIG, window
+from racing import race
 
 SPAWN = mp.get_context("spawn")
 
 
-def run_two(fn, args_a, args_b):
-    """Runs fn(*args) in two spawned processes that start it together; returns the results."""
-    with SPAWN.Pool(2, initializer=workers.init, initargs=(SPAWN.Barrier(2),)) as pool:
-        a = pool.apply_async(fn, args_a)
-        b = pool.apply_async(fn, args_b)
-        return a.get(timeout=600), b.get(timeout=600)
+def run_two(target, args_a, args_b):
+    """Runs a ``ptk_workers.*_racing`` target in two spawned processes released together;
+    returns their results (in completion order)."""
+    return [r["result"] for r in race(target, [args_a, args_b], timeout=600)]
 
 
 def run_one(fn, *args):
@@ -40,7 +39,7 @@ def url(request, tmp_path):
 def test_two_processes_registering_lose_no_ptk(make_store, url, tmp_path):
     store = make_store(url=url)
     store.advance_window(window(40000, 0), user_key="user")
-    a, b = run_two(workers.register_many, (url, str(tmp_path / "a"), "a", 6, True),
+    a, b = run_two(workers.register_many_racing, (url, str(tmp_path / "a"), "a", 6, True),
                    (url, str(tmp_path / "b"), "b", 6, True))
     ids = a + b
     assert all(i.startswith("ptk-") for i in ids), ids
@@ -66,7 +65,7 @@ def test_two_processes_advancing_windows_train_each_window_once(make_store, url,
     store.advance_window(window(20000, 0), user_key="user")
     pids = [store.register_ptk(HS, config=HS_CONFIG, tau=0.2, menu=[(0.25, 600 + i)])
             for i in range(3)]
-    a, b = run_two(workers.advance_many, (url, str(tmp_path / "a"), [11, 12, 13]),
+    a, b = run_two(workers.advance_many_racing, (url, str(tmp_path / "a"), [11, 12, 13]),
                    (url, str(tmp_path / "b"), [21, 22, 23]))  # two store directories
     assert sorted(a + b) == [1, 2, 3, 4, 5, 6]
     counts = workers.released_everything(store)

@@ -100,7 +100,7 @@ def test_two_concurrent_processes_release_once(make_store, tmp_path):
     # window 2 arrives but is not trained: two processes train it at once, outside any lease
     with store.windows.lease():
         store.windows._ingest(2, window(20000, 2), "user", store.lake.plan_seq())
-    a, b = run_two(workers.train_again, (store.url, str(tmp_path / "a"), 2),
+    a, b = run_two(workers.train_again_racing, (store.url, str(tmp_path / "a"), 2),
                    (store.url, str(tmp_path / "b"), 2))
     assert sorted(t["ptk_id"] for t in a) == sorted(t["ptk_id"] for t in b) == sorted(ids)
     assert {t["version"] for t in a} == {t["version"] for t in b} == {2}
