@@ -1,12 +1,12 @@
-"""Fixtures of the PTK store tests: a small synthetic stream and store factory (the shared data
-and PTK types live in ``ptk_data``, re-exported here)."""
+"""Fixtures of the PTK store tests: the store factory. The data, configurations and PTK types the
+tests share live in ``ptk_data`` (tests import them from there: which ``conftest`` module a test
+module finds depends on what else the session collects)."""
 import pytest
 
 from sage_tfx.dp.noise import SeededNoise
 from sage_tfx.ptk import PTKStore
 
-from ptk_data import (CV, CV_CONFIG, HS, HS_CONFIG, SMALL, bad_eval, fails_on_data,  # noqa: F401
-                      register_hist, test_registry, window, wrong_event)
+from ptk_data import SMALL, test_registry
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
-"""Data, configurations and PTK types the PTK tests share — also in the processes they spawn
-(a module with a unique name: a spawned child cannot rely on which ``conftest`` it finds)."""
+"""Data, configurations and PTK types the PTK tests share, and the processes they spawn (a module
+with a unique name: which ``conftest`` module a test finds depends on what the session collects)."""
 import numpy as np
 
 from sage_tfx.ptk import StoreConfig, TypeRegistry

@@ -17,7 +17,7 @@ from sage_tfx import services
 from sage_tfx.ptk import StoreConfig
 from sage_tfx.ptk.service import create_app
 
-from conftest import HS, HS_CONFIG, window
+from ptk_data import HS, HS_CONFIG, window
 
 pytestmark = pytest.mark.slow
 EXAMPLES = {GenerationMode.POSITIVE: 40, GenerationMode.NEGATIVE: 20}

@@ -4,7 +4,7 @@ and stores a state the kernel's featurizer reads back from the lake."""
 import numpy as np
 import pytest
 
-from conftest import SMALL
+from ptk_data import SMALL
 from test_ptk_counts_kernel import CFG as COUNTS_CFG, data as counts_data
 from test_ptk_hpf_kernel import CFG as HPF_CFG, data as hpf_data
 from test_ptk_trees_kernel import CFG as TREES_CFG, data as trees_data

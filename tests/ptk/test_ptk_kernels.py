@@ -11,7 +11,7 @@ from sage_tfx.ptk.abstraction import (PrivacyCharge, UnaccountableEventError, ba
 from sage_tfx.ptk.registry import UnknownPTKTypeError, default_registry
 from sage_tfx.ptk.kernels import covariance, histstats
 
-from conftest import CV_CONFIG, HS, HS_CONFIG, test_registry, window
+from ptk_data import CV_CONFIG, HS, HS_CONFIG, test_registry, window
 
 
 class Recorder:

@@ -13,7 +13,7 @@ from sage_tfx.ptk.abstraction import batches_of, check_charge
 from sage_tfx.ptk.registry import default_registry
 from sage_tfx.ptk.kernels import covariance, histstats, lloyd
 
-from conftest import CV, CV_CONFIG, HS, HS_CONFIG, window
+from ptk_data import CV, CV_CONFIG, HS, HS_CONFIG, window
 
 LL = "lloyd"
 LL_CONFIG = {"columns": ["x0", "x1"], "lower": [-3.0, -3.0], "upper": [3.0, 3.0], "k": 3,

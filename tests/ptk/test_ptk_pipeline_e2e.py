@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 
-from conftest import HS, HS_CONFIG
+from ptk_data import HS, HS_CONFIG
 
 pytestmark = pytest.mark.slow
 STREAM = "events"

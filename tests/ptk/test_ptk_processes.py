@@ -8,7 +8,7 @@ import pytest
 from sage_tfx.ptk.allocator import dec
 
 import ptk_workers as workers
-from conftest import HS, HS_CONFIG, window
+from ptk_data import HS, HS_CONFIG, window
 from racing import race
 
 SPAWN = mp.get_context("spawn")

@@ -11,7 +11,7 @@ from sage_tfx.ptk import profiler
 from sage_tfx.ptk.abstraction import hash_positions, record_keys
 from sage_tfx.ptk.registry import default_registry
 
-from conftest import HS, HS_CONFIG, window
+from ptk_data import HS, HS_CONFIG, window
 
 
 def hist_type():

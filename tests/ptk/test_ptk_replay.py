@@ -12,7 +12,7 @@ from sage_tfx import services
 from sage_tfx.ptk.service import create_app
 
 import ptk_workers as workers
-from conftest import HS, HS_CONFIG, window
+from ptk_data import HS, HS_CONFIG, window
 from test_ptk_processes import SPAWN, run_two
 
 def trained_store(make_store, tmp_path):

@@ -15,7 +15,7 @@ from sage_tfx.ptk import TypeRegistry, UnknownPTKTypeError
 from sage_tfx.ptk.registry import parse_type_specs, registry_from
 from sage_tfx.ptk.service import create_app
 
-from conftest import HS, HS_CONFIG, window
+from ptk_data import HS, HS_CONFIG, window
 from test_ptk_store import snapshot
 
 

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 
 from sage_tfx.ptk.service import create_app, main
 
-from conftest import HS, HS_CONFIG, window
+from ptk_data import HS, HS_CONFIG, window
 
 
 def free_port() -> int:
