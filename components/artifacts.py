@@ -15,7 +15,7 @@ from tfx.dsl.io import fileio
 from tfx.types.artifact import Artifact
 
 from sage_tfx.errors import MissingGrantError
-from sage_tfx.ledger import Grant
+from sage_tfx.ledger import Grant, secrets
 
 # On-disk layout (see SageGrant).
 GRANT_FILE_NAME = "grant.json"
@@ -87,7 +87,9 @@ class SageGrant(Artifact):
       of a custom artifact type, custom properties travel with the artifact everywhere.
         - ``granted``: 1 if granted, 0 if denied.
         - ``stream``, ``context``, ``run_id``: what was requested (always set).
-        - ``ledger_url``: the ledger that decided (always set).
+        - ``ledger_url``: the ledger that decided (always set): the reference the gate was
+          given (``env:SAGE_LEDGER_URL``, resolved again by each reader) or a URL whose
+          password, if any, is redacted — never a secret.
         - ``reason``: why the request was denied (denials only).
         - ``grant_id``, ``num_blocks``, ``block_ids`` (JSON list of the granted block ids, in
           ledger order), ``mode`` (``basic`` | ``rdp``): the grant (grants only).
@@ -109,7 +111,9 @@ class SageGrant(Artifact):
     epsilon = _custom_property(EPSILON_KEY, "float", "charged ε (basic mode)")
     delta = _custom_property(DELTA_KEY, "float", "charged δ (basic mode)")
     event_json = _custom_property(EVENT_JSON_KEY, "string", "charged DpEvent (rdp mode), JSON")
-    ledger_url = _custom_property(LEDGER_URL_KEY, "string", "the ledger that decided")
+    ledger_url = _custom_property(LEDGER_URL_KEY, "string",
+                                  "the ledger that decided: a reference (env:NAME, file:/path) "
+                                  "or a URL without password")
     num_blocks = _custom_property(NUM_BLOCKS_KEY, "int", "how many blocks were granted")
     block_ids = _custom_property(BLOCK_IDS_KEY, "string", "granted block ids, a JSON list")
     mode = _custom_property(MODE_KEY, "string", "the stream's accounting mode")
@@ -159,7 +163,7 @@ def write_grant(artifact: SageGrant, grant: Optional[Grant], *, stream: str, run
     artifact.set_string_custom_property(STREAM_KEY, stream)
     artifact.set_string_custom_property(RUN_ID_KEY, run_id)
     artifact.set_string_custom_property(CONTEXT_KEY, context)
-    artifact.set_string_custom_property(LEDGER_URL_KEY, ledger_url)
+    artifact.set_string_custom_property(LEDGER_URL_KEY, secrets.redact(ledger_url))
     if grant is None:
         _write_text(os.path.join(artifact.uri, DENIED_FILE_NAME), reason)
         artifact.set_string_custom_property(REASON_KEY, reason)

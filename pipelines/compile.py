@@ -3,11 +3,14 @@
 ::
 
     sage-tfx compile --target kubeflow flights-dp --image registry/sage-tfx:0.1 \\
-        --ledger-url postgresql://sage@ledger:5432/sage --stream flights --window-last 10 \\
+        --ledger-secret sage-ledger:url --token-secret sage-etl:token \\
+        --stream flights --window-last 10 \\
         --epsilon 1 --delta 1e-6 --quality-target 500 --pipeline-root gs://bucket/tfx \\
         --serving-dir gs://bucket/serving --beam-arg=--runner=DataflowRunner \\
         --beam-arg=--project=my-project --output-dir out/
-    # -> out/flights-dp.json (KFP v2 IR; submit with the KFP client or Vertex AI Pipelines)
+    # -> out/flights-dp.json (KFP v2 IR as a PipelineJob: Vertex AI Pipelines) and
+    #    out/flights-dp.yaml (the KFP package: pipeline spec + kfp-kubernetes platform spec
+    #    mapping the Secrets to $SAGE_LEDGER_URL / $SAGE_LEDGER_TOKEN in every pod)
 
     sage-tfx compile --target airflow gate-stats --ledger-url postgresql://... --stream flights \\
         --window-last 3 --epsilon 0.5 --pipeline-root /data/tfx --metadata-path /data/mlmd.db \\
@@ -15,8 +18,11 @@
     # -> $AIRFLOW_HOME/dags/gate_stats_dag.py
 
 The ledger URL defaults to ``$SAGE_LEDGER_URL``; with several pods or workers it must be a
-shared PostgreSQL ledger. ``--beam-arg`` (repeatable) passes one standard Beam pipeline option
-to every Beam-backed component.
+shared PostgreSQL ledger. It is never embedded with a password: ``--ledger-url`` with one is
+refused; a password-bearing ``$SAGE_LEDGER_URL`` becomes the reference ``env:SAGE_LEDGER_URL``,
+which Airflow workers resolve from their environment and Kubeflow pods from the Secret given by
+``--ledger-secret``. ``--beam-arg`` (repeatable) passes one standard Beam pipeline option to
+every Beam-backed component.
 """
 from __future__ import annotations
 
@@ -26,6 +32,8 @@ import os
 import sys
 from typing import Optional, Sequence
 
+from sage_tfx.errors import InvalidRequestError
+from sage_tfx.ledger import secrets
 from sage_tfx.pipelines import orchestration
 
 
@@ -42,8 +50,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pipeline-root", required=True)
     p.add_argument("--metadata-path", help="ML Metadata SQLite file (Airflow; unused by KFP, "
                                            "which keeps its own)")
-    p.add_argument("--ledger-url", default=os.environ.get("SAGE_LEDGER_URL"),
-                   help="the shared block ledger (default $SAGE_LEDGER_URL)")
+    p.add_argument("--ledger-url", default=None,
+                   help="the shared block ledger, without a password (default $SAGE_LEDGER_URL, "
+                        "as the reference env:SAGE_LEDGER_URL if it holds a password)")
+    p.add_argument("--ledger-secret", metavar="NAME:KEY",
+                   help="kubeflow: a Kubernetes Secret key holding the ledger URL, set as "
+                        "$SAGE_LEDGER_URL in every pod; the pipeline refers to it as "
+                        "env:SAGE_LEDGER_URL")
+    p.add_argument("--token-secret", metavar="NAME:KEY",
+                   help="kubeflow: a Kubernetes Secret key holding the pipeline principal's "
+                        "token, set as $SAGE_LEDGER_TOKEN in every pod")
     p.add_argument("--stream", required=True)
     p.add_argument("--window-last", type=int)
     p.add_argument("--blocks", help="comma-separated block ids instead of --window-last")
@@ -58,13 +74,47 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def config_from_args(args: argparse.Namespace) -> dict:
+def ledger_url_of(args: argparse.Namespace, environ=os.environ) -> Optional[str]:
+    """The ledger URL the compiled pipeline holds: never one with a password.
+
+    Raises:
+      InvalidRequestError: ``--ledger-url`` holds a password, or conflicts with
+        ``--ledger-secret``; a Secret for Airflow.
+    """
+    kfp = args.target == orchestration.KUBEFLOW
+    if (args.ledger_secret or args.token_secret) and not kfp:
+        raise InvalidRequestError(
+            "--ledger-secret / --token-secret map Kubernetes Secrets into Kubeflow pods; Airflow "
+            "workers read $SAGE_LEDGER_URL and $SAGE_LEDGER_TOKEN(_FILE) from their environment")
+    if args.ledger_secret:
+        if args.ledger_url not in (None, orchestration.LEDGER_URL_REF):
+            raise InvalidRequestError(
+                f"--ledger-secret sets $SAGE_LEDGER_URL in every pod, and the pipeline refers to "
+                f"it as {orchestration.LEDGER_URL_REF}: leave out --ledger-url")
+        return orchestration.LEDGER_URL_REF
+    if args.ledger_url:
+        try:
+            return secrets.check_no_password(args.ledger_url, orchestration.SPECS)
+        except InvalidRequestError as exc:
+            hint = (" (Kubeflow: --ledger-secret NAME:KEY sets it in every pod from a Kubernetes "
+                    "Secret)") if kfp else ""
+            raise InvalidRequestError(f"{exc}{hint}") from None
+    url = orchestration.ledger_url_from_env(environ)
+    if url == orchestration.LEDGER_URL_REF:
+        print(f"sage-tfx compile: $SAGE_LEDGER_URL holds a password: the pipeline refers to it "
+              f"as {url}, resolved by every " + ("pod (give --ledger-secret NAME:KEY)" if kfp
+                                                 else "Airflow worker from its environment"),
+              file=sys.stderr)
+    return url
+
+
+def config_from_args(args: argparse.Namespace, environ=os.environ) -> dict:
     """The :func:`orchestration.build` config of parsed arguments (unset options left out)."""
     config = {
         "pipeline_name": args.pipeline_name,
         "pipeline_root": args.pipeline_root,
         "metadata_path": args.metadata_path or os.path.join(args.pipeline_root, "metadata.db"),
-        "ledger_url": args.ledger_url,
+        "ledger_url": ledger_url_of(args, environ),
         "stream": args.stream,
         "window_last": args.window_last,
         "blocks": args.blocks.split(",") if args.blocks else None,
@@ -83,9 +133,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         config = config_from_args(args)
         if args.target == orchestration.KUBEFLOW:
+            k8s = orchestration.token_env_secret(args.token_secret)
+            if args.ledger_secret:
+                k8s[orchestration.LEDGER_URL_ENV] = orchestration.parse_secret_ref(
+                    args.ledger_secret)
             path = orchestration.compile_kubeflow(
                 orchestration.build(args.pipeline, config, orchestration.KUBEFLOW),
-                args.output_dir, image=args.image)
+                args.output_dir, image=args.image, k8s_secrets=k8s)
+            if k8s:
+                path += "\n" + os.path.splitext(path)[0] + ".yaml"
         else:
             orchestration.build(args.pipeline, config, orchestration.AIRFLOW)  # fails early
             os.makedirs(args.output_dir, exist_ok=True)

@@ -17,6 +17,16 @@ handed over:
 
 With several pods or workers the ledger must be shared: a PostgreSQL URL (``$SAGE_LEDGER_URL``).
 
+**Secrets are referenced, never embedded.** Whatever a pipeline is compiled into — component
+properties in ML Metadata, a KFP job spec, an Airflow DAG file — holds the ledger URL as a
+reference, ``env:SAGE_LEDGER_URL`` (or ``file:/path``), that each pod or worker resolves when it
+connects, or a URL without a password (the password in ``~/.pgpass``). A password-bearing URL is
+refused at build time (:func:`check_no_secrets`). Kubeflow pods get the variable from a
+Kubernetes Secret (:func:`compile_kubeflow`'s ``secrets``: the kfp-kubernetes ``secretAsEnv``
+platform spec); Airflow workers from their own environment (an Airflow connection exported as
+``AIRFLOW_CONN_...`` works too: ``env:AIRFLOW_CONN_SAGE_LEDGER``). Tokens travel the same way, as
+``$SAGE_LEDGER_TOKEN`` or ``$SAGE_LEDGER_TOKEN_FILE``.
+
 :data:`PIPELINES` names the pipelines ``sage-tfx compile`` knows, each built from one flat config
 dict (:func:`build`), so the command line, a DAG file and a test build the same pipeline.
 """
@@ -25,15 +35,20 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Any, Dict, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Tuple
 
 from sage_tfx.components.gate import component as gate_component
 from sage_tfx.components.gate import driver as gate_driver
 from sage_tfx.components.gate import spec as gate_spec
+from sage_tfx.errors import InvalidRequestError
+from sage_tfx.ledger import access, secrets
 
 # Kubeflow Pipelines' pipeline-name rule.
 KFP_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,127}$")
 KUBEFLOW, AIRFLOW, LOCAL = "kubeflow", "airflow", "local"
+LEDGER_URL_ENV = "SAGE_LEDGER_URL"
+LEDGER_URL_REF = secrets.ENV_PREFIX + LEDGER_URL_ENV  # what compiled pipelines hold
+SPECS = "the pipeline's component properties (ML Metadata, compiled specs, DAG files)"
 
 
 def check_pipeline_name(name: str) -> str:
@@ -134,14 +149,19 @@ def build(name: str, config: Mapping[str, Any], orchestrator: str = LOCAL):
 
 
 def compile_kubeflow(pipeline, output_dir: str, *, image: str,
-                     output_filename: Optional[str] = None) -> str:
+                     output_filename: Optional[str] = None,
+                     k8s_secrets: Optional[Mapping[str, Tuple[str, str]]] = None) -> str:
     """Compiles a pipeline to a Kubeflow Pipelines v2 job spec (JSON) with KubeflowV2DagRunner.
 
     Args:
-      pipeline: a ``tfx.dsl.Pipeline``; its SageGates are switched to KFP's job id.
+      pipeline: a ``tfx.dsl.Pipeline``; its SageGates are switched to KFP's job id. Refused if
+        anything in it holds a password (:func:`check_no_secrets`).
       output_dir: where the JSON is written.
       image: the container image every pod runs (the sage-tfx ``Dockerfile``).
       output_filename: default ``<pipeline name>.json``.
+      k8s_secrets: ``{env var: (Kubernetes Secret name, key)}`` set in every pod, e.g.
+        ``{"SAGE_LEDGER_URL": ("sage-ledger", "url")}``: also writes the KFP package
+        ``<name>.yaml`` beside the JSON (:func:`write_kfp_package`).
 
     Returns:
       The path of the written JSON.
@@ -149,13 +169,17 @@ def compile_kubeflow(pipeline, output_dir: str, *, image: str,
     from tfx.orchestration.kubeflow.v2 import kubeflow_v2_dag_runner as kfp_v2
 
     check_pipeline_name(pipeline.pipeline_info.pipeline_name)
+    check_no_secrets(pipeline)
     for_orchestrator(pipeline, KUBEFLOW)
     filename = output_filename or f"{pipeline.pipeline_info.pipeline_name}.json"
     os.makedirs(output_dir, exist_ok=True)
     kfp_v2.KubeflowV2DagRunner(
         config=kfp_v2.KubeflowV2DagRunnerConfig(default_image=image, use_pipeline_spec_2_1=True),
         output_dir=output_dir, output_filename=filename).run(pipeline)
-    return os.path.join(output_dir, filename)
+    path = os.path.join(output_dir, filename)
+    if k8s_secrets:
+        write_kfp_package(path, k8s_secrets)
+    return path
 
 
 def airflow_dag(pipeline, *, schedule: Optional[str] = None, start_date=None):
@@ -171,6 +195,7 @@ def airflow_dag(pipeline, *, schedule: Optional[str] = None, start_date=None):
 
     from tfx.orchestration.airflow.airflow_dag_runner import AirflowDagRunner, AirflowPipelineConfig
 
+    check_no_secrets(pipeline)
     for_orchestrator(pipeline, AIRFLOW)
     dag_config = {
         "schedule": schedule,
@@ -186,22 +211,41 @@ def config_from_env(environ: Mapping[str, str] = os.environ, prefix: str = "SAGE
     """A :func:`build` config from environment variables (for DAG files and pods).
 
     ``$SAGE_PIPELINE_CONFIG`` holds the whole config as JSON; ``$SAGE_LEDGER_URL`` (the shared
-    ledger) and ``$SAGE_BEAM_ARGS`` (space-separated Beam flags) override its keys.
+    ledger) and ``$SAGE_BEAM_ARGS`` (space-separated Beam flags) override its keys. A ledger URL
+    with a password becomes the reference ``env:SAGE_LEDGER_URL`` (:func:`ledger_url_from_env`):
+    the pipeline holds the reference, each task resolves it when it connects.
+
+    Raises:
+      InvalidRequestError: ``$SAGE_PIPELINE_CONFIG`` holds a password-bearing ledger URL.
     """
     config: Dict[str, Any] = json.loads(environ.get(prefix + "PIPELINE_CONFIG", "{}"))
-    if environ.get(prefix + "LEDGER_URL"):
-        config["ledger_url"] = environ[prefix + "LEDGER_URL"]
+    if config.get("ledger_url"):
+        secrets.check_no_password(config["ledger_url"], f"${prefix}PIPELINE_CONFIG")
+    url = ledger_url_from_env(environ, prefix + "LEDGER_URL")
+    if url:
+        config["ledger_url"] = url
     if environ.get(prefix + "BEAM_ARGS"):
         config["beam_pipeline_args"] = environ[prefix + "BEAM_ARGS"].split()
     return config
 
 
 def airflow_dag_file(name: str, config: Mapping[str, Any]) -> str:
-    """The text of a DAG file that builds pipeline ``name`` with ``config`` for Airflow."""
+    """The text of a DAG file that builds pipeline ``name`` with ``config`` for Airflow.
+
+    Raises:
+      InvalidRequestError: the config's ledger URL holds a password (the file would too).
+    """
+    if config.get("ledger_url"):
+        secrets.check_no_password(config["ledger_url"], "an Airflow DAG file")
     return AIRFLOW_DAG_TEMPLATE.format(name=name, config=json.dumps(dict(config)))
 
 
-AIRFLOW_DAG_TEMPLATE = '''"""Airflow DAG: sage-tfx pipeline {name!r} (written by `sage-tfx compile --target airflow`)."""
+AIRFLOW_DAG_TEMPLATE = '''"""Airflow DAG: sage-tfx pipeline {name!r} (written by `sage-tfx compile --target airflow`).
+
+The ledger URL is read where the DAG runs: ``env:SAGE_LEDGER_URL`` resolves in each task from
+the worker's environment (a password-bearing $SAGE_LEDGER_URL stays there, never in this file,
+the serialized DAG or ML Metadata).
+"""
 import json
 
 from sage_tfx.pipelines import orchestration
@@ -210,6 +254,120 @@ CONFIG = json.loads({config!r})
 CONFIG.update(orchestration.config_from_env())  # $SAGE_LEDGER_URL, $SAGE_BEAM_ARGS override
 DAG = orchestration.airflow_dag(orchestration.build({name!r}, CONFIG, "airflow"))
 '''
+
+
+# --- secrets: referenced, never embedded ---------------------------------------------------------
+
+_URL_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>,;]+")
+
+
+def _strings(value) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _strings(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _strings(v)
+
+
+def check_no_secrets(pipeline):
+    """Refuses a pipeline that would write a password into ML Metadata, a spec or a DAG file.
+
+    Every string in every component's properties (and every Beam flag) is searched for URLs;
+    one with a password is refused with the message of ``secrets.check_no_password``.
+
+    Raises:
+      InvalidRequestError: which component and property, and how to reference the URL instead.
+    """
+    found = [(f"component {node.id}, property {key}", text)
+             for node in pipeline.components
+             for key, value in sorted(node.exec_properties.items())
+             for text in _strings(value)]
+    found += [("a Beam flag", flag) for flag in pipeline.beam_pipeline_args or []]
+    for where, text in found:
+        for url in _URL_RE.findall(text):
+            if secrets.has_password(url):
+                try:
+                    secrets.check_no_password(url, SPECS)
+                except InvalidRequestError as exc:
+                    raise InvalidRequestError(f"{where}: {exc}") from None
+    return pipeline
+
+
+def ledger_url_from_env(environ: Mapping[str, str] = os.environ,
+                        name: str = LEDGER_URL_ENV) -> Optional[str]:
+    """``$SAGE_LEDGER_URL`` as a pipeline may hold it: the URL when it has no password, else
+    the reference ``env:SAGE_LEDGER_URL``, resolved by every pod or worker that connects."""
+    value = environ.get(name)
+    if not value:
+        return None
+    return secrets.ENV_PREFIX + name if secrets.has_password(value) else value
+
+
+_K8S_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_K8S_KEY_RE = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")
+_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def parse_secret_ref(text: str) -> Tuple[str, str]:
+    """``NAME:KEY`` (a Kubernetes Secret and one of its keys) as ``(name, key)``.
+
+    Raises:
+      InvalidRequestError: not a Secret name (DNS subdomain) and a data key.
+    """
+    name, _, key = (text or "").partition(":")
+    if not _K8S_NAME_RE.match(name) or not _K8S_KEY_RE.match(key):
+        raise InvalidRequestError(
+            f"a Kubernetes Secret reference is NAME:KEY (a Secret in the pipeline's namespace "
+            f"and one of its data keys, e.g. sage-ledger:url), got {text!r}")
+    return name, key
+
+
+def kubernetes_platform_spec(executor_labels: Sequence[str],
+                             k8s_secrets: Mapping[str, Tuple[str, str]]) -> dict:
+    """The kfp-kubernetes platform spec that sets env vars from Secrets in every executor.
+
+    ``{"platforms": {"kubernetes": {"deploymentSpec": {"executors": {label: {"secretAsEnv":
+    [{"secretName": ..., "keyToEnv": [{"secretKey": ..., "envVar": ...}]}]}}}}}}`` — the
+    format ``kfp.kubernetes.use_secret_as_env`` writes (``KubernetesExecutorConfig``).
+    """
+    by_secret: Dict[str, list] = {}
+    for env, (name, key) in sorted(k8s_secrets.items()):
+        if not _ENV_RE.match(env):
+            raise InvalidRequestError(f"not an environment variable name: {env!r}")
+        parse_secret_ref(f"{name}:{key}")
+        by_secret.setdefault(name, []).append({"envVar": env, "secretKey": key})
+    config = {"secretAsEnv": [{"keyToEnv": pairs, "secretName": name}
+                              for name, pairs in sorted(by_secret.items())]}
+    return {"platforms": {"kubernetes": {"deploymentSpec": {
+        "executors": {label: config for label in sorted(executor_labels)}}}}}
+
+
+def write_kfp_package(job_path: str, k8s_secrets: Mapping[str, Tuple[str, str]]) -> str:
+    """Writes ``<job>.yaml`` beside a compiled job JSON: the Kubeflow Pipelines package that
+    ``kfp.Client().create_run_from_pipeline_package`` submits — the pipeline spec, then the
+    platform spec (:func:`kubernetes_platform_spec`) as a second YAML document.
+
+    (The job JSON is Vertex AI's PipelineJob, which has no platform spec: kfp-pipeline-spec
+    0.1.16's ``PipelineJob`` holds ``pipeline_spec`` and ``runtime_config`` only.)
+    """
+    import yaml
+
+    with open(job_path) as f:
+        spec = json.load(f)["pipelineSpec"]
+    labels = spec["deploymentSpec"]["executors"]
+    path = os.path.splitext(job_path)[0] + ".yaml"
+    with open(path, "w") as f:
+        yaml.safe_dump_all([spec, kubernetes_platform_spec(labels, k8s_secrets)], f,
+                           sort_keys=True)
+    return path
+
+
+def token_env_secret(token_secret: Optional[str]) -> Dict[str, Tuple[str, str]]:
+    """``{"SAGE_LEDGER_TOKEN": (name, key)}`` for a ``NAME:KEY`` token Secret (or nothing)."""
+    return {access.TOKEN_ENV: parse_secret_ref(token_secret)} if token_secret else {}
 
 
 def parse_beam_args(values: Optional[Sequence[str]]) -> list:

@@ -20,6 +20,7 @@ from tfx import v1 as tfx
 
 from sage_tfx.components.block_example_gen.component import BlockExampleGen
 from sage_tfx.components.gate.component import SageGate
+from sage_tfx.components.gate.executor import check_ledger_url
 from sage_tfx.components.ptk_featurizer.component import PTKFeaturizer
 from sage_tfx.components.ptk_trainer.component import PTKTrainer
 from sage_tfx.ptk.lake import Lake
@@ -43,6 +44,7 @@ def create_pipeline(pipeline_name: str, pipeline_root: str, metadata_path: str,
                     ledger_url: str, stream: str, window_last: int, ptk_id: str,
                     window_index: int, featurize_fn: Optional[str] = None, *,
                     beam_pipeline_args: Optional[Sequence[str]] = None) -> tfx.dsl.Pipeline:
+    check_ledger_url(ledger_url)  # no password into the pipeline, before the store is read
     epsilon, delta = allocation(ledger_url, ptk_id)
     gate = SageGate(ledger_url=ledger_url, stream=stream, window_last=window_last,
                     epsilon=epsilon, delta=delta)

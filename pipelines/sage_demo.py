@@ -57,7 +57,7 @@ def split_days(out: str, days: int) -> list[BlockSpec]:
                                os.path.join(out, "blocks"), verbose=False)
     _log(f"      {len(result.blocks)} blocks, {result.records_written:,} records, "
          f"{result.seconds:.0f}s")
-    return [BlockSpec(m.block_id, m.location, m.start, m.end, m.records) for m in result.blocks]
+    return [m.spec() for m in result.blocks]  # each with its wrapped data key
 
 
 def make_tfx_iteration(out: str, ledger_url: str):
@@ -90,11 +90,11 @@ def make_statistic_iteration(ledger, target: float, eta: float):
 
     validator = SumStatisticValidator(target=target, value_bound=MEAN_DELAY_BOUND, eta=eta)
 
-    def read(locations):
-        values = read_float_feature(locations, "dep_delay")
-        return np.clip(values + MEAN_DELAY_SHIFT, 0.0, MEAN_DELAY_BOUND)
-
     def iteration(*, pipeline_name, run_id, blocks, epsilon, delta):
+        def read(locations):  # the run's grant's blocks (at ``locations``), decrypted through it
+            values = read_float_feature(ledger, ledger.grant_for_run(STREAM, run_id), "dep_delay")
+            return np.clip(values + MEAN_DELAY_SHIFT, 0.0, MEAN_DELAY_BOUND)
+
         # Through the gate: the allocator charged this run id; the request replays that grant.
         it = run_statistic_iteration(
             ledger, STREAM, run_id=run_id, blocks=blocks, epsilon=epsilon, delta=delta,

@@ -75,7 +75,7 @@ def run_stream(ledger, blocks: list, pipelines=PIPELINES) -> list[dict]:
     _log(f"[2/4] streaming {len(blocks)} days through the gate "
          f"({', '.join(p.name for p in pipelines)})")
     for day, m in enumerate(blocks):
-        ledger.add_blocks("flights", [BlockSpec(m.block_id, m.location, m.start, m.end, m.records)])
+        ledger.add_blocks("flights", [m.spec()])  # the block and its wrapped data key
         line = []
         for p in pipelines:
             if day + 1 < p.window or day % p.every:

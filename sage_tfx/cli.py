@@ -6,9 +6,13 @@ Examples::
         --granularity time:timestamp:day
     sage-tfx import flights data.csv --scheme time:timestamp:day --block-root blocks/ \
         [--beam-arg=--runner=PortableRunner --beam-arg=--job_endpoint=localhost:8099 ...]
+    sage-tfx keys status|migrate|shred|rotate                 # block keys ($SAGE_KEY_PROVIDER)
     sage-tfx blocks flights
     sage-tfx request flights --run-id train-1 --last 30 --epsilon 0.1 --delta 1e-8
     sage-tfx audit --limit 20
+    sage-tfx principal add alice --role admin                         # prints alice's token once
+    sage-tfx --token file:$HOME/.sage/alice.token principal add etl --role pipeline --pg-role
+    sage-tfx principal bind etl --stream flights --context default   # token: $SAGE_LEDGER_TOKEN
     sage-tfx audit anchor --file /mnt/worm/ledger-anchors.jsonl --key-file anchor.key
     sage-tfx verify --anchors /mnt/worm/ledger-anchors.jsonl --key-file anchor.key
     sage-tfx compile --target kubeflow flights-dp --image IMAGE ...   # KFP v2 job JSON
@@ -17,7 +21,10 @@ Examples::
     sage-tfx dnd serve --ledger sqlite:///ledger.db --stream s ...    # a Draw-and-Discard server
 
 The ledger URL comes from ``--ledger``, else ``$SAGE_LEDGER_URL``, else
-``sqlite:///sage-ledger.db`` in the working directory.
+``sqlite:///sage-ledger.db`` in the working directory (either may be a reference,
+``env:NAME`` or ``file:/path``). Once the ledger has principals, the caller's token comes from
+``--token`` (``env:NAME`` / ``file:/path``), else ``$SAGE_LEDGER_TOKEN`` or the file
+``$SAGE_LEDGER_TOKEN_FILE`` (``sage-tfx principal --help``).
 """
 from __future__ import annotations
 
@@ -27,6 +34,7 @@ import os
 import sys
 from typing import Optional, Sequence
 
+from sage_tfx import cli_principals
 from sage_tfx.ledger import accounting
 from sage_tfx.errors import InvalidRequestError, SageError
 from sage_tfx.ledger import DEFAULT_CONTEXT, BlockSpec, Grant, Window, open_ledger
@@ -105,8 +113,49 @@ def _cmd_import(led, a) -> int:
     scheme = scheme_from_spec(a.scheme)
     result = split_and_register(led, a.stream, a.source, scheme, a.block_root,
                                 on_malformed=a.on_malformed, verbose=True,
-                                pipeline_options=list(a.beam_arg) or None)
-    print(f"imported {len(result.blocks)} blocks into {a.stream}")
+                                pipeline_options=list(a.beam_arg) or None,
+                                key_provider=a.key_provider)
+    print(f"imported {len(result.blocks)} encrypted blocks into {a.stream}")
+    return 0
+
+
+def _cmd_keys(led, a) -> int:
+    """``sage-tfx keys status|migrate|shred|rotate``: the blocks' data keys."""
+    from sage_tfx.ledger import blockkeys, keys
+    if a.action == "status":
+        kek = keys.provider(a.key_provider)
+        live = led.block_keys(a.stream)
+        print(f"KEK {kek.kek_id} ({kek.previous_versions()} older version(s) not destroyed)")
+        rows = []
+        for s in [led.stream(a.stream)] if a.stream else led.streams():
+            active = set.union(*({b.block_id for b in led.blocks(s.name, c) if b.active}
+                                 for c in s.contexts))
+            mine = [k for k in live if k.stream == s.name]
+            rows.append((s.name, len(led.blocks(s.name, s.contexts[0])), len(active),
+                         len(mine), len(active - {k.block_id for k in mine}),
+                         sum(k.kek_id != kek.kek_id for k in mine)))
+        print(_table(rows, ("stream", "blocks", "active", "keys", "active without key",
+                            "keys under an older KEK version")))
+        return 0
+    if a.action == "rotate":
+        r = blockkeys.rotate_kek(led, keys.provider(a.key_provider), destroy=not a.keep_previous)
+        print(f"KEK rotated to {r['kek_id']}{' (resumed)' if r['resumed'] else ''}: "
+              f"{r['rewrapped']} key(s) re-wrapped; older versions "
+              f"{'destroyed' if r['destroyed'] else 'kept (--keep-previous)'}")
+        return 0
+    if a.action == "shred":
+        r = led.shred_keys(a.stream, hold=a.hold)
+        print(f"destroyed {len(r.shredded)} key(s), deleted {r.files_removed} file(s); "
+              f"{len(r.held)} retired block(s) still held by a grant; database "
+              f"{'wiped' if r.wiped else 'not wiped (readers held the WAL: run again)'}")
+        return 0
+    from sage_tfx.streams.migrate import migrate_ledger
+    r = migrate_ledger(led, stream=a.stream, key_provider=a.key_provider, hold=a.hold)
+    print(f"encrypted {len(r.encrypted)} block(s), finished {len(r.finished)}, skipped "
+          f"{len(r.skipped)}; retired blocks: {r.shred.files_removed} plaintext file(s) "
+          f"deleted, {len(r.shred.held)} still held by a grant")
+    for stream, block_id, why in r.skipped[:20]:
+        print(f"  skipped {stream}/{block_id}: {why}")
     return 0
 
 
@@ -159,7 +208,8 @@ def _cmd_cancel(led, a) -> int:
 
 def _cmd_retire(led, a) -> int:
     led.retire_block(a.stream, a.block_id, a.reason, context=a.context)
-    print(f"retired {a.stream}/{a.block_id}")
+    print(f"retired {a.stream}/{a.block_id}" + ("" if a.context else
+                                                "; its data key and local files are destroyed"))
     return 0
 
 
@@ -202,9 +252,11 @@ def _cmd_verify(led, a) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sage-tfx", description=(
         "Operate a Sage block ledger: streams, blocks, grants and the audit log."))
-    p.add_argument("--ledger", default=os.environ.get("SAGE_LEDGER_URL", DEFAULT_URL),
-                   help="ledger URL: sqlite:///path.db or postgresql://user@host:port/db "
-                        "(default: $SAGE_LEDGER_URL or %(default)s)")
+    p.add_argument("--ledger", default=None,
+                   help="ledger URL: sqlite:///path.db or postgresql://user@host:port/db, or a "
+                        "reference env:NAME / file:/path (default: $SAGE_LEDGER_URL, else "
+                        f"{DEFAULT_URL})")
+    cli_principals.token_argument(p)
     sub = p.add_subparsers(dest="command", required=True)
 
     c = sub.add_parser("create-stream", help="create a stream with a global (epsilon_g, delta_g)")
@@ -239,7 +291,22 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--beam-arg", action="append", default=[], metavar="FLAG",
                    help="one Beam pipeline option for the split, e.g. --beam-arg=--runner="
                         "PortableRunner (repeatable; default DirectRunner)")
+    c.add_argument("--key-provider", help="KEK that wraps the blocks' data keys, e.g. "
+                                          "file:/path/kek.json (default $SAGE_KEY_PROVIDER)")
     c.set_defaults(fn=_cmd_import)
+
+    c = sub.add_parser("keys", help="block keys: status | migrate (encrypt plaintext blocks) | "
+                                    "shred (destroy retired blocks' keys) | rotate (new KEK)")
+    c.add_argument("action", choices=("status", "migrate", "shred", "rotate"))
+    c.add_argument("--stream", help="one stream (default: all)")
+    c.add_argument("--key-provider", help="the KEK (default $SAGE_KEY_PROVIDER, else "
+                                          "file:~/.config/sage-tfx/kek.json)")
+    c.add_argument("--hold", type=float, help="shred/migrate: seconds a released grant keeps "
+                                              "its retired blocks' keys (default "
+                                              "$SAGE_KEY_HOLD_SECONDS or 86400)")
+    c.add_argument("--keep-previous", action="store_true",
+                   help="rotate: re-wrap but keep the older KEK versions")
+    c.set_defaults(fn=_cmd_keys)
 
     c = sub.add_parser("blocks", help="show blocks and remaining budget")
     c.add_argument("stream")
@@ -300,6 +367,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--key-file", help="HMAC key the anchor lines were signed with")
     c.set_defaults(fn=_cmd_verify)
 
+    cli_principals.add_parser(sub)
+
     c = sub.add_parser("compile", add_help=False, prefix_chars="\0",
                        help="compile a pipeline for Kubeflow Pipelines or Airflow: "
                             "compile --target kubeflow|airflow PIPELINE ... (compile --help)")
@@ -334,10 +403,18 @@ def _compile(args: argparse.Namespace) -> int:
     in a child process, as the core never imports the TFX layers."""
     import subprocess
     env = dict(os.environ)
-    if args.ledger != DEFAULT_URL:  # --ledger given: the compiled pipeline's ledger
+    if args.ledger:  # --ledger given: the compiled pipeline's ledger
         env["SAGE_LEDGER_URL"] = args.ledger
     return subprocess.call([sys.executable, "-m", "sage_tfx.pipelines.compile", *args.args],
                            env=env)
+
+
+def ledger_url(given: Optional[str], environ=os.environ) -> str:
+    """``--ledger``, else a reference to ``$SAGE_LEDGER_URL`` (its value, which may hold a
+    password, is read only when connecting), else the local SQLite default."""
+    if given:
+        return given
+    return "env:SAGE_LEDGER_URL" if environ.get("SAGE_LEDGER_URL") else DEFAULT_URL
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -347,7 +424,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command in ("ptk", "dnd"):
         return _system_command(args)
     try:
-        with open_ledger(args.ledger) as led:
+        with open_ledger(ledger_url(args.ledger), token=args.token) as led:
             return args.fn(led, args)
     except (SageError, ValueError) as exc:
         print(f"sage-tfx: error: {exc}", file=sys.stderr)

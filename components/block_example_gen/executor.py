@@ -5,18 +5,24 @@ first. The grant file in the SageGrant artifact is only a pointer: before any fi
 executor looks the grant up in the ledger, requires it to be released, requires grant.json and the
 artifact's properties to agree with the ledger's record, and then reads the block locations the
 *ledger* records (never the ones in the file). An edited grant.json therefore cannot widen a run's
-access to other blocks.
+access to other blocks. Block files are encrypted: the ledger hands out the *wrapped* data keys
+of the released grant's blocks only (``Ledger.grant_keys``, authorized like a charge on the
+grant's context), and the Beam workers unwrap them with the key-encryption key of
+``$SAGE_KEY_PROVIDER`` and decrypt (``sage_tfx.streams.reading``). No key material enters the
+exec properties recorded in MLMD: the granted files and their wrapped keys travel in an internal
+property handed to the Beam read only.
 
 Reading: one Beam read over all granted files, whatever the number of blocks:
-``beam.Create(files) | Reshuffle | FlatMap(TensorFlow's C++ gzip TFRecord reader)``. Measured with
+``beam.Create(files) | Reshuffle | FlatMap(decrypt + parse TFRecord framing)``. Measured with
 ``benchmarks/read_blocks.py`` on 1,000 one-file day-blocks of 20 records on the shared 2-core
 machine (runs vary ~2x with load): this read 1.0-4.1 s; ``ReadAllFromTFRecord`` 3.7-9.3 s (Beam
 checks record CRCs in pure Python); a Flatten of one ``ReadFromTFRecord`` per file 557 s; the whole
-``Do()`` (ledger check, read, 2:1 split, write) 12-16 s. One ExampleGen split per block does not
-scale either (/work/shared/reference/README.md). Records are split into the output splits by
-TFX's own deterministic hash partition (``BaseExampleGenExecutor``), and written in the standard
-ExampleGen layout (``Split-<name>/data_tfrecord-*.gz``, ``split_names``, payload format), so
-StatisticsGen, Transform and Trainer read them unchanged.
+``Do()`` (ledger check, read, 2:1 split, write) 12-16 s (before encryption;
+``benchmarks/sage/bench_block_crypto.py`` measures the encrypted read). One ExampleGen split per
+block does not scale either (/work/shared/reference/README.md). Records are split into the output
+splits by TFX's own deterministic hash partition (``BaseExampleGenExecutor``), and written in the
+standard ExampleGen layout (``Split-<name>/data_tfrecord-*.gz``, ``split_names``, payload
+format), so StatisticsGen, Transform and Trainer read them unchanged.
 """
 from __future__ import annotations
 
@@ -32,14 +38,15 @@ from tfx.proto import example_gen_pb2
 from tfx.types import artifact_utils, standard_component_specs
 from tfx.utils import proto_utils
 
-from sage_tfx.ledger import accounting
-from sage_tfx.streams.blocks import block_files_glob
+from sage_tfx.ledger import accounting, secrets
+from sage_tfx.streams import reading
 from sage_tfx.components import artifacts
 from sage_tfx.components.block_example_gen import spec
 from sage_tfx.errors import InvalidRequestError, MissingGrantError
 from sage_tfx.ledger import RELEASED, Grant, Ledger, open_ledger
 
-# Internal exec property: the granted data files, handed from Do() to the Beam read.
+# Internal exec property: the granted data files (``reading.GrantedFile``: path, block, wrapped
+# key, KEK spec), handed from Do() to the Beam read; never recorded in MLMD.
 GRANTED_FILES_KEY = "_sage_granted_files"
 # The single input "split" of the ExampleGen machinery (its pattern is unused: files come from
 # the grant).
@@ -69,11 +76,11 @@ def verify_grant(grant: Grant, ledger: Ledger, ledger_url: str) -> Grant:
         recorded = ledger.grant(grant.grant_id)
     except InvalidRequestError as e:
         raise MissingGrantError(
-            f"grant {grant.grant_id!r} is not in ledger {ledger_url}: no block data may be read "
+            f"grant {grant.grant_id!r} is not in ledger {secrets.redact(ledger_url)}: no block data may be read "
             "without a grant the ledger issued") from e
     if recorded.status != RELEASED:
         raise MissingGrantError(
-            f"grant {grant.grant_id} in ledger {ledger_url} is {recorded.status}, not "
+            f"grant {grant.grant_id} in ledger {secrets.redact(ledger_url)} is {recorded.status}, not "
             f"{RELEASED}: its blocks' data was not released")
     mismatches = []
     for field in ("stream", "run_id", "context", "mode", "epsilon", "delta", "status"):
@@ -93,31 +100,37 @@ def verify_grant(grant: Grant, ledger: Ledger, ledger_url: str) -> Grant:
             mismatches.append(f"locations of block(s) {moved[:10]} differ from the ledger's")
     if mismatches:
         raise MissingGrantError(
-            f"grant.json of grant {grant.grant_id} does not match ledger {ledger_url} "
+            f"grant.json of grant {grant.grant_id} does not match ledger {secrets.redact(ledger_url)} "
             f"({'; '.join(mismatches)}): the grant file was altered; refusing to read any block")
     return recorded
 
 
-def granted_files(grant: Grant, ledger: Ledger) -> List[str]:
-    """The data files of a released grant's blocks, at the ledger's locations.
+def granted_files(grant: Grant, ledger: Ledger) -> List[reading.GrantedFile]:
+    """The data files of a released grant's blocks, at the ledger's locations, each with its
+    block's wrapped key (``reading.granted_files``; TFX's filesystem lists them).
 
     Raises:
       FileNotFoundError: a granted block with records has no data file in block storage.
+      RetiredBlockError: a granted block's key was destroyed.
     """
-    records = {b.block_id: b.records for b in ledger.blocks(grant.stream, grant.context)}
-    files: List[str] = []
-    for block in grant.blocks:
-        found = sorted(fileio.glob(block_files_glob(block.location)))
-        if not found and records.get(block.block_id) != 0:
-            raise FileNotFoundError(
-                f"granted block {block.block_id} of stream {grant.stream} has no data files "
-                f"{block_files_glob(block.location)}")
-        files.extend(found)
-    return files
+    return reading.granted_files(ledger, grant, glob=fileio.glob)
+
+
+def _open(path: str):
+    if "://" in path:
+        import tensorflow as tf
+        return tf.io.gfile.GFile(path, "rb")
+    return open(path, "rb")
+
+
+def read_granted_file(f: reading.GrantedFile) -> Iterator[bytes]:
+    """The records of one granted block file, decrypted on this worker."""
+    return reading.read_granted_file(f, opener=_open)
 
 
 def read_gzip_tfrecords(path: str) -> Iterator[bytes]:
-    """The records of one gzip TFRecord file (TensorFlow's C++ reader; CRCs are checked)."""
+    """The records of one gzip TFRecord file (TensorFlow's C++ reader; CRCs are checked): the
+    files of an Examples artifact, not block files."""
     import tensorflow as tf
     options = tf.io.TFRecordOptions(compression_type="GZIP")
     yield from tf.compat.v1.io.tf_record_iterator(path, options=options)
@@ -129,12 +142,12 @@ def _ReadGrantedBlocks(pipeline: beam.Pipeline, exec_properties: Dict[str, Any],
                        split_pattern: str) -> beam.pvalue.PCollection:
     """Reads the serialized tf.Examples of every granted file in one Beam read."""
     del split_pattern  # the files come from the verified grant
-    files: Sequence[str] = exec_properties[GRANTED_FILES_KEY]
+    files: Sequence[reading.GrantedFile] = exec_properties[GRANTED_FILES_KEY]
     records = (pipeline
                | "GrantedFiles" >> beam.Create(list(files))
                # beam.Create makes one bundle; spread the files over workers.
                | "SpreadFiles" >> beam.Reshuffle()
-               | "ReadBlocks" >> beam.FlatMap(read_gzip_tfrecords).with_output_types(bytes))
+               | "ReadBlocks" >> beam.FlatMap(read_granted_file).with_output_types(bytes))
     output_config = example_gen_pb2.Output()
     proto_utils.json_to_proto(exec_properties[spec.OUTPUT_CONFIG_KEY], output_config)
     if output_config.split_config.partition_feature_name:
@@ -163,6 +176,7 @@ class Executor(base_example_gen_executor.BaseExampleGenExecutor):
           MissingGrantError: the grant is a denial, missing, not released, unknown to the ledger,
             or its file disagrees with the ledger.
           FileNotFoundError: a granted block's data is missing from block storage.
+          RetiredBlockError: a granted block's key was destroyed (it retired since the grant).
         """
         grant_artifact = artifact_utils.get_single_instance(input_dict[spec.GRANT_INPUT_KEY])
         grant = artifacts.read_grant(grant_artifact)
@@ -173,8 +187,8 @@ class Executor(base_example_gen_executor.BaseExampleGenExecutor):
                 f"grant artifact {grant_artifact.uri} records no ledger_url and none was given")
         if issued_by and issued_by != ledger_url:
             raise MissingGrantError(
-                f"grant {grant.grant_id} was issued by ledger {issued_by}, but this "
-                f"BlockExampleGen only trusts ledger {ledger_url}")
+                f"grant {grant.grant_id} was issued by ledger {secrets.redact(issued_by)}, but "
+                f"this BlockExampleGen only trusts ledger {secrets.redact(ledger_url)}")
         mismatched = [k for k in ("stream", "run_id") if getattr(grant_artifact, k)
                       and getattr(grant_artifact, k) != getattr(grant, k)]
         if mismatched:

@@ -27,6 +27,14 @@ part of the privacy plan the gate charged. The executor
 A run_fn's own report (``report_guarantee``) is optional and never accounted; if present, every
 fact it states must agree with what ran. That the model saw only the train split remains the
 run_fn's contract (``run_fn_utils.read_split``).
+
+Released once (``release_io.release_artifact_once``, name :data:`RELEASE_NAME`): steps 3-4 write
+the Model directory (serving model, verified record, the Model's properties) into a staging
+directory that is recorded against the grant, with the run's request (:func:`release_request`),
+before it becomes the Model artifact's contents. A retried or re-run execution under the same
+grant gets the recorded Model byte for byte and its properties, without reading an example or
+training; another request under the grant is refused (``ReleaseConflictError``). A failed
+attempt (refused training) records and publishes nothing.
 """
 from __future__ import annotations
 
@@ -43,15 +51,20 @@ from tfx.types import artifact_utils
 
 from sage_tfx.ledger import accounting
 from sage_tfx.adaptive import plan as plan_lib
-from sage_tfx.components import artifacts, plan_io
+from sage_tfx.components import artifacts, plan_io, release_io
 from sage_tfx.components.block_example_gen.spec import GRANT_ID_PROPERTY as EXAMPLES_GRANT_ID
 from sage_tfx.components.dp_trainer import guarantee as guarantee_lib
 from sage_tfx.components.dp_trainer import private
 from sage_tfx.components.dp_trainer import spec
 from sage_tfx.errors import InvalidRequestError, MissingGrantError
+from sage_tfx.ledger import open_ledger
 
 # Plan-part param naming the δ at which an rdp part's ε is reported.
 REPORT_DELTA_PARAM = "delta"
+# The DP Trainer's release: the Model directory (serving model, verified record, properties),
+# once per grant.
+RELEASE_NAME = "dp_trainer/model"
+PROPERTIES_FILE_NAME = "dp_model_properties.json"
 
 
 def check_custom_config(custom_config: Any) -> dict:
@@ -109,7 +122,6 @@ def report_delta_for(part: plan_lib.PlanPart, grant_artifact: types.Artifact,
     if value is not None:
         return accounting.check_delta(value, f"train part param {REPORT_DELTA_PARAM}",
                                       allow_zero=False)
-    from sage_tfx.ledger import open_ledger
     url = grant_artifact.ledger_url
     if not url:
         raise MissingGrantError(
@@ -140,10 +152,9 @@ def read_report(path: str) -> Optional[dict]:
         raise guarantee_lib.GuaranteeMismatchError(f"unreadable DP report {path}: {e}") from e
 
 
-def set_model_properties(model: types.Artifact, verified: guarantee_lib.VerifiedGuarantee
-                         ) -> None:
-    """Records a verified guarantee as custom properties of the Model artifact."""
-    for key, value in verified.model_properties().items():
+def set_model_properties(model: types.Artifact, properties: dict) -> None:
+    """Records a verified guarantee's properties (``model_properties()``) on the Model."""
+    for key, value in properties.items():
         if isinstance(value, bool):
             model.set_int_custom_property(key, int(value))
         elif isinstance(value, int):
@@ -185,53 +196,88 @@ class Executor(trainer_executor.GenericExecutor):
 
         fn_args = self._GetFnArgs(input_dict, output_dict, exec_properties)
         config = check_custom_config(fn_args.custom_config)
-        from sage_tfx.components.dp_trainer import run_fn_utils  # imports TensorFlow
-        num_records = run_fn_utils.count_records(fn_args.train_files)
         model_artifact = artifact_utils.get_single_instance(output_dict[spec.MODEL_KEY])
-        fileio.makedirs(model_artifact.uri)
-        report_path = os.path.join(model_artifact.uri, guarantee_lib.GUARANTEE_FILE_NAME)
-        for stale in (report_path, os.path.join(model_artifact.uri,
-                                                guarantee_lib.MEMBERSHIP_FILE_NAME)):
-            if fileio.exists(stale):  # a retry must not inherit the previous attempt's reports
-                fileio.remove(stale)
-        config.update({
-            guarantee_lib.TRAIN_PART_CONFIG_KEY: part.to_dict(),
-            guarantee_lib.GRANT_ID_CONFIG_KEY: grant.grant_id,
-            guarantee_lib.NUM_TRAIN_RECORDS_CONFIG_KEY: num_records,
-            guarantee_lib.REPORT_DELTA_CONFIG_KEY: report_delta,
-            guarantee_lib.GUARANTEE_PATH_CONFIG_KEY: report_path,
-        })
-        fn_args.custom_config = config
-        run_fn = udf_utils.get_fn(exec_properties, "run_fn")
-        training = private.PrivateTraining(part, num_train_records=num_records,
-                                           report_delta=report_delta)
+        request = release_request(part, config, exec_properties)
 
-        # The record count is not logged: it is an exact (non-DP) statistic of the granted data.
-        logging.info("DPTrainer: grant %s, train part %s", grant.grant_id, part.to_dict())
-        try:
-            with training.active():
-                run_fn(fn_args)
-            if not fileio.exists(fn_args.serving_model_dir):
-                raise RuntimeError("run_fn failed to generate model.")
-            ran = training.record()
-            training.check_exported(fn_args.serving_model_dir)
-            verified = guarantee_lib.verify_record(
-                ran, part, grant_id=grant.grant_id, num_train_records=num_records,
-                report_delta=report_delta)
-            report = read_report(report_path)
-            if report is not None:
-                guarantee_lib.check_report(report, ran)
-        except Exception:
-            # Not published (the execution fails), and not left behind for anyone to pick up.
-            if fileio.exists(fn_args.serving_model_dir):
-                fileio.rmtree(fn_args.serving_model_dir)
-            raise
-        record = verified.to_dict()
-        record["ran"] = ran.to_dict()
-        record["reported"] = report
-        record["train_part"] = part.to_dict()
-        _write_json(report_path, record)
-        set_model_properties(model_artifact, verified)
-        logging.info("DPTrainer: model %s is (%.6g, %.3g)-DP (%s, %s accountant, grant %s)",
-                     fn_args.serving_model_dir, verified.epsilon, verified.delta,
-                     verified.algorithm, verified.accountant, grant.grant_id)
+        def produce_into(staging: str) -> None:
+            _train(fn_args, staging, model_artifact.uri, exec_properties, part, grant.grant_id,
+                   config, report_delta)
+
+        url = release_io.ledger_url_for(grant_artifact, None, component="DPTrainer")
+        with open_ledger(url) as ledger:
+            out = release_io.release_artifact_once(ledger, grant.grant_id, RELEASE_NAME,
+                                                   model_artifact, produce_into,
+                                                   request=request, component="DPTrainer")
+        with fileio.open(os.path.join(model_artifact.uri, PROPERTIES_FILE_NAME), "r") as f:
+            properties = json.loads(f.read())
+        set_model_properties(model_artifact, properties)
+        logging.info("DPTrainer: model %s is (%.6g, %.3g)-DP (%s, grant %s)%s",
+                     model_artifact.uri, properties["dp_epsilon"], properties.get("dp_delta", 0),
+                     properties.get("dp_algorithm"), grant.grant_id,
+                     " (the recorded release, replayed)" if out.replayed else "")
+
+
+def release_request(part: plan_lib.PlanPart, config: dict,
+                    exec_properties: Dict[str, Any]) -> dict:
+    """What a DPTrainer run was asked, recorded with its release: a replay must ask the same.
+
+    The examples are the grant's (fixed by the grant); the rest is the train part, the user's
+    custom_config, the train / eval args and the module (its file's digest, or its import path).
+    """
+    module_file = exec_properties.get("module_file")
+    module = (release_io.file_digest(module_file)
+              if module_file and os.path.isfile(module_file) else module_file)
+    return {"train_part": part.to_dict(), "custom_config": config, "module": module,
+            "module_path": exec_properties.get("module_path"),
+            "run_fn": exec_properties.get("run_fn"),
+            "train_args": exec_properties.get("train_args"),
+            "eval_args": exec_properties.get("eval_args")}
+
+
+def _train(fn_args, staging: str, model_uri: str, exec_properties: Dict[str, Any],
+           part: plan_lib.PlanPart, grant_id: str, config: dict,
+           report_delta: Optional[float]) -> None:
+    """Runs the run_fn in the executor's privacy loop, writing the model into ``staging``.
+
+    ``staging`` stands for the Model artifact's uri until the release is recorded: the serving
+    model, the verified record (:data:`GUARANTEE_FILE_NAME`) and the Model's properties
+    (:data:`PROPERTIES_FILE_NAME`) are written there, and published only once recorded.
+    """
+    from sage_tfx.components.dp_trainer import run_fn_utils  # imports TensorFlow
+    num_records = run_fn_utils.count_records(fn_args.train_files)
+    for attr in ("serving_model_dir", "eval_model_dir"):
+        rel = os.path.relpath(getattr(fn_args, attr), model_uri)
+        setattr(fn_args, attr, os.path.join(staging, rel))
+    report_path = os.path.join(staging, guarantee_lib.GUARANTEE_FILE_NAME)
+    config = dict(config)
+    config.update({
+        guarantee_lib.TRAIN_PART_CONFIG_KEY: part.to_dict(),
+        guarantee_lib.GRANT_ID_CONFIG_KEY: grant_id,
+        guarantee_lib.NUM_TRAIN_RECORDS_CONFIG_KEY: num_records,
+        guarantee_lib.REPORT_DELTA_CONFIG_KEY: report_delta,
+        guarantee_lib.GUARANTEE_PATH_CONFIG_KEY: report_path,
+    })
+    fn_args.custom_config = config
+    run_fn = udf_utils.get_fn(exec_properties, "run_fn")
+    training = private.PrivateTraining(part, num_train_records=num_records,
+                                       report_delta=report_delta)
+
+    # The record count is not logged: it is an exact (non-DP) statistic of the granted data.
+    logging.info("DPTrainer: grant %s, train part %s", grant_id, part.to_dict())
+    with training.active():
+        run_fn(fn_args)
+    if not fileio.exists(fn_args.serving_model_dir):
+        raise RuntimeError("run_fn failed to generate model.")
+    ran = training.record()
+    training.check_exported(fn_args.serving_model_dir)
+    verified = guarantee_lib.verify_record(
+        ran, part, grant_id=grant_id, num_train_records=num_records, report_delta=report_delta)
+    report = read_report(report_path)
+    if report is not None:
+        guarantee_lib.check_report(report, ran)
+    record = verified.to_dict()
+    record["ran"] = ran.to_dict()
+    record["reported"] = report
+    record["train_part"] = part.to_dict()
+    _write_json(report_path, record)
+    _write_json(os.path.join(staging, PROPERTIES_FILE_NAME), verified.model_properties())

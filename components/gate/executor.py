@@ -18,7 +18,7 @@ from tfx import types
 from tfx.dsl.components.base import base_executor
 from tfx.types import artifact_utils
 
-from sage_tfx.ledger import accounting
+from sage_tfx.ledger import accounting, secrets
 from sage_tfx.adaptive import plan as plan_lib
 from sage_tfx.components import artifacts, plan_io
 from sage_tfx.components.gate import spec
@@ -47,13 +47,18 @@ def check_name(kind: str, name: Any) -> str:
 
 
 def check_ledger_url(url: Any) -> str:
-    """Checks the form of a ledger URL (sqlite:///path or postgresql://...)."""
+    """Checks the form of a ledger URL (sqlite:///path or postgresql://...), or a reference to
+    one (``env:NAME``, ``file:/path``: resolved where the ledger is opened), that holds no
+    password: component properties land in ML Metadata, compiled specs and DAG files."""
+    if secrets.is_reference(url) and url.partition(":")[2]:
+        return url
     if not isinstance(url, str) or not url.startswith(
             ("sqlite:///", "postgresql://", "postgres://")) or url == "sqlite:///":
         raise InvalidRequestError(
-            f"ledger_url must be sqlite:///path/to/ledger.db or postgresql://user@host:port/db, "
-            f"got {url!r}")
-    return url
+            f"ledger_url must be sqlite:///path/to/ledger.db, postgresql://user@host:port/db or "
+            f"a reference env:NAME / file:/path, got {secrets.redact(url)!r}")
+    return secrets.check_no_password(url, "the pipeline's component properties (ML Metadata, "
+                                          "compiled specs, DAG files)")
 
 
 def derive_run_id(pipeline_name: str, node_id: str, pipeline_run_id: str) -> str:
@@ -326,7 +331,8 @@ class Executor(base_executor.BaseExecutor):
         if decision.granted:
             grant = decision.grant
             logging.info("SageGate: ledger %s granted run %s on stream %s: grant %s, %d block(s)"
-                         "%s", ledger_url, run_id, stream, grant.grant_id, len(grant.blocks),
+                         "%s", secrets.redact(ledger_url), run_id, stream, grant.grant_id,
+                         len(grant.blocks),
                          " (replayed, not charged again)" if decision.replayed else "")
             artifacts.write_grant(grant_artifact, grant, stream=stream, run_id=run_id,
                                   context=context, ledger_url=ledger_url)
@@ -334,8 +340,8 @@ class Executor(base_executor.BaseExecutor):
                 plan_lib.check_grant_matches(plan, grant)
                 plan_io.write_plan(grant_artifact, plan)
         else:
-            logging.warning("SageGate: ledger %s denied run %s on stream %s: %s", ledger_url,
-                            run_id, stream, decision.reason)
+            logging.warning("SageGate: ledger %s denied run %s on stream %s: %s",
+                            secrets.redact(ledger_url), run_id, stream, decision.reason)
             artifacts.write_grant(grant_artifact, None, stream=stream, run_id=run_id,
                                   context=context, ledger_url=ledger_url,
                                   reason=decision.reason)

@@ -24,7 +24,7 @@ from tfx.dsl.io import fileio
 from tfx.types import artifact_utils
 
 from sage_tfx.components import artifacts, pyramid_artifacts as pa
-from sage_tfx.components.block_example_gen.executor import (granted_files, read_gzip_tfrecords,
+from sage_tfx.components.block_example_gen.executor import (granted_files, read_granted_file,
                                                             verify_grant)
 from sage_tfx.components.pyramid_counts import spec as s
 from sage_tfx.ledger import open_ledger
@@ -46,13 +46,14 @@ def example_values(record: bytes, columns: List[str]) -> Dict[str, Any]:
     return out
 
 
-def read_frame(pipeline: beam.Pipeline, files: List[str], columns: List[str], tmp: str
+def read_frame(pipeline: beam.Pipeline, files: List[Any], columns: List[str], tmp: str
                ) -> pd.DataFrame:
-    """Beam: all records of ``files`` -> rows of ``columns`` (JSON lines), read back as a frame."""
+    """Beam: all records of ``files`` (granted, decrypted on the workers) -> rows of ``columns``
+    (JSON lines), read back as a frame."""
     prefix = os.path.join(tmp, "rows")
     with pipeline as p:
         _ = (p | "Files" >> beam.Create(files) | "Spread" >> beam.Reshuffle()
-             | "Read" >> beam.FlatMap(read_gzip_tfrecords)
+             | "Read" >> beam.FlatMap(read_granted_file)
              | "Parse" >> beam.Map(lambda r: json.dumps(example_values(r, columns)))
              | "Write" >> beam.io.WriteToText(prefix, file_name_suffix=".jsonl"))
     rows = [json.loads(line) for path in sorted(fileio.glob(prefix + "*.jsonl"))

@@ -8,7 +8,7 @@ replays the grant gets the recorded release back, byte for byte, and never draws
     from sage_tfx.dp.granted import validate_once
     result, replayed = validate_once(
         ledger, grant.grant_id, "mean-delay/mean", validator,
-        lambda: read_float_feature(grant.locations, "dep_delay"), epsilon=0.1)
+        lambda: read_float_feature(ledger, grant, "dep_delay"), epsilon=0.1)
 
 Each release is recorded inline as canonical JSON ``{"request": ..., "release": ...}``:
 

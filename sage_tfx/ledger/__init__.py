@@ -15,8 +15,11 @@ parameters, DpEvents, the basic and rdp accounting modes), :mod:`~sage_tfx.ledge
 throw-away local PostgreSQL server for tests and benchmarks) and :mod:`~sage_tfx.ledger.loadgen`
 (multi-process load against a ledger), :mod:`~sage_tfx.ledger.releases` (release once: what each
 grant published), :mod:`~sage_tfx.ledger.access` (principals, roles, bindings),
+:mod:`~sage_tfx.ledger.pgroles` (PostgreSQL login roles of principals, enforced by the server),
 :mod:`~sage_tfx.ledger.leases` (leases and counters shared by processes),
-:mod:`~sage_tfx.ledger.secrets` (URLs and tokens by reference) and
+:mod:`~sage_tfx.ledger.secrets` (URLs and tokens by reference),
+:mod:`~sage_tfx.ledger.keys` and :mod:`~sage_tfx.ledger.blockkeys` (encrypted blocks' data keys:
+wrapped by the KEK, handed out through grants, destroyed at retirement) and
 :mod:`~sage_tfx.ledger.schema` (tables and migrations).
 """
 from sage_tfx.ledger.accounting import BASIC, RDP

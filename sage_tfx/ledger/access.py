@@ -28,7 +28,7 @@ import secrets as token_rng
 from typing import Optional, Sequence
 
 from sage_tfx.errors import AuthenticationError, InvalidRequestError, PermissionDeniedError
-from sage_tfx.ledger import secrets
+from sage_tfx.ledger import pgroles, secrets
 from sage_tfx.ledger.values import check_name, now
 
 ADMIN = "admin"
@@ -106,30 +106,59 @@ _COLS = "SELECT name, roles, status, pg_role FROM principals "
 def identify(store, token: Optional[str]) -> Principal:
     """The principal a connection acts as (``LOCAL`` in open mode).
 
+    On PostgreSQL a connection whose database role is a principal's login role (``pg_role``)
+    is that principal; a token, if also given, must name the same one.
+
     Raises:
       AuthenticationError: principals exist and the token (or database role) matches no
-        active one.
+        active one, or the token and the database role name different principals.
     """
+    if store.kind == "postgresql":
+        return _identify_pg(store, token)
     if store.q("SELECT count(*) FROM principals").fetchone()[0] == 0:
         return LOCAL
-    if store.kind == "postgresql":
-        user = store.q("SELECT current_user").fetchone()[0]
-        row = store.q(_COLS + "WHERE pg_role = ?", (user,)).fetchone()
-        if row is not None and token is None:
-            return _active(_principal(row))
     if token is None:
-        raise AuthenticationError(
-            "this ledger has principals: authenticate with a token (open_ledger(url, "
-            f"token=...), ${TOKEN_ENV} or ${TOKEN_FILE_ENV}); an admin issues one with "
-            "'sage-tfx principal add NAME --role ROLE'")
+        raise _no_token()
     return lookup(store, token)
+
+
+def _no_token() -> AuthenticationError:
+    return AuthenticationError(
+        "this ledger has principals: authenticate with a token (open_ledger(url, "
+        f"token=...), ${TOKEN_ENV} or ${TOKEN_FILE_ENV}); an admin issues one with "
+        "'sage-tfx principal add NAME --role ROLE'")
+
+
+# PostgreSQL: through a SECURITY DEFINER function (a login role cannot read ``principals``).
+_PG_IDENTIFY = "SELECT principals, name, roles, status, pg_role FROM sage_identify(?)"
+
+
+def _identify_pg(store, token: Optional[str]) -> Principal:
+    row = store.q(_PG_IDENTIFY, (None,)).fetchone()
+    if row[0] == 0:
+        return LOCAL
+    by_role = _principal(row[1:]) if row[1] is not None else None
+    if token is None:
+        if by_role is None:
+            raise _no_token()
+        return _active(by_role)
+    p = lookup(store, token)
+    if by_role is not None and by_role.name != p.name:
+        raise AuthenticationError(
+            f"this connection's database role is principal {by_role.name!r}'s, but the token "
+            f"names principal {p.name!r}: connect with that principal's own credentials")
+    return p
 
 
 def lookup(store, token: str) -> Principal:
     """The active principal holding ``token``. Raises AuthenticationError."""
     if not isinstance(token, str) or not token:
         raise AuthenticationError("no token given")
-    row = store.q(_COLS + "WHERE token_sha256 = ?", (token_digest(token),)).fetchone()
+    if store.kind == "postgresql":
+        row = store.q(_PG_IDENTIFY, (token_digest(token),)).fetchone()
+        row = row[1:] if row[1] is not None else None
+    else:
+        row = store.q(_COLS + "WHERE token_sha256 = ?", (token_digest(token),)).fetchone()
     if row is None:
         raise AuthenticationError("unknown token")
     return _active(_principal(row))
@@ -178,6 +207,10 @@ class AccessMixin:
                     f"--stream {stream} --context {context}'")
 
     def _bound(self, name: str, stream: str, context: str) -> bool:
+        if self._store.restricted:  # a login role sees only its own principal's bindings
+            return name == self.principal.name and self._store.q(
+                f"SELECT 1 FROM {pgroles.SCOPE} WHERE stream = ? AND context = ?",
+                (stream, context)).fetchone() is not None
         return self._store.q("SELECT 1 FROM bindings WHERE principal = ? AND stream = ? AND "
                              "context = ?", (name, stream, context)).fetchone() is not None
 
@@ -194,19 +227,34 @@ class AccessMixin:
         return [_principal(r) for r in self._store.q(_COLS + "ORDER BY name").fetchall()]
 
     def add_principal(self, name: str, roles: Sequence[str], *,
-                      pg_role: Optional[str] = None) -> str:
+                      pg_role: Optional[str] = None, create_pg_role: bool = False,
+                      pg_password: Optional[str] = None) -> str:
         """Issues a principal and returns its token (shown once; only its digest is kept).
 
         The first principal of a ledger must hold ``admin``: it turns authentication on.
 
+        Args:
+          name: the principal's name.
+          roles: some of ``admin``, ``pipeline``, ``auditor``, ``client``.
+          pg_role: PostgreSQL: the principal's own database login role, given exactly the
+            privileges of ``roles`` (:mod:`~sage_tfx.ledger.pgroles`); a connection as that
+            role is this principal.
+          create_pg_role: create ``pg_role`` (LOGIN) rather than use an existing role.
+          pg_password: the new role's password (only its SCRAM verifier reaches the server);
+            None: the operator authenticates the role by other means.
+
         Raises:
-          InvalidRequestError: a bad name or role, the name is taken, or a first principal
-            without ``admin``.
+          InvalidRequestError: a bad name or role, the name or database role is taken, a first
+            principal without ``admin``, a database role for an admin, or on SQLite.
         """
         check_name("principal name", name)
         roles = check_roles(roles)
         if pg_role is not None:
-            check_name("pg_role", pg_role)
+            self._check_pg_role(pg_role, roles)
+        elif create_pg_role or pg_password is not None:
+            raise InvalidRequestError("create_pg_role and pg_password need pg_role")
+        if pg_password is not None and not create_pg_role:
+            raise InvalidRequestError("pg_password is for a role created here (create_pg_role)")
         self.authorize(CONFIGURE)
         token = TOKEN_PREFIX + token_rng.token_urlsafe(32)
 
@@ -218,33 +266,80 @@ class AccessMixin:
                     f"(got {sorted(roles)}); add an admin first")
             if self._store.q("SELECT 1 FROM principals WHERE name = ?", (name,)).fetchone():
                 raise InvalidRequestError(f"principal {name!r} already exists")
+            if pg_role is not None:
+                taken = self._store.q("SELECT name FROM principals WHERE pg_role = ?",
+                                      (pg_role,)).fetchone()
+                if taken:
+                    raise InvalidRequestError(
+                        f"database role {pg_role!r} already belongs to principal {taken[0]!r}")
+                if create_pg_role:
+                    pgroles.create_login(self._store, pg_role, pg_password)
+                pgroles.grant(self._store, pg_role, roles)
             ts = now()
             self._store.q("INSERT INTO principals (name, roles, token_sha256, status, pg_role, "
                           "created_at, updated_at) VALUES (?,?,?,?,?,?,?)",
                           (name, json.dumps(sorted(roles)), token_digest(token), ACTIVE, pg_role,
                            ts, ts))
-            self._store.audit(None, "principal_add", {"name": name, "roles": sorted(roles),
-                                                      "pg_role": pg_role})
+            self._store.audit(None, "principal_add", {
+                "name": name, "roles": sorted(roles), "pg_role": pg_role,
+                "pg_role_created": bool(create_pg_role)})
 
         self._store.write(txn)
         return token
 
-    def rotate_token(self, name: str) -> str:
-        """Replaces a principal's token; the old one stops working at once."""
+    def _check_pg_role(self, pg_role: str, roles: frozenset) -> None:
+        if self._store.kind != "postgresql":
+            raise InvalidRequestError("database login roles (pg_role) need a PostgreSQL ledger")
+        pgroles.check_role_name(pg_role)
+        pgroles.check_roles_for_login(roles)
+
+    def pg_role_exists(self, role: str) -> bool:
+        """Whether database role ``role`` exists (PostgreSQL; False on SQLite)."""
+        self.authorize(CONFIGURE)
+        return self._store.kind == "postgresql" and pgroles.role_exists(self._store.conn, role)
+
+    def principal_info(self, name: str) -> Principal:
+        """One principal. Raises InvalidRequestError if unknown."""
+        self.authorize(CONFIGURE)
+        row = self._store.q(_COLS + "WHERE name = ?", (name,)).fetchone()
+        if row is None:
+            raise InvalidRequestError(f"unknown principal {name!r}")
+        return _principal(row)
+
+    def rotate_token(self, name: str, *, pg_password: Optional[str] = None) -> str:
+        """Replaces a principal's token; the old one stops working at once.
+
+        ``pg_password`` also replaces the password of the principal's database role.
+        """
         self.authorize(CONFIGURE)
         token = TOKEN_PREFIX + token_rng.token_urlsafe(32)
-        self._set_principal(name, "principal_rotate", token_sha256=token_digest(token))
+
+        def pg(p: Principal) -> None:
+            if pg_password is not None:
+                if not p.pg_role:
+                    raise InvalidRequestError(f"principal {name!r} has no database role")
+                pgroles.set_password(self._store, p.pg_role, pg_password)
+
+        self._set_principal(name, "principal_rotate", pg, token_sha256=token_digest(token))
         return token
 
     def disable_principal(self, name: str) -> None:
-        """Disables a principal: its token and database role no longer authenticate."""
+        """Disables a principal: its token and database role no longer authenticate, and the
+        role loses every privilege (its open sessions at their next statement)."""
         self.authorize(CONFIGURE)
-        self._set_principal(name, "principal_disable", status=DISABLED)
 
-    def _set_principal(self, name: str, kind: str, **columns) -> None:
+        def pg(p: Principal) -> None:
+            if p.pg_role and self._store.kind == "postgresql":
+                pgroles.disable(self._store, p.pg_role)
+
+        self._set_principal(name, "principal_disable", pg, status=DISABLED)
+
+    def _set_principal(self, name: str, kind: str, pg, **columns) -> None:
         def txn():
-            if not self._store.q("SELECT 1 FROM principals WHERE name = ?", (name,)).fetchone():
+            row = self._store.q(_COLS + "WHERE name = ?", (name,)).fetchone()
+            if row is None:
                 raise InvalidRequestError(f"unknown principal {name!r}")
+            pg(_principal(row))
             sets = ", ".join(f"{c} = ?" for c in columns)
             self._store.q(f"UPDATE principals SET {sets}, updated_at = ? WHERE name = ?",
                           tuple(columns.values()) + (now(), name))
@@ -275,6 +370,9 @@ class AccessMixin:
         self.authorize(CONFIGURE)
 
         def txn():
+            if not self._bound(principal, stream, context):
+                raise InvalidRequestError(f"principal {principal!r} is not bound to stream "
+                                          f"{stream!r}, context {context!r}")
             self._store.q("DELETE FROM bindings WHERE principal = ? AND stream = ? AND "
                           "context = ?", (principal, stream, context))
             self._store.audit(stream, "unbind", {"name": principal, "context": context})

@@ -25,9 +25,10 @@ from dp_accounting import dp_event as dp_event_lib
 
 from sage_tfx.errors import (AccountingModeError, GrantStateError, InvalidRequestError,
                              RetiredBlockError, UnknownBlockError, UnknownStreamError)
-from sage_tfx.ledger import access, accounting, budget, pgrequest, secrets
+from sage_tfx.ledger import access, accounting, budget, pgrequest, pgroles, secrets
 from sage_tfx.ledger.access import AccessMixin
 from sage_tfx.ledger.auditing import AuditMixin
+from sage_tfx.ledger.blockkeys import BlockKeyMixin
 from sage_tfx.ledger.leases import LeaseMixin
 from sage_tfx.ledger.releases import ReleaseMixin
 from sage_tfx.ledger.store import Store
@@ -44,7 +45,7 @@ class _MorePages(Exception):
         self.page = page
 
 
-class Ledger(AccessMixin, ReleaseMixin, LeaseMixin, AuditMixin):
+class Ledger(AccessMixin, ReleaseMixin, LeaseMixin, AuditMixin, BlockKeyMixin):
     """A connection to a block ledger. Not thread-safe: open one per thread or process.
 
     ``url`` may be a reference (``env:NAME``, ``file:/path``; :mod:`~sage_tfx.ledger.secrets`),
@@ -217,6 +218,7 @@ class Ledger(AccessMixin, ReleaseMixin, LeaseMixin, AuditMixin):
             self._store.add_budgets(stream, s.contexts, next_seq, len(specs),
                                     budget.zero_curve(s))
             self._q("UPDATE streams SET next_seq = ? WHERE stream = ?", (next_seq + len(specs), stream))
+            self._insert_block_keys(stream, specs, ts)  # encrypted blocks' keys, with the blocks
             digest = hashlib.sha256(json.dumps(
                 [[sp.block_id, sp.location, sp.start, sp.end, sp.records] for sp in specs]
             ).encode()).hexdigest()
@@ -226,6 +228,7 @@ class Ledger(AccessMixin, ReleaseMixin, LeaseMixin, AuditMixin):
             return len(specs)
 
         added = self._store.write(txn)
+        self._finish_shred()
         if len(specs) >= 1000:
             self._store.analyze()
         return added
@@ -275,7 +278,8 @@ class Ledger(AccessMixin, ReleaseMixin, LeaseMixin, AuditMixin):
 
     def retire_block(self, stream: str, block_id: str, reason: str,
                      context: Optional[str] = None) -> None:
-        """Retires a block for good (in one context, or all): it will never be charged again."""
+        """Retires a block for good (in one context, or all): it will never be charged again.
+        Retired in every context, its data key and local files are destroyed (blockkeys)."""
         self.authorize(access.CONFIGURE)
         s = self.stream(stream)
         contexts = s.contexts if context is None else (self._context(s, context),)
@@ -288,8 +292,10 @@ class Ledger(AccessMixin, ReleaseMixin, LeaseMixin, AuditMixin):
                 self._q("UPDATE budgets SET status = ? WHERE stream = ? AND context = ? AND "
                         "block_id = ?", (RETIRED, stream, c, block_id))
                 self._audit(stream, "retire", {"block": block_id, "context": c, "reason": reason})
+            self._shred_retired(stream, block_id)  # retired everywhere: its key is destroyed
 
         self._store.write(txn)
+        self._finish_shred()
 
     # -- requests --
 
@@ -553,23 +559,31 @@ class Ledger(AccessMixin, ReleaseMixin, LeaseMixin, AuditMixin):
                 raise GrantStateError(
                     f"grant {grant_id} is {status}: only a reservation that never released data "
                     "can be cancelled; released data stays charged")
-            self._q("UPDATE grants SET status = ? WHERE grant_id = ?", (CANCELLED, grant_id))
             s = self.stream(stream)
-            derived = self._derived_states(s, context)
-            for b in blocks:
-                self._q("UPDATE budgets SET eps_spent = ?, delta_spent = ?, rdp = ?, charges = ? "
-                        "WHERE stream = ? AND context = ? AND block_id = ?",
-                        budget.stored(s, derived.get(b) or budget.fresh(s)) + (stream, context, b))
+            derived = self._derived_states(s, context, without=grant_id)
+            states = [budget.stored(s, derived.get(b) or budget.fresh(s)) for b in blocks]
+            if self._store.kind == "postgresql":  # checked by the server (pgroles.refund)
+                pgroles.refund(self._store, grant_id, json.dumps(
+                    [dict(zip(("block", "eps", "delta", "rdp", "charges"), (b,) + st))
+                     for b, st in zip(blocks, states)]))
+            else:
+                self._q("UPDATE grants SET status = ? WHERE grant_id = ?", (CANCELLED, grant_id))
+                self._store.many("UPDATE budgets SET eps_spent = ?, delta_spent = ?, rdp = ?, "
+                                 "charges = ? WHERE stream = ? AND context = ? AND block_id = ?",
+                                 [st + (stream, context, b) for b, st in zip(blocks, states)])
             self._audit(stream, "cancel", {"grant_id": grant_id, "blocks": blocks})
             return self._load_grant(grant_id)
 
         return self._store.write(txn)
 
-    def _derived_states(self, s: Stream, context: str) -> dict[str, budget.Derived]:
-        """Every charged block's (ε, δ, RDP curve, charges) recomputed from non-cancelled grants."""
+    def _derived_states(self, s: Stream, context: str,
+                        without: str = "") -> dict[str, budget.Derived]:
+        """Every charged block's (ε, δ, RDP curve, charges) recomputed from non-cancelled grants
+        (other than ``without``)."""
         return budget.derive(s, self._q(
             "SELECT epsilon, delta, event, blocks FROM grants WHERE stream = ? AND context = ? "
-            "AND status <> ? ORDER BY created_at, grant_id", (s.name, context, CANCELLED)))
+            "AND status <> ? AND grant_id <> ? ORDER BY created_at, grant_id",
+            (s.name, context, CANCELLED, without)))
 
 def open_ledger(url: str, token: Optional[str] = None) -> Ledger:
     """Opens (creating if needed) the ledger at a database URL.

@@ -12,7 +12,8 @@ integrations are the envelope step a cloud KMS or Vault plugs into):
   file by default (``file:/path``, created 0600), or any object that exposes Tink's ``Aead``
   (``encrypt`` / ``decrypt`` with associated data) — a cloud KMS or Vault client;
 * the ledger stores only the *wrapped* data key (``block_keys``); deleting that row destroys
-  the block: without it the files are noise, whoever holds the files, the database and the KEK.
+  the block: without it the files are noise, whoever holds the files, the database and the KEK
+  (:mod:`~sage_tfx.ledger.blockkeys`: grants, retirement, rotation).
 
 Choose the provider with ``$SAGE_KEY_PROVIDER`` (default ``file:~/.config/sage-tfx/kek.json``).
 """
@@ -41,7 +42,14 @@ def _tink():
 
 
 class KeyProvider(abc.ABC):
-    """A key-encryption key: wraps and unwraps data keys. Never hands its key material out."""
+    """A key-encryption key: wraps and unwraps data keys. Never hands its key material out.
+
+    Rotation (``sage-tfx keys rotate``): :meth:`rotate` makes a new version the one that wraps
+    while older versions still unwrap; once every wrapped key is re-wrapped,
+    :meth:`destroy_previous` destroys the older versions, and with them every copy of a wrapped
+    key made before the rotation (database backups included). A KMS or Vault provider maps these
+    onto its own key versions, or leaves them unimplemented (then rotate in the key service).
+    """
 
     #: A stable id of the KEK, recorded beside every key it wrapped.
     key_id: str
@@ -50,19 +58,45 @@ class KeyProvider(abc.ABC):
     def aead(self):
         """The KEK as a Tink ``Aead`` primitive (``encrypt(plaintext, aad)``, ``decrypt``)."""
 
+    def version(self) -> str:
+        """The id of the version that wraps now ("" for a provider with a single version)."""
+        return ""
+
+    @property
+    def kek_id(self) -> str:
+        """``key_id#version``: what the ledger records beside a key wrapped now."""
+        v = self.version()
+        return f"{self.key_id}#{v}" if v else self.key_id
+
+    def rotate(self) -> None:
+        """Makes a new version the one that wraps; older versions still unwrap."""
+        raise InvalidRequestError(f"KEK {self.key_id} is not rotated from here: rotate it in "
+                                  "its key service, then re-wrap with 'sage-tfx keys rotate'")
+
+    def previous_versions(self) -> int:
+        """How many versions other than the current one still unwrap."""
+        return 0
+
+    def destroy_previous(self) -> None:
+        """Destroys every version but the current one (keys wrapped by them never open again)."""
+        raise InvalidRequestError(f"KEK {self.key_id}: destroy old versions in its key service")
+
 
 class LocalKeyFile(KeyProvider):
     """A KEK kept in a local Tink AEAD keyset file (JSON, mode 0600): the embedded default.
 
     Anyone who can read the file and the ledger's database can unwrap live data keys, so keep
     it outside the block storage and the database's backups (the default lies in the user's
-    configuration directory). :meth:`rotate` adds a new primary key; older keys still unwrap.
+    configuration directory). :meth:`rotate` adds a new primary key (older keys still unwrap);
+    :meth:`destroy_previous` then removes the older keys, overwriting the replaced file in place.
+    The version (``kek_id``) is re-read whenever the file changes, so a process that outlives a
+    rotation wraps with the new version, never with a destroyed one.
     """
 
     def __init__(self, path: str, create: bool = True):
         self.path = os.path.abspath(os.path.expanduser(path))
         self.key_id = "file:" + self.path
-        self._aead = None
+        self._loaded = None  # (file stamp, Aead, primary key id, number of keys)
         if not os.path.exists(self.path):
             if not create:
                 raise InvalidRequestError(f"no key-encryption key file at {self.path}")
@@ -80,6 +114,22 @@ class LocalKeyFile(KeyProvider):
         with open(self.path, encoding="utf-8") as f:
             return tink.json_proto_keyset_format.parse(f.read(), secret_key_access.TOKEN)
 
+    def _state(self):
+        """(Aead, primary key id, key count) of the file as it is now, read in one go.
+
+        Re-read whenever the file changed (a rotation by another process), so a key is never
+        wrapped by a version the ledger would not record, nor by one that was destroyed.
+        """
+        from tink import aead
+        st = os.stat(self.path)
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if self._loaded is None or self._loaded[0] != stamp:
+            handle = self._read()
+            info = handle.keyset_info()
+            self._loaded = (stamp, handle.primitive(aead.Aead), info.primary_key_id,
+                            len(info.key_info))
+        return self._loaded[1:]
+
     def _write(self, handle, replace: bool = False) -> None:
         """Writes the keyset 0600 via a temporary file; a new file never replaces a KEK that
         another process created meanwhile (``replace`` is for rotation)."""
@@ -94,20 +144,35 @@ class LocalKeyFile(KeyProvider):
             f.flush()
             os.fsync(f.fileno())
         if replace:
-            os.replace(tmp, self.path)
+            # The replaced keyset's bytes are overwritten in place after the rename (its inode
+            # stays open), so a destroyed version is not left whole in the file system's free
+            # blocks (a copy-on-write file system or an SSD's remapping may still keep one).
+            old = os.open(self.path, os.O_RDWR) if os.path.exists(self.path) else None
+            try:
+                os.replace(tmp, self.path)
+                if old is not None:
+                    size = os.fstat(old).st_size
+                    os.pwrite(old, b"\0" * size, 0)
+                    os.fsync(old)
+            finally:
+                if old is not None:
+                    os.close(old)
         else:
             try:
                 os.link(tmp, self.path)
             except FileExistsError:
                 pass
             os.remove(tmp)
-        self._aead = None
+        self._loaded = None
 
     def aead(self):
-        if self._aead is None:
-            from tink import aead
-            self._aead = self._read().primitive(aead.Aead)
-        return self._aead
+        return self._state()[0]
+
+    def version(self) -> str:
+        return str(self._state()[1])
+
+    def previous_versions(self) -> int:
+        return self._state()[2] - 1
 
     def rotate(self) -> None:
         """Adds a new primary key: new wraps use it, keys wrapped before still unwrap."""
@@ -122,6 +187,17 @@ class LocalKeyFile(KeyProvider):
             return self.rotate()  # a 32-bit key id collided: draw another key
         keyset["key"] += fresh["key"]
         keyset["primaryKeyId"] = fresh["primaryKeyId"]
+        self._write(fmt.parse(json.dumps(keyset), secret_key_access.TOKEN), replace=True)
+
+    def destroy_previous(self) -> None:
+        """Keeps only the primary key: keys wrapped by the others never open again."""
+        import json
+
+        tink = _tink()
+        from tink import secret_key_access
+        fmt = tink.json_proto_keyset_format
+        keyset = json.loads(fmt.serialize(self._read(), secret_key_access.TOKEN))
+        keyset["key"] = [k for k in keyset["key"] if k["keyId"] == keyset["primaryKeyId"]]
         self._write(fmt.parse(json.dumps(keyset), secret_key_access.TOKEN), replace=True)
 
 
@@ -140,18 +216,20 @@ def default_spec(environ=os.environ) -> str:
     return "file:" + os.path.join(base, "sage-tfx", "kek.json")
 
 
-def provider(spec: Optional[str] = None) -> KeyProvider:
+def provider(spec: Optional[str] = None, *, create: bool = True) -> KeyProvider:
     """The key provider a spec names (default: :func:`default_spec`).
 
-    ``file:/path`` is the local key file; other schemes come from :func:`register_provider`
-    (operator code, never a string from a client).
+    ``file:/path`` is the local key file, created if missing unless ``create`` is False (a Beam
+    worker or a reader must never make a KEK of its own: what it wrapped would open nowhere
+    else); other schemes come from :func:`register_provider` (operator code, never a string
+    from a client).
     """
     spec = spec or default_spec()
     scheme, sep, rest = spec.partition(":")
     if not sep or not rest:
         raise InvalidRequestError(f"a key provider spec is 'scheme:...', got {spec!r}")
     if scheme == "file":
-        return LocalKeyFile(rest)
+        return LocalKeyFile(rest, create=create)
     if scheme in _registered:
         return _registered[scheme](spec)
     raise InvalidRequestError(f"unknown key provider scheme {scheme!r} in {spec!r}: use "

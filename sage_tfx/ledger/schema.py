@@ -15,7 +15,7 @@ Older ledgers migrate when they are opened (inside the schema lock, one transact
 """
 from __future__ import annotations
 
-from sage_tfx.ledger import pgrequest
+from sage_tfx.ledger import pgrequest, pgroles
 from sage_tfx.ledger.audit import GENESIS_HASH
 
 SCHEMA_VERSION = 4
@@ -99,8 +99,15 @@ PG_FUNCTIONS = [
 
 
 def init(store) -> None:
-    """Creates the tables of a new ledger, or migrates an older one, in one transaction."""
+    """Creates the tables of a new ledger, or migrates an older one, in one transaction.
+
+    On PostgreSQL only the ledger's owner does: another database role (a principal's login
+    role, :mod:`~sage_tfx.ledger.pgroles`) opens a current schema as it is.
+    """
     conn = store.conn
+    if store.kind == "postgresql" and pgroles.restricted(store):
+        store.restricted = True
+        return
     if store.kind == "sqlite":
         conn.execute("BEGIN IMMEDIATE")
     else:
@@ -126,6 +133,7 @@ def init(store) -> None:
         if store.kind == "postgresql":
             for stmt in PG_FUNCTIONS + pgrequest.FUNCTIONS:
                 conn.execute(stmt)
+            pgroles.install(store)
             if version is not None and version < 2:
                 conn.execute("SELECT setval('audit_seq_gen', "
                              "(SELECT GREATEST(COALESCE(max(seq), 0), 1) FROM audit))")

@@ -206,8 +206,9 @@ def _backend_for(url: str) -> _Backend:
         return _SqliteBackend(url)
     if url.startswith(("postgresql://", "postgres://")):
         return _PostgresBackend(url)
+    from sage_tfx.ledger import secrets
     raise InvalidRequestError(
-        f"unsupported ledger URL {url!r}: use sqlite:///path/to/ledger.db or "
+        f"unsupported ledger URL {secrets.redact(url)!r}: use sqlite:///path/to/ledger.db or "
         "postgresql://user@host:port/dbname")
 
 
@@ -228,6 +229,8 @@ class Store:
         self._analyze: set = set()
         self._flush_after_unlock = False
         self.principal = "local"  # who writes: set by the Ledger once the caller is identified
+        # PostgreSQL: a role other than the ledger's owner (pgroles.restricted)
+        self.restricted = False
         deadline = time.monotonic() + RETRY_SECONDS
         attempt = 0
         while True:

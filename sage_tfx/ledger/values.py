@@ -71,13 +71,20 @@ class Stream:
 
 @dataclasses.dataclass(frozen=True)
 class BlockSpec:
-    """A block to register: its id, storage location and half-open [start, end) description."""
+    """A block to register: its id, storage location and half-open [start, end) description.
+
+    An encrypted block also carries its data key, wrapped by the key-encryption key
+    (``wrapped_key``) and that KEK's id (``kek_id``): both are registered with the block, in the
+    same transaction (:mod:`sage_tfx.ledger.blockkeys`).
+    """
 
     block_id: str
     location: str
     start: Optional[str] = None
     end: Optional[str] = None
     records: Optional[int] = None
+    wrapped_key: Optional[bytes] = dataclasses.field(default=None, repr=False)
+    kek_id: Optional[str] = None
 
 
 @dataclasses.dataclass(frozen=True)

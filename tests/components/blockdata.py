@@ -1,8 +1,10 @@
 """Test data of the component tests: block storage written with TensorFlow.
 
 Blocks follow docs/design.md: a directory ``<block_root>/<stream>/<block_id>`` holding gzip TFRecord
-files of tf.train.Example named ``part-*.tfrecord.gz``. Every record carries the id of its block
-(feature ``block``), so a test can tell which blocks reached an Examples artifact.
+files of tf.train.Example, encrypted with the block's data key as the splitter writes them
+(``part-*.tfrecord.gz.tink``, :func:`write_encrypted_block`) or, the layout before encryption,
+in plaintext (``part-*.tfrecord.gz``, :func:`write_block_file`). Every record carries the id of its
+block (feature ``block``), so a test can tell which blocks reached an Examples artifact.
 """
 import csv
 import datetime
@@ -23,6 +25,21 @@ def write_block_file(location, examples, name="part-00000-of-00001.tfrecord.gz")
     with tf.io.TFRecordWriter(os.path.join(location, name), options="GZIP") as w:
         for ex in examples:
             w.write(ex.SerializeToString())
+
+
+def write_encrypted_block(location, stream, block_id, parts):
+    """Writes lists of tf.train.Examples as a block's encrypted part files, under one new data
+    key; returns the key's (kek_id, wrapped) for the block's BlockSpec."""
+    from sage_tfx.ledger import keys
+    from sage_tfx.streams import blockfiles
+    os.makedirs(location, exist_ok=True)
+    dk, kek_id, wrapped = blockfiles.new_block_key(keys.provider(), stream, block_id)
+    for k, examples in enumerate(parts):
+        name = f"part-{k:05d}-of-{len(parts):05d}.tfrecord.gz.tink"
+        blockfiles.write_block_file(os.path.join(location, name),
+                                    [ex.SerializeToString() for ex in examples], dk,
+                                    blockfiles.file_aad(stream, block_id, name))
+    return kek_id, wrapped
 
 
 def make_example(features):
@@ -61,7 +78,8 @@ def feature_value(example, name):
 
 
 def write_taxi_month_blocks(block_root, stream, months):
-    """Writes monthly blocks of the Chicago taxi CSV (tfx wheel) and returns BlockSpecs.
+    """Writes encrypted monthly blocks of the Chicago taxi CSV (tfx wheel) and returns their
+    BlockSpecs (wrapped keys included).
 
     Months, not days: the CSV has ~10 trips a day but ~300 a month. Column types are inferred
     over the whole file (int, else float, else string); empty fields are absent features, as with
@@ -100,9 +118,10 @@ def write_taxi_month_blocks(block_root, stream, months):
                 feats[c] = int(v) if types[c] == "int" else float(v) if types[c] == "float" else v
             exs.append(make_example(feats))
         loc = block_location(block_root, stream, month)
-        write_block_file(loc, exs)
+        kek_id, wrapped = write_encrypted_block(loc, stream, month, [exs])
         y, m = map(int, month.split("-"))
         end = f"{y + (m == 12):04d}-{m % 12 + 1:02d}"
         specs.append(BlockSpec(month, loc, f"{month}-01T00:00:00+00:00",
-                               f"{end}-01T00:00:00+00:00", len(exs)))
+                               f"{end}-01T00:00:00+00:00", len(exs), wrapped_key=wrapped,
+                               kek_id=kek_id))
     return specs

@@ -67,6 +67,8 @@ def run_validator(spec, root, grant_art, grant):
     from sage_tfx.components.dp_validator import executor, spec as keys
     model = standard_artifacts.Model()
     model.uri = spec["model_uri"]
+    # The trainer's record of the grant (a Sage trainer writes it once it verified what ran).
+    model.set_string_custom_property(keys.GRANT_ID_PROPERTY, grant.grant_id)
     blessing = standard_artifacts.ModelBlessing()
     blessing.uri = os.path.join(root, "blessing")
     props = {keys.METRIC_KEY: "loss", keys.LOSS_FN_KEY: "squared_error",

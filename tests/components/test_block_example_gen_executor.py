@@ -1,14 +1,50 @@
-"""BlockExampleGen executor: Do() on generated blocks; only granted blocks ever reach Examples."""
+"""BlockExampleGen executor: Do() on generated blocks; only granted blocks ever reach Examples.
+
+The blocks here are encrypted as the splitter writes them (each with its own data key, two part
+files per block); one test reads a plaintext block of the layout before encryption.
+"""
 import collections
 import dataclasses
+import datetime
+import glob
 import json
 import os
 
 import pytest
 
-from blockdata import DAY_BLOCKS, RECORDS_PER_BLOCK, STREAM, feature_value, read_examples
+from blockdata import (DAY_BLOCKS, RECORDS_PER_BLOCK, STREAM, feature_value, make_example,
+                       read_examples, write_block_file, write_encrypted_block)
 
 pytestmark = pytest.mark.slow
+
+
+def _spec(day, loc, **key):
+    from sage_tfx.ledger import BlockSpec
+    start = datetime.date.fromisoformat(day)
+    return BlockSpec(day, loc, f"{start}T00:00:00+00:00",
+                     f"{start + datetime.timedelta(days=1)}T00:00:00+00:00", RECORDS_PER_BLOCK,
+                     **key)
+
+
+@pytest.fixture
+def block_ledger(tmp_path):
+    """As tests/components/conftest.py's fixture, but every block encrypted with its own key."""
+    from sage_tfx.ledger import open_ledger
+    from sage_tfx.streams.blocks import block_location
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    locations, specs = {}, []
+    for day in DAY_BLOCKS:
+        loc = block_location(str(tmp_path / "blocks"), STREAM, day)
+        exs = [make_example({"block": day, "i": i, "x": float(i) / 7.0})
+               for i in range(RECORDS_PER_BLOCK)]
+        half = RECORDS_PER_BLOCK // 2
+        kek_id, wrapped = write_encrypted_block(loc, STREAM, day, [exs[:half], exs[half:]])
+        locations[day] = loc
+        specs.append(_spec(day, loc, wrapped_key=wrapped, kek_id=kek_id))
+    with open_ledger(url) as ledger:
+        ledger.create_stream(STREAM, epsilon_g=1.0, delta_g=1e-5, granularity="day")
+        ledger.add_blocks(STREAM, specs)
+    return url, locations
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +84,10 @@ def _run(mods, tmp_path, grant_art, name="examples", output_config=None, ledger_
     }
     if ledger_url:
         props[spec.LEDGER_URL_KEY] = ledger_url
+    recorded = dict(props)
     mods["executor"].Executor().Do({spec.GRANT_INPUT_KEY: [grant_art]},
                                   {spec.EXAMPLES_KEY: [examples]}, props)
+    assert props == recorded  # the granted files and their wrapped keys never reach MLMD
     return examples
 
 
@@ -223,6 +261,61 @@ def test_grant_from_another_ledger_is_not_trusted(mods, tmp_path, block_ledger):
     grant = _grant_artifact(mods, tmp_path, url, blocks=["2024-01-04"], epsilon=0.1)
     with pytest.raises(MissingGrantError, match="only trusts ledger"):
         _run(mods, tmp_path, grant, ledger_url=f"sqlite:///{tmp_path}/other.db")
+
+
+def test_block_files_read_without_a_grant_yield_no_record(block_ledger):
+    import tensorflow as tf
+    _, locations = block_ledger
+    for loc in locations.values():
+        for path in glob.glob(os.path.join(loc, "*")):
+            data = open(path, "rb").read()
+            assert b"2024-01" not in data  # the "block" feature's value of every record
+            with pytest.raises(tf.errors.OpError):
+                list(tf.compat.v1.io.tf_record_iterator(
+                    path, tf.io.TFRecordOptions(compression_type="GZIP")))
+
+
+def test_a_block_retired_after_the_grant_is_not_read(mods, tmp_path, block_ledger):
+    from sage_tfx.errors import RetiredBlockError
+    from sage_tfx.ledger import open_ledger
+    url, locations = block_ledger
+    grant = _grant_artifact(mods, tmp_path, url, blocks=["2024-01-01", "2024-01-02"],
+                            epsilon=0.1)
+    with open_ledger(url) as ledger:
+        ledger.retire_block(STREAM, "2024-01-02", "deletion request")
+    assert not os.path.exists(locations["2024-01-02"])  # its files went with its key
+    with pytest.raises(RetiredBlockError, match="retired since the grant"):
+        _run(mods, tmp_path, grant)
+    assert _all_output_files(str(tmp_path / "examples")) == []
+
+
+def test_a_pipeline_not_bound_to_the_context_reads_nothing(mods, tmp_path, block_ledger,
+                                                           monkeypatch):
+    from sage_tfx.errors import PermissionDeniedError
+    from sage_tfx.ledger import open_ledger
+    url, _ = block_ledger
+    grant = _grant_artifact(mods, tmp_path, url, blocks=["2024-01-01"], epsilon=0.1)
+    with open_ledger(url) as ledger:
+        ledger.add_principal("root", ["admin"])
+        outsider = ledger.add_principal("outsider", ["pipeline"])
+    monkeypatch.setenv("SAGE_LEDGER_TOKEN", outsider)
+    with pytest.raises(PermissionDeniedError, match="not bound"):
+        _run(mods, tmp_path, grant)
+    assert _all_output_files(str(tmp_path / "examples")) == []
+
+
+def test_a_plaintext_block_of_the_old_layout_is_still_read(mods, tmp_path):
+    from sage_tfx.ledger import open_ledger
+    from sage_tfx.streams.blocks import block_location
+    url = f"sqlite:///{tmp_path}/old.db"
+    loc = block_location(str(tmp_path / "old"), STREAM, DAY_BLOCKS[0])
+    write_block_file(loc, [make_example({"block": DAY_BLOCKS[0], "i": i})
+                           for i in range(RECORDS_PER_BLOCK)])
+    with open_ledger(url) as ledger:
+        ledger.create_stream(STREAM, epsilon_g=1.0, delta_g=1e-5)
+        ledger.add_blocks(STREAM, [_spec(DAY_BLOCKS[0], loc)])
+    grant = _grant_artifact(mods, tmp_path, url, blocks=[DAY_BLOCKS[0]], epsilon=0.1)
+    assert _blocks_in(_run(mods, tmp_path, grant).uri) == {DAY_BLOCKS[0]: RECORDS_PER_BLOCK}
 
 
 def test_missing_block_data_is_a_clear_error(mods, tmp_path, block_ledger):

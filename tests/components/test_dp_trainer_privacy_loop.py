@@ -133,3 +133,46 @@ def test_the_same_run_fn_through_the_loop_is_published(mods, tmp_path, flights):
     assert model.get_string_custom_property("dp_verification") == "observed"
     assert model.get_int_custom_property("dp_steps") == _steps(rows)
     assert os.path.exists(tmp_path / "model" / "Format-Serving" / "saved_model.pb")
+
+
+def test_a_retried_trainer_publishes_the_recorded_model(mods, tmp_path, flights):
+    """Release once: a re-execution under the same grant (a retried pod, another output uri)
+    gets the first model byte for byte and its properties, without training; another request
+    under the grant is refused and publishes nothing."""
+    from sage_tfx.errors import ReleaseConflictError
+    from sage_tfx.ledger import open_ledger, releases
+    uri, rows = flights
+    runs = tmp_path / "runs.txt"
+    module = tmp_path / "counted.py"
+    module.write_text(_MODULE.format(body=f'''
+    with open({str(runs)!r}, "a") as f:
+        f.write("ran\\n")
+    dp.export_serving_model(fn_args, private(), columns, kinds=data.kinds)
+'''))
+    grant = grant_artifact(mods, tmp_path, PrivacyPlan.of(PlanPart("train", 1.0, 1e-6)))
+    first = train(mods, tmp_path, grant=grant, examples=examples_artifact(uri),
+                  module_file=str(module), name="model")
+    again = train(mods, tmp_path, grant=grant, examples=examples_artifact(uri),
+                  module_file=str(module), name="model-retry")
+    assert runs.read_text() == "ran\n"
+    assert first.get_int_custom_property("replayed") == 0
+    assert again.get_int_custom_property("replayed") == 1
+    assert releases.tree_digest(first.uri) == releases.tree_digest(again.uri)
+    for key in ("dp_epsilon", "dp_steps", "grant_id", "dp_verification", "release_digest"):
+        assert again.get_custom_property(key) == first.get_custom_property(key)
+    with pytest.raises(ReleaseConflictError, match="dp_trainer/model"):
+        train(mods, tmp_path, grant=grant, examples=examples_artifact(uri),
+              module_file=str(module), name="model-other", config={"lr": 0.5})
+    assert runs.read_text() == "ran\n"
+    assert not os.path.exists(tmp_path / "model-other" / "Format-Serving")
+    url = grant.get_string_custom_property("ledger_url")
+    with open_ledger(url) as ledger:
+        g = artifacts_grant_id(grant)
+        assert [r.name for r in ledger.releases(g)] == ["dp_trainer/model"]
+        assert ledger.check_consistency("flights") == []
+
+
+def artifacts_grant_id(grant):
+    import json
+    with open(os.path.join(grant.uri, "grant.json")) as f:
+        return json.load(f)["grant_id"]

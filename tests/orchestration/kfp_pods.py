@@ -9,6 +9,11 @@ root), substitutes KFP's job placeholders in constant parameters as the KFP driv
 runs the executor's container command and arguments from the IR (``{{$}}`` replaced by the
 ExecutorInput JSON) in a fresh process. The only liberty taken: ``python`` in the container
 command resolves to this virtualenv's interpreter (the image's ``python`` in a pod).
+
+With the KFP package beside the job (``<job>.yaml``: pipeline spec + kfp-kubernetes platform
+spec), each executor's ``secretAsEnv`` entries set its environment from ``k8s_secrets``
+(``{secret name: {key: value}}``), as the KFP driver does from the namespace's Secrets; a
+missing Secret or key fails the task, as Kubernetes refuses to start such a container.
 """
 from __future__ import annotations
 
@@ -84,8 +89,28 @@ def _substitute(value: struct_pb2.Value, placeholders: Dict[str, str]) -> struct
     return value
 
 
+def platform_env(path: str, k8s_secrets: Dict[str, Dict[str, str]]) -> Dict[str, Dict[str, str]]:
+    """``{executor label: {env var: value}}`` from the package's kfp-kubernetes platform spec."""
+    import yaml
+
+    package = os.path.splitext(path)[0] + ".yaml"
+    if not os.path.exists(package):
+        return {}
+    with open(package) as f:
+        docs = list(yaml.safe_load_all(f))
+    executors = docs[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    out: Dict[str, Dict[str, str]] = {}
+    for label, config in executors.items():
+        for entry in config.get("secretAsEnv", []):
+            data = k8s_secrets[entry["secretName"]]  # KeyError: the Secret does not exist
+            for pair in entry["keyToEnv"]:
+                out.setdefault(label, {})[pair["envVar"]] = data[pair["secretKey"]]
+    return out
+
+
 def run_job(path: str, *, env: Dict[str, str] = None, job_uuid: str = None,
-            log_dir: str = None) -> Dict[str, dict]:
+            log_dir: str = None, k8s_secrets: Dict[str, Dict[str, str]] = None,
+            base_env: Dict[str, str] = None) -> Dict[str, dict]:
     """Runs every task of the compiled job at ``path``; returns ``{task: result}``.
 
     A result is ``{"ran": bool, "outputs": {key: RuntimeArtifact as dict}, "seconds": float}``;
@@ -105,7 +130,8 @@ def run_job(path: str, *, env: Dict[str, str] = None, job_uuid: str = None,
     placeholders = {"{{$.pipeline_job_uuid}}": job_uuid, "{{$.pipeline_job_name}}": job_name}
     outputs: Dict[str, Dict[str, pb.RuntimeArtifact]] = {}
     results: Dict[str, dict] = {}
-    run_env = dict(os.environ, **(env or {}))
+    run_env = dict(os.environ if base_env is None else base_env, **(env or {}))
+    from_secrets = platform_env(path, k8s_secrets or {})
     run_env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + run_env.get("PATH", "")
     for name in dag_order(spec):
         task = spec.root.dag.tasks[name]
@@ -136,7 +162,8 @@ def run_job(path: str, *, env: Dict[str, str] = None, job_uuid: str = None,
         log = os.path.join(log_dir or task_root, f"{name}.log")
         os.makedirs(os.path.dirname(log), exist_ok=True)
         with open(log, "w") as f:
-            subprocess.run(argv, env=run_env, stdout=f, stderr=subprocess.STDOUT, check=True)
+            subprocess.run(argv, env=dict(run_env, **from_secrets.get(component.executor_label, {})),
+                           stdout=f, stderr=subprocess.STDOUT, check=True)
         executor_output = pb.ExecutorOutput()
         with open(executor_input.outputs.output_file) as f:
             json_format.Parse(f.read(), executor_output, ignore_unknown_fields=True)

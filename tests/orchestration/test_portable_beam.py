@@ -50,11 +50,16 @@ def portable_flags(tmp_path_factory):
         proc.wait(timeout=30)
 
 
-def _block_records(location):
-    """The serialized tf.Examples of a block directory, sorted."""
-    import tensorflow as tf
-    files = sorted(glob.glob(os.path.join(location, "part-*.tfrecord.gz")))
-    return sorted(r.numpy() for r in tf.data.TFRecordDataset(files, compression_type="GZIP"))
+def _block_records(ledger_url, block):
+    """The serialized tf.Examples of a block, decrypted with its registered key, sorted."""
+    from sage_tfx.ledger import keys, open_ledger
+    from sage_tfx.streams import blockfiles
+    with open_ledger(ledger_url) as ledger:
+        [key] = [k for k in ledger.block_keys(STREAM) if k.block_id == block.block_id]
+    files = sorted(glob.glob(os.path.join(block.location, "part-*.tfrecord.gz.tink")))
+    assert files
+    return sorted(r for f in files for r in blockfiles.read_block_file(
+        f, key.unwrap(keys.provider()), blockfiles.file_aad(STREAM, block.block_id, f)))
 
 
 def _ledger_blocks(ledger_url):
@@ -118,7 +123,7 @@ def test_portable_runner_splits_and_transforms_like_direct_runner(flights_blocks
     for d, p in zip(direct, portable):
         assert d.location.startswith(str(direct_root)) and p.location.startswith(
             str(portable_root))
-        assert _block_records(p.location) == _block_records(d.location), d.block_id
+        assert _block_records(portable_url, p) == _block_records(direct_url, d), d.block_id
 
     # 2. DP Transform (its analyzers draw the noise inside Beam) on each runner.
     direct_rows = _run_transform(tmp_path / "t-direct", direct_url, [])

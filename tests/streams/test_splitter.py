@@ -12,8 +12,9 @@ import sys
 import pytest
 
 from sage_tfx.streams import example_codec, records, splitter
+from sage_tfx.ledger import keys
 from sage_tfx.streams.blocks import (HashBucketScheme, TimeWindowScheme, block_files_glob,
-                                     block_location)
+                                     block_location, encrypted_files_glob)
 from sage_tfx.errors import UnknownStreamError
 from sage_tfx.streams.records import RowError
 from sage_tfx.streams.splitter import (BlockExistsError, BlockManifest, LateBlockError,
@@ -291,16 +292,27 @@ def test_split_and_register_unknown_stream(tmp_path):
 # === slow: Beam DirectRunner ===================================================================
 
 
-def read_block(location):
-    """Every record of a block as a {feature: value} dict (TF parses the files)."""
+def read_block(manifest, stream):
+    """(files, serialized records) of a block, decrypted with the key its manifest carries;
+    TensorFlow's TFRecord reader reads the decrypted bytes."""
     import tensorflow as tf
 
+    dk = keys.DataKey.unwrap(keys.provider(), manifest.wrapped_key,
+                             keys.aad_for(stream, manifest.block_id))
     records = []
-    files = sorted(glob.glob(block_files_glob(location)))
+    files = sorted(glob.glob(encrypted_files_glob(manifest.location)))
+    assert not glob.glob(block_files_glob(manifest.location))  # no plaintext file
     for path in files:
+        plain = os.path.join(os.path.dirname(path), "plain.gz")
+        with open(path, "rb") as f:
+            data = dk.decrypt(f.read(), keys.aad_for(stream, manifest.block_id,
+                                                     os.path.basename(path)))
+        assert data[:2] == b"\x1f\x8b"  # the plaintext is a gzip TFRecord file
+        with open(plain, "wb") as f:
+            f.write(data)
         options = tf.io.TFRecordOptions(compression_type="GZIP")
-        for serialized in tf.compat.v1.io.tf_record_iterator(path, options):
-            records.append(serialized)
+        records.extend(tf.compat.v1.io.tf_record_iterator(plain, options))
+        os.remove(plain)
     return files, records
 
 
@@ -318,13 +330,16 @@ def example_to_dict(serialized):
     return out
 
 
-def read_stream(block_root, stream):
-    """{block_id: [record dict, ...]} of every block directory under the stream."""
+def read_stream(block_root, stream, result):
+    """{block_id: [record dict, ...]} of every block directory under the stream (each a block
+    of the split ``result``, decrypted with the key its manifest carries)."""
     out = {}
+    manifests = {m.block_id: m for m in result.blocks}
     stream_dir = os.path.join(block_root, stream)
+    assert sorted(os.listdir(stream_dir)) == sorted(manifests)
     for block_id in sorted(os.listdir(stream_dir)):
-        files, serialized = read_block(os.path.join(stream_dir, block_id))
-        assert [os.path.basename(f) for f in files] == [records.BLOCK_FILE_NAME]
+        files, serialized = read_block(manifests[block_id], stream)
+        assert [os.path.basename(f) for f in files] == [records.BLOCK_FILE_NAME + ".tink"]
         out[block_id] = [example_to_dict(r) for r in serialized]
     return out
 
@@ -377,7 +392,7 @@ def test_csv_split_puts_every_record_in_exactly_its_block(tmp_path, boundary_csv
     root = str(tmp_path / "blocks")
     result = splitter.split_into_blocks("events", boundary_csv, scheme, root, verbose=False)
 
-    stored = read_stream(root, "events")
+    stored = read_stream(root, "events", result)
     rows = boundary_rows()
     expected = expected_records(rows)
     # Exactly the input multiset, nothing lost, nothing duplicated.
@@ -405,9 +420,9 @@ def test_csv_split_puts_every_record_in_exactly_its_block(tmp_path, boundary_csv
 @pytest.mark.slow
 def test_day_split_boundary_assignments(tmp_path, boundary_csv):
     root = str(tmp_path / "blocks")
-    splitter.split_into_blocks("events", boundary_csv, TimeWindowScheme("t", "day"), root,
-                               verbose=False)
-    stored = read_stream(root, "events")
+    result = splitter.split_into_blocks("events", boundary_csv, TimeWindowScheme("t", "day"),
+                                        root, verbose=False)
+    stored = read_stream(root, "events", result)
     times = {block_id: sorted(r["t"] for r in records) for block_id, records in stored.items()}
     assert times["2013-01-01"] == [ts(2013, 1, 1)] * 3 + [ts(2013, 1, 1, 23, 59, 59)]
     assert times["2012-12-31"] == [ts(2012, 12, 31, 12), ts(2013, 1, 1) - 1]
@@ -439,7 +454,7 @@ def test_tfrecord_input_is_copied_byte_for_byte(tmp_path):
     result = splitter.split_into_blocks("ev", src, scheme, root, verbose=False)
     got = collections.Counter()
     for b in result.blocks:
-        _, records = read_block(b.location)
+        _, records = read_block(b, "ev")
         for r in records:
             assert scheme.block_of(tf.train.Example.FromString(r).features.feature["time"]
                                    .bytes_list.value[0]).block_id == b.block_id
@@ -516,7 +531,7 @@ def test_malformed_rows_skipped_are_counted_and_reported(tmp_path, malformed_csv
     assert by_position[7].reason == "expected 2 fields, got 3" and by_position[7].column is None
     assert by_position[8].column == "n" and by_position[8].value == "'oops'"
     assert sum(n for _, n in result.malformed_by_reason) == 5
-    stored = read_stream(root, "s")
+    stored = read_stream(root, "s", result)
     assert sorted(r["n"] for rs in stored.values() for r in rs) == [1, 5, 8]
 
 
@@ -527,7 +542,7 @@ def test_hash_bucket_split(tmp_path):
     scheme = HashBucketScheme("user_id", 8, "test-salt")
     root = str(tmp_path / "blocks")
     result = splitter.split_into_blocks("users", src, scheme, root, verbose=False)
-    stored = read_stream(root, "users")
+    stored = read_stream(root, "users", result)
     assert set(stored) <= {f"bucket-{k}" for k in range(8)}
     assert [b.block_id for b in result.blocks] == sorted(stored)
     users_in = collections.defaultdict(set)
@@ -545,11 +560,11 @@ def test_refuses_to_overwrite_existing_blocks(tmp_path, boundary_csv):
     root = str(tmp_path / "blocks")
     scheme = TimeWindowScheme("t", "month")
     first = splitter.split_into_blocks("events", boundary_csv, scheme, root, verbose=False)
-    before = {b.block_id: open(glob.glob(block_files_glob(b.location))[0], "rb").read()
+    before = {b.block_id: open(glob.glob(encrypted_files_glob(b.location))[0], "rb").read()
               for b in first.blocks}
     with pytest.raises(BlockExistsError, match="immutable"):
         splitter.split_into_blocks("events", boundary_csv, scheme, root, verbose=False)
-    after = {b.block_id: open(glob.glob(block_files_glob(b.location))[0], "rb").read()
+    after = {b.block_id: open(glob.glob(encrypted_files_glob(b.location))[0], "rb").read()
              for b in first.blocks}
     assert after == before
     assert sorted(os.listdir(os.path.join(root, "events"))) == sorted(before)
@@ -570,6 +585,12 @@ def test_split_and_register_with_the_ledger(tmp_path, boundary_csv):
     assert [s.start for s in states] == sorted(s.start for s in states)  # time order
     for s, b in zip(states, result.blocks):
         assert (s.location, s.start, s.end, s.records) == (b.location, b.start, b.end, b.records)
+    # Each block registered with its own data key, wrapped by this process's KEK.
+    registered = {k.block_id: k for k in ledger.block_keys("events")}
+    assert {b.block_id: (b.kek_id, b.wrapped_key) for b in result.blocks} == {
+        k.block_id: (k.kek_id, k.wrapped) for k in registered.values()}
+    assert len({k.wrapped for k in registered.values()}) == len(registered)
+    assert all(k.kek_id == keys.provider().kek_id for k in registered.values())
     # Again: the blocks are registered, so the split is refused and the ledger is unchanged.
     with pytest.raises(BlockExistsError, match="already registered"):
         splitter.split_and_register(ledger, "events", boundary_csv, scheme, root, verbose=False)
