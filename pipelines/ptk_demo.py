@@ -34,7 +34,8 @@ import warnings
 import numpy as np
 
 from sage_tfx.ptk import PTKStore, StoreConfig
-from sage_tfx.ptk.abstraction import batches_of, resolve_reference
+from sage_tfx.ptk.abstraction import batches_of
+from sage_tfx.ptk.registry import default_registry
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 
@@ -113,8 +114,8 @@ def featurize(frame, states: dict, specs: list[dict]) -> np.ndarray:
     cols = store_columns(frame)
     out = []
     for s in specs:
-        fn = resolve_reference(f"{KERNELS}.{s['kernel']}:featurize")
-        feats = fn(cols, states[s["name"]], s["config"])
+        feats = default_registry().get(s["kernel"]).featurize(cols, states[s["name"]],
+                                                               s["config"])
         out += [np.asarray(feats[k], dtype=float) for k in sorted(feats)]
     return np.column_stack(out)
 
@@ -152,9 +153,8 @@ def run_store(out: str, source, specs: list[dict], months: int, config: StoreCon
         ids = {}
         for s in specs:
             t0 = time.time()
-            got = store.register_ptk(f"{KERNELS}.{s['kernel']}:train_dp",
-                                     f"{KERNELS}.{s['kernel']}:eval", 1, config=s["config"],
-                                     tau=s["tau"], name=s["name"], menu=s.get("menu"))
+            got = store.register_ptk(s["kernel"], 1, config=s["config"], tau=s["tau"],
+                                     name=s["name"], menu=s.get("menu"))
             if not isinstance(got, str):
                 raise RuntimeError(f"the store rejected {s['name']}: {got.reason}")
             ids[s["name"]] = got

@@ -6,8 +6,10 @@ lineage) to the PTK lake; PTKFeaturizer adds the pinned version's features to Ex
 
     from sage_tfx.pipelines.ptk_pipeline import run_local
     run_local(pipeline_root="/tmp/ptk-root", ledger_url="sqlite:////tmp/ledger.db",
-              stream="events", window_last=2, ptk_id="ptk-...", window_index=0,
-              featurize_fn="sage_tfx.ptk.kernels.histstats:featurize")
+              stream="events", window_last=2, ptk_id="ptk-...", window_index=0)
+
+``featurize_fn`` (optional) names the registered PTK type whose featurizer runs; by default the
+PTK's own type.
 """
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ def allocation(ledger_url: str, ptk_id: str) -> tuple[float, float]:
 
 def create_pipeline(pipeline_name: str, pipeline_root: str, metadata_path: str,
                     ledger_url: str, stream: str, window_last: int, ptk_id: str,
-                    window_index: int, featurize_fn: str, *,
+                    window_index: int, featurize_fn: Optional[str] = None, *,
                     beam_pipeline_args: Optional[Sequence[str]] = None) -> tfx.dsl.Pipeline:
     check_ledger_url(ledger_url)  # no password into the pipeline, before the store is read
     epsilon, delta = allocation(ledger_url, ptk_id)

@@ -34,9 +34,8 @@ def train_one_window(result: dict, cols: dict) -> list[str]:
             for a in part.members:
                 row = next(r for r in result["rows"] if r.name == a.ptk_id)
                 spec = specs[a.ptk_id]
-                mod = tab3.HS if spec["kind"] == "histstats" else tab3.CV
                 pid = store.register_ptk(
-                    f"{mod}:train_dp", f"{mod}:eval", 1, config=spec["config"], tau=row.tau,
+                    spec["kind"], 1, config=spec["config"], tau=row.tau,
                     name=a.ptk_id,
                     menu=[(e.epsilon, e.n) for e in row.entries if e.n is not None])
                 names[pid] = a.ptk_id

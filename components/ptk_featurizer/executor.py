@@ -1,8 +1,9 @@
 """PTKFeaturizer executor: adds a pinned PTK version's features to every split of Examples.
 
 The version is the input PTKState's (or the pinned ``ptk_id`` / ``version``); its state is read
-from the lake (only DP outputs live there), ``featurize_fn(batch, state, config=...)`` returns
-float columns, and each output example is the input example plus those features. The output
+from the lake (only DP outputs live there), the registered type's ``featurize(batch, state,
+config)`` (``featurize_fn``, default the PTK's own type) returns float columns, and each output
+example is the input example plus those features. The output
 records ``ptk_id``, ``ptk_version`` and ``ptk_grant_id``.
 """
 from __future__ import annotations
@@ -15,9 +16,9 @@ from tfx.dsl.components.base import base_executor
 from tfx.types import artifact_utils
 
 from sage_tfx.components.ptk_trainer import examples_io, spec
-from sage_tfx.ledger import secrets
-from sage_tfx.ptk.abstraction import UnknownPTKError, resolve_reference
+from sage_tfx.ptk.abstraction import UnknownPTKError
 from sage_tfx.ptk.lake import Lake
+from sage_tfx.ptk.registry import default_registry
 
 
 class Executor(base_executor.BaseExecutor):
@@ -29,21 +30,22 @@ class Executor(base_executor.BaseExecutor):
             st = artifact_utils.get_single_instance(input_dict[spec.PTK_STATE_KEY])
             ptk_id = st.get_string_custom_property(spec.PTK_ID_KEY)
             version = st.get_int_custom_property(spec.VERSION_KEY)
-        featurize = resolve_reference(exec_properties[spec.FEATURIZE_FN_KEY])
         lake = Lake(url)
         try:
             v = lake.version(ptk_id, int(version))
+            rec = lake.ptk(ptk_id)
         finally:
             lake.close()
-        if v is None:
-            raise UnknownPTKError(f"PTK {ptk_id!r} has no version {version} in "
-                                  f"{secrets.redact(url)}")
+        if v is None or rec is None:
+            raise UnknownPTKError(f"PTK {ptk_id!r} has no version {version} in the PTK lake")
+        ptype = default_registry().get(exec_properties.get(spec.FEATURIZE_FN_KEY)
+                                       or rec["ptk_type"])
         examples = artifact_utils.get_single_instance(input_dict[spec.EXAMPLES_KEY])
         out = artifact_utils.get_single_instance(output_dict[spec.FEATURIZED_KEY])
         splits = artifact_utils.decode_split_names(examples.split_names)
         for split in splits:
             raw, cols = examples_io.read_split(examples.uri, split)
-            feats = featurize(cols, v["state"], config=v["config"]) if raw else {}
+            feats = ptype.featurize(cols, v["state"], v["config"]) if raw else {}
             for i, ex in enumerate(raw):
                 for name, values in feats.items():
                     ex.features.feature[name].float_list.value.append(float(np.asarray(values)[i]))

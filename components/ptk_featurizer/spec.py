@@ -12,7 +12,7 @@ class PTKFeaturizerSpec(ComponentSpec):
         LEDGER_URL_KEY: ExecutionParameter(type=str),
         PTK_ID_KEY: ExecutionParameter(type=str, optional=True),
         VERSION_KEY: ExecutionParameter(type=int, optional=True),
-        FEATURIZE_FN_KEY: ExecutionParameter(type=str),
+        FEATURIZE_FN_KEY: ExecutionParameter(type=str, optional=True),
     }
     INPUTS = {
         EXAMPLES_KEY: ChannelParameter(type=standard_artifacts.Examples),

@@ -7,7 +7,7 @@ Example::
     trainer = PTKTrainer(examples=example_gen.outputs["examples"], grant=gate.outputs["grant"],
                          ledger_url=URL, ptk_id=ptk_id, window_index=7)
     featurizer = PTKFeaturizer(examples=..., ptk_state=trainer.outputs["ptk_state"],
-                               ledger_url=URL, featurize_fn="sage_tfx.ptk.kernels.histstats:featurize")
+                               ledger_url=URL)
 
 ``eps_i`` is the PTK's allocation from the store's plan; the trainer refuses a grant whose
 (ε, δ) is not exactly the PTK type's declared charge.

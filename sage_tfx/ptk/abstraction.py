@@ -1,8 +1,9 @@
-"""The PTK abstraction (PTK paper §4, Fig. 1): a PTK struct, PTK types by importable reference,
-and the privacy charge a PTK type declares.
+"""The PTK abstraction (PTK paper §4, Fig. 1): a PTK struct, PTK types, and the privacy charge a
+PTK type declares.
 
-A *PTK type* is three importable functions, named ``package.module:function`` so a registration
-survives restarts and can be sent over the network:
+A *PTK type* is three functions the operator registers under a name
+(:mod:`sage_tfx.ptk.registry`; the ptklib kernels are built in as ``histstats``, ``covariance``,
+...). Clients name a registered type; no code a client names is ever imported or called.
 
 * ``train_dp(trainset_iter, epsilon_train, prev_state, prev_config, *, config, noise) -> state``
   — an ``epsilon_train``-DP training procedure (§4.1). ``trainset_iter`` yields record batches
@@ -13,18 +14,18 @@ survives restarts and can be sent over the network:
   ``train_dp`` consumes at that budget, with the (epsilon, delta) the ledger is charged.
 
 Optionally ``erm(trainset_iter, *, config) -> state`` — the exact (non-DP) empirical risk
-minimiser used by the profiler's lower bound (Fig. 3, step 4). By default these are looked up in
-the module of ``train_dp`` under the names ``dp_event`` and ``erm``.
+minimiser used by the profiler's lower bound (Fig. 3, step 4) — and
+``featurize(batch, state, config) -> dict`` for the PTK's users.
 """
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib
+import json
 import math
-import re
 from decimal import Decimal
-from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
+from types import ModuleType
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
 import dp_accounting
 import numpy as np
@@ -33,7 +34,6 @@ from dp_accounting import dp_event as dp_event_lib
 from sage_tfx.errors import InvalidPrivacyParameterError, InvalidRequestError, SageError
 
 Batch = Mapping[str, np.ndarray]
-_REF_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
 
 
 class UnknownPTKError(SageError, ValueError):
@@ -41,7 +41,8 @@ class UnknownPTKError(SageError, ValueError):
 
 
 class FunctionReferenceError(SageError, ValueError):
-    """A ``package.module:function`` reference that does not import or is not callable."""
+    """A PTK type that is not registered (or a ``module:function`` reference, which is refused:
+    PTK types come from the operator's registry only)."""
 
 
 class UnaccountableEventError(SageError, ValueError):
@@ -79,85 +80,112 @@ class PTK:
     version: int = 0
 
 
-def resolve_reference(ref: Any) -> Callable:
-    """Imports ``package.module:function``; raises :class:`FunctionReferenceError` otherwise."""
-    if not isinstance(ref, str) or not _REF_RE.match(ref):
-        raise FunctionReferenceError(
-            f"a function reference must look like 'package.module:function', got {ref!r}")
-    module_name, attr = ref.split(":")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # ImportError, or the module failing at import
-        raise FunctionReferenceError(f"cannot import module {module_name!r} of {ref!r}: {exc}") \
-            from exc
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise FunctionReferenceError(f"{ref!r}: module {module_name!r} has no callable {attr!r}")
-    return fn
+# What a kernel raises on a config or batch it cannot use (besides its InvalidRequestError).
+KERNEL_INPUT_ERRORS = (ValueError, TypeError, KeyError, IndexError, AttributeError,
+                       ArithmeticError)
 
 
-def sibling_reference(ref: str, name: str) -> Optional[str]:
-    """``pkg.mod:name`` for the module of ``ref`` if that module defines a callable ``name``."""
-    module_name = ref.split(":")[0]
-    try:
-        return f"{module_name}:{name}" if callable(
-            getattr(importlib.import_module(module_name), name, None)) else None
-    except Exception:
-        return None
+def _where(fn: Callable) -> str:
+    """``module:qualname`` of a registered function (lineage only: never imported back)."""
+    return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
 
 
 @dataclasses.dataclass(frozen=True)
 class PTKType:
-    """A PTK type resolved from its references (see the module docstring)."""
+    """A registered PTK type: its name and its functions (see the module docstring)."""
 
-    train_dp_ref: str
-    eval_ref: str
-    dp_event_ref: str
-    erm_ref: Optional[str] = None
+    name: str
+    train_dp_fn: Callable
+    eval_fn: Callable
+    dp_event_fn: Callable
+    erm_fn: Optional[Callable] = None
+    featurize_fn: Optional[Callable] = None
+
+    def __post_init__(self):
+        for part in ("train_dp_fn", "eval_fn", "dp_event_fn"):
+            if not callable(getattr(self, part)):
+                raise FunctionReferenceError(f"PTK type {self.name!r}: {part} is not callable")
+        for part in ("erm_fn", "featurize_fn"):
+            if getattr(self, part) is not None and not callable(getattr(self, part)):
+                raise FunctionReferenceError(f"PTK type {self.name!r}: {part} is not callable")
 
     @classmethod
-    def resolve(cls, train_dp_fn: str, eval_fn: str, dp_event_fn: Optional[str] = None,
-                erm_fn: Optional[str] = None) -> "PTKType":
-        resolve_reference(train_dp_fn)
-        resolve_reference(eval_fn)
-        dp_event_fn = dp_event_fn or sibling_reference(train_dp_fn, "dp_event")
-        if dp_event_fn is None:
+    def from_module(cls, name: str, module: ModuleType) -> "PTKType":
+        """The type a kernel module defines (``train_dp``, ``eval``, ``dp_event``; optionally
+        ``erm`` and ``featurize``)."""
+        need = [f for f in ("train_dp", "eval", "dp_event")
+                if not callable(getattr(module, f, None))]
+        if need:
             raise FunctionReferenceError(
-                f"{train_dp_fn!r} declares no DpEvent: give dp_event_fn or define dp_event "
-                "beside train_dp")
-        resolve_reference(dp_event_fn)
-        erm_fn = erm_fn or sibling_reference(train_dp_fn, "erm")
-        if erm_fn is not None:
-            resolve_reference(erm_fn)
-        return cls(train_dp_fn, eval_fn, dp_event_fn, erm_fn)
+                f"module {module.__name__!r} does not define {need}: not a PTK type")
+        opt = {f: getattr(module, f, None) for f in ("erm", "featurize")}
+        return cls(name, module.train_dp, module.eval, module.dp_event,
+                   opt["erm"] if callable(opt["erm"]) else None,
+                   opt["featurize"] if callable(opt["featurize"]) else None)
+
+    @property
+    def has_erm(self) -> bool:
+        return self.erm_fn is not None
+
+    def references(self) -> dict:
+        """Where each function lives, for the lake's lineage columns (informative only)."""
+        return {"train_dp_ref": _where(self.train_dp_fn), "eval_ref": _where(self.eval_fn),
+                "dp_event_ref": _where(self.dp_event_fn),
+                "erm_ref": _where(self.erm_fn) if self.erm_fn else None}
 
     def train_dp(self, batches, epsilon, prev_state, prev_config, *, config, noise=None):
-        return resolve_reference(self.train_dp_ref)(batches, epsilon, prev_state, prev_config,
-                                                    config=config, noise=noise)
+        return self.train_dp_fn(batches, epsilon, prev_state, prev_config, config=config,
+                                noise=noise)
 
     def eval(self, batches, state, *, config) -> np.ndarray:
-        losses = np.asarray(resolve_reference(self.eval_ref)(batches, state, config=config),
-                            dtype=float).ravel()
+        losses = np.asarray(self.eval_fn(batches, state, config=config), dtype=float).ravel()
         if losses.size and (not np.all(np.isfinite(losses)) or losses.min() < 0
                             or losses.max() > 1):
             raise InvalidRequestError(
-                f"{self.eval_ref} returned losses outside [0, 1]; the profiler needs bounded "
-                "per-example losses")
+                f"PTK type {self.name!r} returned losses outside [0, 1]; the profiler needs "
+                "bounded per-example losses")
         return losses
 
     def erm(self, batches, *, config):
-        if self.erm_ref is None:
-            return None
-        return resolve_reference(self.erm_ref)(batches, config=config)
+        return None if self.erm_fn is None else self.erm_fn(batches, config=config)
+
+    def featurize(self, batch, state, config) -> dict:
+        if self.featurize_fn is None:
+            raise FunctionReferenceError(f"PTK type {self.name!r} registers no featurize")
+        return self.featurize_fn(batch, state, config)
 
     def charge(self, epsilon: float, config: dict) -> PrivacyCharge:
         """The declared charge for ``train_dp`` at ``epsilon``, checked against dp_accounting."""
-        declared = resolve_reference(self.dp_event_ref)(epsilon, config)
+        try:
+            declared = self.dp_event_fn(epsilon, config)
+        except SageError:
+            raise
+        except KERNEL_INPUT_ERRORS as exc:  # a config the kernel cannot read: bad input
+            raise InvalidRequestError(
+                f"PTK type {self.name!r} refused the config: {type(exc).__name__}: {exc}") from exc
         if not isinstance(declared, PrivacyCharge):
             raise UnaccountableEventError(
-                f"{self.dp_event_ref} must return a PrivacyCharge, got {type(declared).__name__}")
+                f"PTK type {self.name!r} must declare a PrivacyCharge, got "
+                f"{type(declared).__name__}")
         check_charge(declared)
         return declared
+
+    def check(self, config: Mapping, menu_eps: Sequence[float]) -> None:
+        """Validates ``config`` and the declared event at every menu epsilon (nothing runs on
+        data)."""
+        if not isinstance(config, Mapping):
+            raise InvalidRequestError(f"a PTK config is a dict, got {type(config).__name__}")
+        for eps in menu_eps:
+            self.charge(eps, dict(config))
+
+
+def canonical_json(obj: Any) -> bytes:
+    """The bytes a state or profile is released as: sorted keys, no spaces (one encoding, so a
+    replay compares byte for byte)."""
+    try:
+        return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise InvalidRequestError(f"a PTK state must be JSON-serialisable: {exc}") from exc
 
 
 def _pure_epsilon(event: dp_event_lib.DpEvent) -> Optional[Decimal]:

@@ -3,9 +3,16 @@ the notification outbox, plans and the training windows, in their own ``ptk_*`` 
 ledger's database (same URL: ``sqlite:///path`` or ``postgresql://...``).
 
 Only DP outputs are stored here. The one non-DP thing the store holds is a window's raw block
-files (``ptk_windows`` lists their paths); :meth:`Lake.close_window` deletes them when the window
-closes. This module is the only code of the PTK store that talks to the database driver; it uses
-its own connection and never touches the ledger's tables.
+files (``ptk_windows`` lists their paths), encrypted with the window's data key, whose wrapped
+form is in ``ptk_window_keys``; :meth:`Lake.close_window` deletes the key (crypto-shredding) and
+then the files when the window closes. ``ptk_profiles`` records each profile run before it is
+charged, so a crashed profile is finished (released) when its window closes.
+
+Every change of the registry bumps the plan sequence in the same transaction
+(:meth:`Lake.commit_plan`), so two processes that register at once never lose a PTK: the
+second one sees the sequence moved and re-plans. This module is the only code of the PTK store
+that talks to the database driver; it uses its own connection (the ledger URL, references
+resolved) and never touches the ledger's tables.
 """
 from __future__ import annotations
 
@@ -16,6 +23,7 @@ import threading
 from typing import Any, Callable, Optional, Sequence
 
 from sage_tfx.errors import InvalidRequestError
+from sage_tfx.ledger import secrets
 
 _SCHEMA = [
     """CREATE TABLE IF NOT EXISTS ptk_registry (
@@ -23,7 +31,7 @@ _SCHEMA = [
         eval_ref TEXT NOT NULL, dp_event_ref TEXT NOT NULL, erm_ref TEXT, config TEXT NOT NULL,
         tau {real} NOT NULL, train_frequency {int} NOT NULL, status TEXT NOT NULL,
         menu TEXT NOT NULL, profile TEXT, registered_window {int}, created_at TEXT NOT NULL,
-        updated_at TEXT NOT NULL)""",
+        updated_at TEXT NOT NULL, ptk_type TEXT)""",
     """CREATE TABLE IF NOT EXISTS ptk_versions (
         ptk_id TEXT NOT NULL, version {int} NOT NULL, window_index {int} NOT NULL,
         state TEXT NOT NULL, config TEXT NOT NULL, epsilon {real} NOT NULL, delta {real} NOT NULL,
@@ -44,19 +52,26 @@ _SCHEMA = [
         window_index {int} PRIMARY KEY, status TEXT NOT NULL, files TEXT NOT NULL,
         blocks TEXT NOT NULL, records {int} NOT NULL, plan_seq {int}, opened_at TEXT NOT NULL,
         closed_at TEXT)""",
+    """CREATE TABLE IF NOT EXISTS ptk_window_keys (
+        window_index {int} PRIMARY KEY, stream TEXT NOT NULL, kek_id TEXT NOT NULL,
+        wrapped TEXT NOT NULL, created_at TEXT NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS ptk_profiles (
+        run_id TEXT PRIMARY KEY, ptk_id TEXT NOT NULL, spec TEXT NOT NULL,
+        window_index {int} NOT NULL, status TEXT NOT NULL, created_at TEXT NOT NULL)""",
 ]
+_BUILTINS = ("counts", "trees", "hpf", "covariance", "histstats", "lloyd")
 def now() -> str:
     """The current UTC time, ISO-8601 with microseconds."""
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="microseconds")
 
 
-REGISTRY_COLS = ("ptk_id", "name", "train_dp_ref", "eval_ref", "dp_event_ref", "erm_ref",
-                 "config", "tau", "train_frequency", "status", "menu", "profile",
+REGISTRY_COLS = ("ptk_id", "name", "ptk_type", "train_dp_ref", "eval_ref", "dp_event_ref",
+                 "erm_ref", "config", "tau", "train_frequency", "status", "menu", "profile",
                  "registered_window", "created_at", "updated_at")
 VERSION_COLS = ("ptk_id", "version", "window_index", "state", "config", "epsilon", "delta",
                 "event", "grant_id", "run_id", "stream", "blocks", "n_used", "partition_index",
                 "oldest_window", "newest_window", "created_at")
-JSON_COLS = {"config", "menu", "profile", "state", "blocks", "files"}
+JSON_COLS = {"config", "menu", "profile", "state", "blocks", "files", "spec"}
 
 
 class LakeDB:
@@ -64,7 +79,9 @@ class LakeDB:
 
     def __init__(self, url: str):
         self.url = url
+        url = secrets.resolve(url)
         self._lock = threading.RLock()
+        self._depth = 0
         if url.startswith("sqlite:///"):
             import sqlite3
             path = url[len("sqlite:///"):]
@@ -85,6 +102,22 @@ class LakeDB:
         with self.transaction():
             for stmt in _SCHEMA:
                 self.q(stmt.format(real=real, int=integer))
+            self._migrate()
+
+    def _migrate(self) -> None:
+        """Lakes made before the type registry: a ``ptk_type`` column, filled for the built-in
+        kernels from their recorded references (a string match; nothing is imported)."""
+        if self.kind == "sqlite":
+            cols = [r[1] for r in self.q("PRAGMA table_info(ptk_registry)").fetchall()]
+        else:
+            cols = [r[0] for r in self.q(
+                "SELECT column_name FROM information_schema.columns WHERE table_name = "
+                "'ptk_registry' AND table_schema = current_schema()").fetchall()]
+        if "ptk_type" not in cols:
+            self.q("ALTER TABLE ptk_registry ADD COLUMN ptk_type TEXT")
+            for name in _BUILTINS:
+                self.q("UPDATE ptk_registry SET ptk_type = ? WHERE ptk_type IS NULL AND "
+                       "train_dp_ref = ?", (name, f"sage_tfx.ptk.kernels.{name}:train_dp"))
 
     def q(self, sql: str, params: Sequence = ()):
         if self.kind == "postgresql":
@@ -92,17 +125,26 @@ class LakeDB:
         with self._lock:
             return self.conn.execute(sql, tuple(params))
 
-    def transaction(self):
+    def transaction(self, *, lock_plans: bool = False):
+        """One write transaction (re-entrant: an inner ``with`` joins the outer one).
+        ``lock_plans`` serialises plan changes on PostgreSQL (SQLite's BEGIN IMMEDIATE already
+        serialises every writer)."""
         db = self
 
         class _Txn:
             def __enter__(self):
                 db._lock.acquire()
-                db.conn.execute("BEGIN IMMEDIATE" if db.kind == "sqlite" else "BEGIN")
+                db._depth += 1
+                if db._depth == 1:
+                    db.conn.execute("BEGIN IMMEDIATE" if db.kind == "sqlite" else "BEGIN")
+                if lock_plans and db.kind == "postgresql":
+                    db.conn.execute("LOCK TABLE ptk_plans IN EXCLUSIVE MODE")
 
             def __exit__(self, exc_type, *_):
                 try:
-                    db.conn.execute("ROLLBACK" if exc_type else "COMMIT")
+                    db._depth -= 1
+                    if db._depth == 0:
+                        db.conn.execute("ROLLBACK" if exc_type else "COMMIT")
                 finally:
                     db._lock.release()
                 return False
@@ -165,7 +207,11 @@ class Lake:
             last = self.db.q("SELECT MAX(version) FROM ptk_versions WHERE ptk_id = ?",
                              (rec["ptk_id"],)).fetchone()[0]
             rec = dict(rec, version=(last or 0) + 1, created_at=now())
-            vals = [json.dumps(rec[c]) if c in JSON_COLS else rec[c] for c in VERSION_COLS]
+            state_json = rec.pop("state_json", None)  # the released bytes, stored verbatim
+            if state_json is not None:
+                rec["state"] = json.loads(state_json)
+            vals = [state_json if c == "state" and state_json is not None
+                    else json.dumps(rec[c]) if c in JSON_COLS else rec[c] for c in VERSION_COLS]
             self.db.q(f"INSERT INTO ptk_versions ({', '.join(VERSION_COLS)}) VALUES "
                       f"({', '.join('?' * len(VERSION_COLS))})", vals)
             return rec
@@ -225,23 +271,62 @@ class Lake:
             f"SELECT {', '.join(cols)} FROM ptk_outbox ORDER BY ptk_id, version").fetchall()]
 
     # --- plans ----------------------------------------------------------------------------
-    def save_plan(self, plan: dict) -> int:
-        with self.db.transaction():
-            last = self.db.q("SELECT MAX(plan_seq) FROM ptk_plans").fetchone()[0] or 0
-            self.db.q("INSERT INTO ptk_plans (plan_seq, plan, created_at) VALUES (?, ?, ?)",
-                      (last + 1, json.dumps(plan), now()))
-            return last + 1
+    def plan_seq(self) -> int:
+        """The current plan's sequence number (0 before the first plan)."""
+        return self.db.q("SELECT MAX(plan_seq) FROM ptk_plans").fetchone()[0] or 0
 
-    def plan(self) -> tuple[int, Optional[dict]]:
-        row = self.db.q("SELECT plan_seq, plan FROM ptk_plans ORDER BY plan_seq DESC LIMIT 1"
-                        ).fetchone()
+    def commit_plan(self, expected_seq: int, plan: dict, change: Callable[[], Any]):
+        """Applies ``change`` (registry writes) and saves ``plan`` as the next plan in ONE
+        transaction, if the plan is still ``expected_seq``; returns (seq, change's result), or
+        None when another process changed the plan meanwhile (nothing written)."""
+        with self.db.transaction(lock_plans=True):
+            if self.plan_seq() != expected_seq:
+                return None
+            out = change()
+            self.db.q("INSERT INTO ptk_plans (plan_seq, plan, created_at) VALUES (?, ?, ?)",
+                      (expected_seq + 1, json.dumps(plan), now()))
+            return expected_seq + 1, out
+
+    def plan(self, seq: Optional[int] = None) -> tuple[int, Optional[dict]]:
+        """(seq, plan) of the current plan, or of plan ``seq``."""
+        row = (self.db.q("SELECT plan_seq, plan FROM ptk_plans ORDER BY plan_seq DESC LIMIT 1")
+               if seq is None else self.db.q("SELECT plan_seq, plan FROM ptk_plans WHERE "
+                                             "plan_seq = ?", (seq,))).fetchone()
         return (0, None) if row is None else (row[0], json.loads(row[1]))
 
+    # --- profile runs (recorded before their charge) --------------------------------------
+    def profile_run(self, run_id: str) -> Optional[dict]:
+        cols = ("run_id", "ptk_id", "spec", "window_index", "status", "created_at")
+        return _row(cols, self.db.q(f"SELECT {', '.join(cols)} FROM ptk_profiles WHERE "
+                                    "run_id = ?", (run_id,)).fetchone())
+
+    def add_profile_run(self, run_id: str, ptk_id: str, spec: dict, window_index: int) -> dict:
+        """Records a profile run (pending) or returns the one recorded under ``run_id``."""
+        with self.db.transaction():
+            prior = self.profile_run(run_id)
+            if prior is None:
+                self.db.q("INSERT INTO ptk_profiles (run_id, ptk_id, spec, window_index, status, "
+                          "created_at) VALUES (?, ?, ?, ?, 'pending', ?)",
+                          (run_id, ptk_id, json.dumps(spec), window_index, now()))
+                prior = self.profile_run(run_id)
+            return prior
+
+    def set_profile_status(self, run_id: str, status: str) -> None:
+        self.db.q("UPDATE ptk_profiles SET status = ? WHERE run_id = ?", (status, run_id))
+
+    def pending_profiles(self, window_index: int) -> list[dict]:
+        return [self.profile_run(r[0]) for r in self.db.q(
+            "SELECT run_id FROM ptk_profiles WHERE status = 'pending' AND window_index = ? "
+            "ORDER BY run_id", (window_index,)).fetchall()]
+
     # --- windows (the only non-DP state: raw block files) --------------------------------
-    def open_window(self, window_index: int, files: list, blocks: list, records: int) -> None:
+    def open_window(self, window_index: int, files: list, blocks: list, records: int,
+                    plan_seq: Optional[int] = None) -> None:
+        """Records an open window and the plan it trains under (fixed at ingest, so a resumed
+        run charges exactly the partitions the first attempt did)."""
         self.db.q("INSERT INTO ptk_windows (window_index, status, files, blocks, records, "
-                  "opened_at) VALUES (?, 'open', ?, ?, ?, ?)",
-                  (window_index, json.dumps(files), json.dumps(blocks), records, now()))
+                  "plan_seq, opened_at) VALUES (?, 'open', ?, ?, ?, ?, ?)",
+                  (window_index, json.dumps(files), json.dumps(blocks), records, plan_seq, now()))
 
     def window(self, window_index: int) -> Optional[dict]:
         cols = ("window_index", "status", "files", "blocks", "records", "plan_seq", "opened_at",
@@ -257,12 +342,35 @@ class Lake:
         return self.db.q("SELECT MAX(window_index) FROM ptk_windows").fetchone()[0]
 
     def close_window(self, window_index: int, remove: Callable[[str], Any] = os.remove) -> None:
-        """Deletes the window's raw block files, then marks it closed with no file list."""
+        """Destroys the window's data key, deletes its raw block files, then marks it closed
+        with no file list (a crash in between leaves files nobody can decrypt)."""
         w = self.window(window_index)
         if w is None or w["status"] == "closed":
             return
+        self.drop_window_key(window_index)
         for path in w["files"]:
             if os.path.exists(path):
                 remove(path)
         self.db.q("UPDATE ptk_windows SET status = 'closed', files = '[]', closed_at = ? "
                   "WHERE window_index = ?", (now(), window_index))
+
+    # --- window keys (wrapped; the data key itself is never stored) ----------------------
+    def put_window_key(self, window_index: int, stream: str, kek_id: str, wrapped: str) -> str:
+        """Stores a window's wrapped data key; returns the one stored first if there is one."""
+        with self.db.transaction():
+            got = self.window_key(window_index)
+            if got is not None:
+                return got[1]
+            self.db.q("INSERT INTO ptk_window_keys (window_index, stream, kek_id, wrapped, "
+                      "created_at) VALUES (?, ?, ?, ?, ?)",
+                      (window_index, stream, kek_id, wrapped, now()))
+            return wrapped
+
+    def window_key(self, window_index: int) -> Optional[tuple[str, str]]:
+        """(kek_id, wrapped key) of a window, or None once it is destroyed."""
+        row = self.db.q("SELECT kek_id, wrapped FROM ptk_window_keys WHERE window_index = ?",
+                        (window_index,)).fetchone()
+        return None if row is None else (row[0], row[1])
+
+    def drop_window_key(self, window_index: int) -> None:
+        self.db.q("DELETE FROM ptk_window_keys WHERE window_index = ?", (window_index,))

@@ -19,9 +19,15 @@ from sage_tfx.ptk.abstraction import SubscriberError
 
 
 def check_endpoint(endpoint: str) -> str:
-    u = urlparse(endpoint) if isinstance(endpoint, str) else None
+    try:
+        u = urlparse(endpoint) if isinstance(endpoint, str) else None
+        if u is not None:
+            httpx.URL(endpoint)  # what the notifier will send to must parse the same way
+    except (ValueError, httpx.InvalidURL):
+        u = None
     if u is None or u.scheme not in ("http", "https") or not u.hostname:
-        raise SubscriberError(f"a subscriber endpoint must be an http(s) URL, got {endpoint!r}")
+        raise SubscriberError(f"a subscriber endpoint must be an http(s) URL, got "
+                              f"{str(endpoint)[:200]!r}")
     return endpoint
 
 
@@ -45,7 +51,7 @@ class Notifier:
                 if 200 <= r.status_code < 300:
                     return None
                 error = f"HTTP {r.status_code}"
-            except httpx.HTTPError as exc:
+            except (httpx.HTTPError, httpx.InvalidURL) as exc:
                 error = f"{type(exc).__name__}: {exc}"
             if attempt + 1 < self.attempts:
                 time.sleep(self.backoff * 2 ** attempt)

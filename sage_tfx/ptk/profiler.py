@@ -56,6 +56,8 @@ class ProfileParams:
             raise InvalidRequestError(f"n_max must be an integer >= 2, got {self.n_max!r}")
         if not (isinstance(self.tau, (int, float)) and 0 < self.tau <= 1):
             raise InvalidRequestError(f"tau must lie in (0, 1], got {self.tau!r}")
+        self.m  # noqa: B018 - refuses a tau or epsilon whose validation set cannot exist
+
 
     @property
     def T(self) -> int:  # noqa: N802 - the paper's name
@@ -64,7 +66,15 @@ class ProfileParams:
     @property
     def m(self) -> int:
         t = self.tau
-        return int(math.ceil(2 * (t ** -2 + 1 / (self.epsilon * t)) * math.log(100 * self.T)))
+        try:
+            m = 2 * (t ** -2 + 1 / (self.epsilon * t)) * math.log(100 * self.T)
+        except (OverflowError, ZeroDivisionError):
+            m = math.inf
+        if not m < 2 ** 53:
+            raise InvalidRequestError(
+                f"tau={t!r} with profiler epsilon={self.epsilon!r} needs a validation set of "
+                f"{m:.3g} records (Fig. 3's m): no profile can hold it")
+        return int(math.ceil(m))
 
     def delta_star(self, n: int) -> float:
         return math.sqrt(math.log(100 * self.T) / (2 * n))
@@ -134,7 +144,7 @@ def profile_entry(ptk_type: PTKType, config: dict, data: dict, epsilon_train: fl
     charge = ptk_type.charge(epsilon_train, config)
     rows = len(next(iter(data.values()))) if data else 0
     expected_rows = float(rows if expected_rows is None else expected_rows)
-    with_erm = ptk_type.erm_ref is not None
+    with_erm = ptk_type.has_erm
     if expected_rows < params.records_needed(with_erm):
         raise InvalidRequestError(
             f"the profile slice has {expected_rows:.0f} records; Fig. 3 with m={params.m}, "
@@ -178,7 +188,7 @@ def profile_menu(ptk_type: PTKType, config: dict, data: dict, menu_eps: Sequence
     maximum over entries, not the sum."""
     if not menu_eps or len(set(menu_eps)) != len(menu_eps):
         raise InvalidRequestError(f"the epsilon menu must be non-empty and distinct: {menu_eps!r}")
-    need = params.records_needed(ptk_type.erm_ref is not None)
+    need = params.records_needed(ptk_type.has_erm)
     rows = len(next(iter(data.values()))) if data else 0
     J = len(menu_eps)
     if rows < need * J:

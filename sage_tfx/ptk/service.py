@@ -1,36 +1,94 @@
-"""The PTK store over HTTP (FastAPI + uvicorn): ``python -m sage_tfx.ptk.service``.
+"""The PTK store over HTTP (FastAPI + uvicorn): ``sage-tfx ptk serve``.
 
-Routes (JSON): ``POST /ptks`` register (201 with the id, 409 with the REJECT reason),
-``DELETE /ptks/{id}``, ``PUT /ptks/{id}/config``, ``PUT /ptks/{id}/tau``,
-``POST /ptks/{id}/subscriptions`` (the endpoint must answer a probe), ``POST /ptks/{id}/notify``,
-``GET /ptks/{id}`` (newest state, or ``?version=``), ``GET /ptks/{id}/lineage``, ``GET /plan``,
-``POST /windows`` (the next window's columns; trains and notifies), ``GET /health``.
-Bad input is a 400 with the error (nothing changed); an unknown PTK a 404. Calls are serialised
-on one lock (the store holds one database connection). A background thread re-delivers pending
+Routes (JSON bodies typed in :mod:`sage_tfx.ptk.api`): ``POST /ptks`` register a PTK of a
+registered type (201 with the id, 409 with the REJECT reason), ``DELETE /ptks/{id}``,
+``PUT /ptks/{id}/config``, ``PUT /ptks/{id}/tau``, ``POST /ptks/{id}/subscriptions`` (the
+endpoint must answer a probe), ``POST /ptks/{id}/notify``, ``GET /ptks/{id}`` (newest state, or
+``?version=``), ``GET /ptks/{id}/lineage``, ``GET /plan``, ``GET /ptk-types``, ``POST /windows``
+(the next window's columns; trains and notifies), ``GET /health``.
+
+Every route but ``/health`` authenticates (``Authorization: Bearer <token>``,
+:class:`sage_tfx.services.Authenticator`): changing the store (register, deregister, config,
+target, windows) needs an admin, or a pipeline principal bound to the store's stream; reading
+PTKs, subscribing and notifying need a pipeline principal; the plan and lineage also admit an
+auditor. ``/health`` answers ``{"ok": true}`` and nothing else, so a liveness probe needs no
+token and learns only that the process is up. On a ledger in open mode the service makes its
+own token (a 0600 file; ``serve`` prints where).
+
+Bad input is a 4xx with nothing changed: 422 for a body that does not fit its model, 400 for a
+value the store refuses, 404 for an unknown PTK, 413 past the body limit (1 MiB; windows 32 MiB
+by default), 401 / 403 for a missing or insufficient credential. Calls are serialised on one
+lock (the store holds one database connection). A background thread re-delivers pending
 notifications every ``retry_seconds`` (at-least-once; receivers de-duplicate on the version).
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import threading
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
 import numpy as np
-from fastapi import Body, FastAPI
+from fastapi import Depends, FastAPI, Path, Query, Security
 from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from sage_tfx import services
+from sage_tfx.errors import LeaseTimeoutError
+from sage_tfx.ledger import DEFAULT_CONTEXT, access
+from sage_tfx.ptk import api
 from sage_tfx.ptk.abstraction import UnknownPTKError
-from sage_tfx.ptk.store import PTKStore, Reject, StoreConfig
+from sage_tfx.ptk.registry import TypeRegistry, parse_type_specs, registry_from
+from sage_tfx.ptk.store import PTK_ID_PATTERN, PTKStore, Reject, StoreConfig
+
+MAX_WINDOW_BODY = 32 * 1024 * 1024
+TOKEN_FILE = ".ptk-service-token"
+PTKIdPath = Annotated[str, Path(pattern=PTK_ID_PATTERN, max_length=64)]
+VersionQuery = Annotated[Optional[int], Query(ge=1, le=2 ** 31)]
+
+
+class _BodyLimits:
+    """ASGI middleware: ``services.BodyLimit`` with a larger limit for ``POST /windows``."""
+
+    def __init__(self, app, max_bytes: int, window_bytes: int):
+        self.default = services.BodyLimit(app, max_bytes)
+        self.windows = services.BodyLimit(app, window_bytes)
+
+    async def __call__(self, scope, receive, send):
+        big = scope["type"] == "http" and scope.get("path") == "/windows"
+        return await (self.windows if big else self.default)(scope, receive, send)
+
+
+_BEARER = HTTPBearer(auto_error=False, description="a token the ledger issued to the caller, "
+                     "or the service's own token on an open-mode ledger")
+
+
+def _bearer(auth: services.Authenticator, *roles: str):
+    """``auth.require(*roles)`` with the credential declared as the OpenAPI bearer scheme (not
+    as a plain header parameter): clients and fuzzers see how to authenticate."""
+    check = auth.require(*roles)
+
+    def dependency(cred: Optional[HTTPAuthorizationCredentials] = Security(_BEARER)):
+        return check(authorization=None if cred is None else f"Bearer {cred.credentials}")
+
+    return dependency
 
 
 def _jsonable(x: Any) -> Any:
-    if hasattr(x, "to_dict"):
-        return x.to_dict()
-    return x
+    return x.to_dict() if hasattr(x, "to_dict") else x
 
 
-def create_app(store: PTKStore, *, retry_seconds: float = 1.0) -> FastAPI:
+def create_app(store: PTKStore, *, auth: Optional[services.Authenticator] = None,
+               retry_seconds: float = 1.0, max_body: int = services.DEFAULT_MAX_BODY,
+               max_window_body: int = MAX_WINDOW_BODY) -> FastAPI:
+    """The API of ``store``; ``auth`` defaults to the ledger's principals (open mode: a token
+    written to ``<data root>/.ptk-service-token``)."""
+    owned = auth is None
+    if owned:
+        os.makedirs(store.windows.data_root, exist_ok=True)
+        auth = services.Authenticator(
+            store.url, open_token_file=os.path.join(store.windows.data_root, TOKEN_FILE))
     lock = threading.Lock()
     stop = threading.Event()
 
@@ -47,64 +105,82 @@ def create_app(store: PTKStore, *, retry_seconds: float = 1.0) -> FastAPI:
         yield
         stop.set()
         t.join(timeout=5)
+        if owned:
+            auth.close()
 
     app = FastAPI(title="Sage PTK store", lifespan=lifespan)
+    app.state.auth = auth
+    services.install_error_handlers(app)
+
+    async def not_found(_request, exc):
+        return JSONResponse({"error": str(exc)}, status_code=404)
+
+    async def busy(_request, exc):
+        return JSONResponse({"error": str(exc)}, status_code=503, headers={"Retry-After": "5"})
+
+    app.add_exception_handler(UnknownPTKError, not_found)
+    app.add_exception_handler(LeaseTimeoutError, busy)
+    app.add_middleware(_BodyLimits, max_bytes=max_body, window_bytes=max_window_body)
+
+    reader = _bearer(auth, access.PIPELINE)
+    auditor = _bearer(auth, access.PIPELINE, access.AUDITOR)
+    admin_or_pipeline = _bearer(auth, access.ADMIN, access.PIPELINE)
+
+    def manager(p: access.Principal = Depends(admin_or_pipeline)) -> access.Principal:
+        """An admin, or a pipeline principal bound to the store's stream (its budget)."""
+        with lock:  # the store's ledger connection is used by one thread at a time
+            store.ledger.authorize(access.CHARGE, stream=store.cfg.stream,
+                                   context=DEFAULT_CONTEXT, principal=p)
+        return p
 
     def call(fn, *args, ok_status=200, **kw):
-        try:
-            with lock:
-                out = fn(*args, **kw)
-        except UnknownPTKError as exc:
-            return JSONResponse({"error": str(exc)}, status_code=404)
-        except ValueError as exc:
-            return JSONResponse({"error": f"{type(exc).__name__}: {exc}"}, status_code=400)
+        with lock:
+            out = fn(*args, **kw)
         if isinstance(out, Reject):
             return JSONResponse({"reject": out.reason}, status_code=409)
         return JSONResponse(_jsonable(out), status_code=ok_status)
 
     @app.get("/health")
     def health():
-        return {"ok": True, "window": store.windows.current()}
+        return {"ok": True}
 
-    @app.post("/ptks")
-    def register(body: dict = Body(...)):
-        try:
-            args = dict(train_dp_fn=body["train_dp_fn"], eval_fn=body["eval_fn"],
-                        train_frequency=body.get("train_frequency", 1))
-            kw = {k: body[k] for k in ("config", "name", "dp_event_fn", "erm_fn") if k in body}
-            tau = body["tau"]
-        except KeyError as exc:
-            return JSONResponse({"error": f"missing field {exc}"}, status_code=400)
-        menu = [tuple(m) for m in body["menu"]] if body.get("menu") is not None else None
+    @app.get("/ptk-types", dependencies=[Depends(reader)])
+    def ptk_types():
+        return {"types": store.registry.names()}
+
+    @app.post("/ptks", status_code=201, dependencies=[Depends(manager)])
+    def register(body: api.RegisterRequest):
         def reg():
-            out = store.register_ptk(**args, tau=tau, menu=menu, **kw)
+            out = store.register_ptk(body.ptk_type, body.train_frequency, config=body.config,
+                                     tau=body.tau, name=body.name, ptk_id=body.ptk_id,
+                                     menu=None if body.menu is None else
+                                     [(m.epsilon, m.n) for m in body.menu])
             return out if isinstance(out, Reject) else {"ptk_id": out}
         return call(reg, ok_status=201)
 
-    @app.delete("/ptks/{ptk_id}")
-    def deregister(ptk_id: str):
+    @app.delete("/ptks/{ptk_id}", dependencies=[Depends(manager)])
+    def deregister(ptk_id: PTKIdPath):
         return call(store.deregister_ptk, ptk_id)
 
-    @app.put("/ptks/{ptk_id}/config")
-    def update_config(ptk_id: str, body: dict = Body(...)):
-        return call(store.update_ptk_config, ptk_id, body.get("config"))
+    @app.put("/ptks/{ptk_id}/config", dependencies=[Depends(manager)])
+    def update_config(ptk_id: PTKIdPath, body: api.ConfigUpdate):
+        return call(store.update_ptk_config, ptk_id, body.config)
 
-    @app.put("/ptks/{ptk_id}/tau")
-    def update_tau(ptk_id: str, body: dict = Body(...)):
-        return call(store.update_ptk_performance_target, ptk_id, body.get("tau"))
+    @app.put("/ptks/{ptk_id}/tau", dependencies=[Depends(manager)])
+    def update_tau(ptk_id: PTKIdPath, body: api.TauUpdate):
+        return call(store.update_ptk_performance_target, ptk_id, body.tau)
 
-    @app.post("/ptks/{ptk_id}/subscriptions")
-    def subscribe(ptk_id: str, body: dict = Body(...)):
-        resp = call(store.subscribe_to_ptk, ptk_id, body.get("endpoint"), ok_status=201)
-        return resp if resp.status_code != 201 else JSONResponse(
-            {"ptk_id": ptk_id, "endpoint": body.get("endpoint")}, status_code=201)
+    @app.post("/ptks/{ptk_id}/subscriptions", status_code=201, dependencies=[Depends(reader)])
+    def subscribe(ptk_id: PTKIdPath, body: api.Subscription):
+        call(store.subscribe_to_ptk, ptk_id, body.endpoint)
+        return JSONResponse({"ptk_id": ptk_id, "endpoint": body.endpoint}, status_code=201)
 
-    @app.post("/ptks/{ptk_id}/notify")
-    def notify(ptk_id: str):
+    @app.post("/ptks/{ptk_id}/notify", dependencies=[Depends(reader)])
+    def notify(ptk_id: PTKIdPath):
         return call(store.notify_new_ptk_state, ptk_id)
 
-    @app.get("/ptks/{ptk_id}")
-    def get(ptk_id: str, version: Optional[int] = None):
+    @app.get("/ptks/{ptk_id}", dependencies=[Depends(reader)])
+    def get(ptk_id: PTKIdPath, version: VersionQuery = None):
         def fetch():
             p = store.get_ptk(ptk_id, version)
             return {"id": p.id, "version": p.version, "model_state": p.model_state,
@@ -113,32 +189,44 @@ def create_app(store: PTKStore, *, retry_seconds: float = 1.0) -> FastAPI:
                     "newest_contributing_window": p.newest_contributing_window}
         return call(fetch)
 
-    @app.get("/ptks/{ptk_id}/lineage")
-    def lineage(ptk_id: str, version: Optional[int] = None):
+    @app.get("/ptks/{ptk_id}/lineage", dependencies=[Depends(auditor)])
+    def lineage(ptk_id: PTKIdPath, version: VersionQuery = None):
         return call(store.lineage, ptk_id, version)
 
-    @app.get("/plan")
+    @app.get("/plan", dependencies=[Depends(auditor)])
     def plan():
         return call(lambda: store.plan() or {"K": 0, "partitions": []})
 
-    @app.post("/windows")
-    def advance(body: dict = Body(...)):
-        cols = body.get("columns")
-        if not isinstance(cols, dict):
-            return JSONResponse({"error": "columns must be an object of arrays"}, status_code=400)
-        return call(store.advance_window, {k: np.asarray(v) for k, v in cols.items()},
-                    user_key=body.get("user_key"))
+    @app.post("/windows", dependencies=[Depends(manager)])
+    def advance(body: api.Window):
+        return call(store.advance_window, {k: np.asarray(v) for k, v in body.columns.items()},
+                    user_key=body.user_key, window_index=body.window_index)
 
     return app
 
 
 def serve(url: str, data_root: str, *, host: str = "127.0.0.1", port: int = 8765,
-          config: StoreConfig = StoreConfig()) -> None:
+          config: StoreConfig = StoreConfig(), registry: Optional[TypeRegistry] = None,
+          token_file: Optional[str] = None, max_window_body: int = MAX_WINDOW_BODY) -> None:
+    """Serves the store on ``host:port`` (loopback by default); prints where the open-mode
+    token is, or that callers need ledger-issued tokens."""
     import uvicorn
-    store = PTKStore(url, data_root, config)
+    store = PTKStore(url, data_root, config, registry=registry)
+    os.makedirs(store.windows.data_root, exist_ok=True)
+    auth = services.Authenticator(url, open_token_file=token_file or os.path.join(
+        store.windows.data_root, TOKEN_FILE))
+    if auth.open_token_file:
+        print(f"PTK store on http://{host}:{port}: the ledger is in open mode; callers send "
+              f"'Authorization: Bearer <token>' with the token in {auth.open_token_file}",
+              flush=True)
+    else:
+        print(f"PTK store on http://{host}:{port}: callers send 'Authorization: Bearer "
+              "<token>' with a token the ledger issued to them", flush=True)
     try:
-        uvicorn.run(create_app(store), host=host, port=port, log_level="warning")
+        uvicorn.run(create_app(store, auth=auth, max_window_body=max_window_body), host=host,
+                    port=port, log_level="warning")
     finally:
+        auth.close()
         store.close()
 
 
@@ -153,10 +241,20 @@ def main(argv=None) -> int:
     ap.add_argument("--stream", default="ptk")
     ap.add_argument("--epsilon-g", type=float, default=1.0)
     ap.add_argument("--n-max", type=int, default=1_000_000)
+    ap.add_argument("--ptk-type", action="append", default=[], metavar="NAME=MODULE",
+                    help="register the PTK type a module you trust defines (train_dp, eval, "
+                         "dp_event); repeatable. Also $SAGE_PTK_TYPES. Built in: "
+                         "counts, trees, hpf, covariance, histstats, lloyd")
+    ap.add_argument("--token-file", help="where an open-mode ledger's service token is written "
+                                         "(default: DATA_ROOT/.ptk-service-token)")
+    ap.add_argument("--max-window-bytes", type=int, default=MAX_WINDOW_BODY)
     a = ap.parse_args(argv)
     cfg = StoreConfig(stream=a.stream, epsilon_g=a.epsilon_g, n_max=a.n_max)
     if a.command == "serve":
-        serve(a.url, a.data_root, host=a.host, port=a.port, config=cfg)
+        specs = parse_type_specs(",".join(a.ptk_type))
+        serve(a.url, a.data_root, host=a.host, port=a.port, config=cfg,
+              registry=registry_from(specs), token_file=a.token_file,
+              max_window_body=a.max_window_bytes)
         return 0
     from sage_tfx.ptk.lake import Lake
     from sage_tfx.ptk.allocator import Allocation, Assignment, Partition

@@ -2,28 +2,45 @@
 
 ``PTKStore`` keeps the paper's names: :meth:`register_ptk` (→ id or REJECT), :meth:`deregister_ptk`,
 :meth:`update_ptk_config`, :meth:`update_ptk_performance_target`, :meth:`subscribe_to_ptk`,
-:meth:`notify_new_ptk_state`. Data arrives as tumbling windows (:meth:`advance_window`, in
-:mod:`sage_tfx.ptk.windows`): each window is split into blocks on a time × user-hash scheme,
-a profile set (the first ``profile_buckets`` hash buckets) and a train set; the profiler
-charges the profile blocks, the allocator's partitions take disjoint runs of train blocks, and
-every partition is one ledger charge. Bad input raises a ``ValueError`` subclass and writes
-nothing; an infeasible workload is a :class:`Reject` with the reason.
+:meth:`notify_new_ptk_state`. A PTK is registered by the *name* of a type in the operator's
+registry (:mod:`sage_tfx.ptk.registry`), never by code reference. Data arrives as tumbling
+windows (:meth:`advance_window`, in :mod:`sage_tfx.ptk.windows`): each window is split into
+blocks on a time × user-hash scheme, a profile set (the first ``profile_buckets`` hash buckets)
+and a train set; the profiler charges the profile blocks (:mod:`sage_tfx.ptk.profiles`), the
+allocator's partitions take disjoint runs of train blocks, and every partition is one ledger
+charge. Bad input raises a ``ValueError`` subclass and writes nothing; an infeasible workload is
+a :class:`Reject` with the reason.
+
+Several processes may share one store (one ledger database): a registry change and its new plan
+commit in one transaction guarded by the plan's sequence number (a process whose plan went stale
+re-plans), windows advance under an exclusive lease, and every noisy output is released once
+against its grant, so a retried or concurrent call returns the recorded output.
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
+import re
+import time
 import uuid
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from sage_tfx.dp import noise as dp_noise
-from sage_tfx.errors import InvalidRequestError, UnknownStreamError
+from sage_tfx.errors import InvalidRequestError, LeaseTimeoutError, UnknownStreamError
 from sage_tfx.ledger import open_ledger
 from sage_tfx.ptk import allocator, profiler
-from sage_tfx.ptk.abstraction import (PTK, PerformanceTargetError, PTKType, UnknownPTKError)
+from sage_tfx.ptk.abstraction import (PTK, PerformanceTargetError, PTKType, UnknownPTKError,
+                                      canonical_json)
 from sage_tfx.ptk.lake import Lake, now
 from sage_tfx.ptk.notify import Notifier, check_endpoint
+from sage_tfx.ptk.profiles import ProfileRuns
+from sage_tfx.ptk.registry import TypeRegistry, default_registry
 from sage_tfx.ptk.windows import WindowRunner
+
+PTK_ID_PATTERN = r"^ptk-[A-Za-z0-9_-]{1,60}$"
+COMMIT_WAIT = 120.0  # seconds a registry change keeps re-planning while others commit
+MAX_MENU = 64
 
 @dataclasses.dataclass(frozen=True)
 class Reject:
@@ -74,10 +91,47 @@ def check_frequency(freq) -> int:
                                   f"{freq!r}")
     return freq
 
+def check_config(config) -> dict:
+    """A PTK config: a JSON object with string keys (the kernel checks its contents)."""
+    if config is None:
+        return {}
+    if not isinstance(config, dict) or not all(isinstance(k, str) for k in config):
+        raise InvalidRequestError(f"a PTK config is a dict with string keys, got "
+                                  f"{type(config).__name__}")
+    canonical_json(config)  # it goes to the lake
+    return dict(config)
+
+def check_menu(menu) -> Optional[list]:
+    """A developer-supplied profile: [(epsilon > 0 finite, n >= 1 integer), ...]."""
+    if menu is None:
+        return None
+    if isinstance(menu, (str, bytes, dict)) or not isinstance(menu, Sequence) \
+            or not 0 < len(menu) <= MAX_MENU:
+        raise InvalidRequestError(f"a menu is a list of 1-{MAX_MENU} (epsilon, n) pairs")
+    out = []
+    for entry in menu:
+        if isinstance(entry, (str, bytes)) or not isinstance(entry, Sequence) or len(entry) != 2:
+            raise InvalidRequestError(f"a menu entry is an (epsilon, n) pair, got {entry!r}")
+        eps, n = entry
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) \
+                or not math.isfinite(eps) or eps <= 0:
+            raise InvalidRequestError(f"a menu epsilon must be finite and > 0, got {eps!r}")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise InvalidRequestError(f"a menu n must be an integer >= 1, got {n!r}")
+        out.append((float(eps), n))
+    return out
+
+def check_ptk_id(ptk_id) -> str:
+    if not isinstance(ptk_id, str) or not re.match(PTK_ID_PATTERN, ptk_id):
+        raise InvalidRequestError(f"a PTK id matches {PTK_ID_PATTERN}, got {ptk_id!r}")
+    return ptk_id
+
 class PTKStore:
     def __init__(self, url: str, data_root: str, config: StoreConfig = StoreConfig(), *,
-                 noise=None, notifier: Optional[Notifier] = None):
+                 noise=None, notifier: Optional[Notifier] = None,
+                 registry: Optional[TypeRegistry] = None, key_provider=None):
         self.url, self.cfg = url, config
+        self.registry = registry or default_registry()
         self.ledger = open_ledger(url)
         try:
             self.ledger.stream(config.stream)
@@ -88,7 +142,8 @@ class PTKStore:
         self.lake = Lake(url)
         self.noise = noise or dp_noise.SECURE
         self.notifier = notifier or Notifier(self.lake)
-        self.windows = WindowRunner(self, data_root)
+        self.windows = WindowRunner(self, data_root, key_provider)
+        self.profiles = ProfileRuns(self)
 
     def close(self) -> None:
         self.notifier.close()
@@ -96,19 +151,16 @@ class PTKStore:
         self.ledger.close()
 
     # --- helpers --------------------------------------------------------------------------
-    def _ptk_type(self, rec: dict) -> PTKType:
-        return PTKType(rec["train_dp_ref"], rec["eval_ref"], rec["dp_event_ref"], rec["erm_ref"])
-
     def _require(self, ptk_id: str) -> dict:
         rec = self.lake.ptk(ptk_id) if isinstance(ptk_id, str) else None
         if rec is None or rec["status"] != "active":
-            raise UnknownPTKError(f"no registered PTK {ptk_id!r}")
+            raise UnknownPTKError(f"no registered PTK {str(ptk_id)[:80]!r}")
         return rec
 
     def _menus(self, override: Optional[dict] = None, drop: Sequence[str] = ()) -> dict:
         menus = {r["ptk_id"]: [allocator.Option(*o) for o in r["menu"]]
                  for r in self.lake.ptks() if r["ptk_id"] not in drop}
-        menus.update(override or {})
+        menus.update({k: [allocator.Option(*o) for o in v] for k, v in (override or {}).items()})
         return menus
 
     def _allocate(self, menus: dict) -> allocator.Allocation:
@@ -116,104 +168,133 @@ class PTKStore:
         return allocator.allocate(menus, epsilon_g=c.epsilon_g, delta_g=c.delta_g,
                                   n_max=c.n_max, k_max=c.k_max, time_limit=c.solve_time_limit)
 
-    def _profile(self, ptk_type: PTKType, config: dict, tau: float, run_id: str):
-        """Profiles the menu on the open window's profile blocks, charged first; returns
-        (options, profile record) or a Reject."""
-        params = profiler.ProfileParams(self.cfg.profile_epsilon, self.cfg.profile_n_max, tau)
-        menu = [e for e in self.cfg.menu if e <= self.cfg.epsilon_g]
-        cost, delta = profiler.profile_cost(ptk_type, config, menu, params)
-        data = self.windows.read_profile_set(
-            run_id, cost, delta, params.records_needed(ptk_type.erm_ref is not None) * len(menu))
-        if isinstance(data, str):
-            return Reject(data)
-        entries = profiler.profile_menu(ptk_type, config, data["columns"], menu, params,
-                                        self.noise)
-        options = [(e.epsilon, e.delta, e.n) for e in entries if e.n is not None]
-        record = {"epsilon": str(cost), "delta": delta, "grant_id": data["grant_id"],
-                  "window": data["window"], "m": params.m, "T": params.T,
-                  "entries": [{"epsilon": e.epsilon, "n": e.n, "outcome": e.outcome}
-                              for e in entries]}
-        return options, record
+    def _commit(self, compute: Callable[[], tuple], change: Callable[[], None]):
+        """Re-plans with ``compute() -> (result, plan dict or None)`` and applies ``change``
+        with the new plan in one transaction, re-planning while other processes commit first.
+        A None plan (infeasible) changes nothing. Returns ``result``."""
+        deadline = time.monotonic() + COMMIT_WAIT
+        while True:
+            seq = self.lake.plan_seq()
+            result, plan = compute()  # reads the registry after the sequence: a change between
+            if plan is None:          # the two moves the sequence, and the commit re-plans
+                return result
+            if self.lake.commit_plan(seq, plan, change) is not None:
+                return result
+            if time.monotonic() > deadline:
+                raise LeaseTimeoutError("the PTK plan kept changing under other processes for "
+                                        f"{COMMIT_WAIT:g} s; nothing was changed")
 
-    def _replan(self, menus: dict) -> allocator.Allocation:
-        plan = self._allocate(menus)
-        if plan.feasible:
-            self.lake.save_plan(plan.to_dict())
-        return plan
+    def _plan_with(self, override: Optional[dict] = None, drop: Sequence[str] = ()):
+        plan = self._allocate(self._menus(override, drop))
+        return plan, (plan.to_dict() if plan.feasible else None)
 
     # --- the API (Fig. 1) -----------------------------------------------------------------
-    def register_ptk(self, train_dp_fn: str, eval_fn: str, train_frequency: int = 1, *,
+    def register_ptk(self, ptk_type: str, train_frequency: int = 1, *,
                      config: Optional[dict] = None, tau: float, name: str = "",
-                     dp_event_fn: Optional[str] = None, erm_fn: Optional[str] = None,
-                     menu: Optional[Sequence[tuple]] = None):
-        """Registers a PTK type by reference; returns its id, or a :class:`Reject`.
+                     menu: Optional[Sequence[tuple]] = None, ptk_id: Optional[str] = None):
+        """Registers a PTK of the registered type ``ptk_type``; returns its id, or a
+        :class:`Reject`.
 
         ``menu`` is an optional developer-supplied profile ``[(epsilon, n), ...]`` (§5.2: "a PTK
         developer could provide a profiling procedure"); without it the DP profiler runs on the
-        open window's profile set and is charged to the ledger first.
+        open window's profile set and is charged to the ledger first. ``ptk_id`` (optional,
+        ``ptk-...``) makes the call idempotent: a retry with the same id and arguments returns
+        the same id, with the recorded profile, and charges nothing again.
         """
-        ptk_type = PTKType.resolve(train_dp_fn, eval_fn, dp_event_fn, erm_fn)
+        ptype = self.registry.get(ptk_type)  # a registered name only: nothing is imported
         tau = check_tau(tau)
         freq = check_frequency(train_frequency)
-        config = dict(config or {})
-        for eps in (self.cfg.menu if menu is None else [m[0] for m in menu]):
-            ptk_type.charge(eps, config)  # validates config and the declared event
-        ptk_id = f"ptk-{uuid.uuid4().hex[:12]}"
+        config = check_config(config)
+        menu = check_menu(menu)
+        if not isinstance(name, str) or len(name) > 128:
+            raise InvalidRequestError("a PTK name is a string of at most 128 characters")
+        ptype.check(config, self.cfg.menu if menu is None else [e for e, _ in menu])
+        ptk_id = check_ptk_id(ptk_id) if ptk_id is not None else f"ptk-{uuid.uuid4().hex[:12]}"
+        prior = self.lake.ptk(ptk_id)
+        if prior is not None:
+            return self._replayed(prior, ptype, config, tau, freq, menu)
         if menu is not None:
-            options = [(float(e), ptk_type.charge(e, config).delta, int(n)) for e, n in menu]
+            options = [(e, ptype.charge(e, config).delta, n) for e, n in menu]
             profile = {"supplied": True}
         else:
-            got = self._profile(ptk_type, config, tau, f"ptk.profile.{ptk_id}")
-            if isinstance(got, Reject):
-                return Reject(f"profiling refused: {got.reason}")
+            got = self.profiles.run(ptk_id, ptype, config, tau, f"ptk.profile.{ptk_id}")
+            if isinstance(got, str):
+                return Reject(f"profiling refused: {got}")
             options, profile = got
         if not options:
             return Reject(f"the profiler found no (epsilon, n) in the menu reaching tau={tau}: "
                           f"{profile}")
-        plan = self._replan(self._menus({ptk_id: [allocator.Option(*o) for o in options]}))
-        if not plan.feasible:
-            return Reject(plan.reason)
-        self.lake.insert_ptk({
-            "ptk_id": ptk_id, "name": name or ptk_id, "train_dp_ref": ptk_type.train_dp_ref,
-            "eval_ref": ptk_type.eval_ref, "dp_event_ref": ptk_type.dp_event_ref,
-            "erm_ref": ptk_type.erm_ref, "config": config, "tau": tau, "train_frequency": freq,
-            "status": "active", "menu": options, "profile": profile,
-            "registered_window": self.windows.current(), "created_at": now(),
-            "updated_at": now()})
-        return ptk_id
+        rec = {"ptk_id": ptk_id, "name": name or ptk_id, "ptk_type": ptype.name,
+               **ptype.references(), "config": config, "tau": tau, "train_frequency": freq,
+               "status": "active", "menu": options, "profile": profile,
+               "created_at": now(), "updated_at": now()}
+
+        def insert():
+            if self.lake.ptk(ptk_id) is None:  # a concurrent replay may have inserted it
+                self.lake.insert_ptk(dict(rec, registered_window=self.windows.current()))
+
+        plan = self._commit(lambda: self._plan_with({ptk_id: options}), insert)
+        return ptk_id if plan.feasible else Reject(plan.reason)
+
+    def _replayed(self, prior: dict, ptype: PTKType, config: dict, tau: float, freq: int,
+                  menu: Optional[list]):
+        supplied = bool((prior["profile"] or {}).get("supplied"))
+        same_menu = (not supplied) if menu is None else (
+            supplied and [[o[0], o[2]] for o in prior["menu"]] == [list(m) for m in menu])
+        same = (prior["ptk_type"] == ptype.name and prior["config"] == config
+                and prior["tau"] == tau and prior["train_frequency"] == freq and same_menu)
+        if not same or prior["status"] != "active":
+            raise InvalidRequestError(
+                f"PTK id {prior['ptk_id']} is {prior['status']} with another type, config, "
+                "target or frequency: choose a new id")
+        return prior["ptk_id"]
 
     def deregister_ptk(self, ptk_id: str) -> allocator.Allocation:
         self._require(ptk_id)
-        plan = self._replan(self._menus(drop=[ptk_id]))
-        self.lake.update_ptk(ptk_id, status="deregistered")
-        return plan
+
+        def compute():
+            plan, as_dict = self._plan_with(drop=[ptk_id])
+            if as_dict is None:  # a solver time-out: keep the current plan without the PTK
+                _, cur = self.lake.plan()
+                parts = [dict(p, members=[m for m in p["members"] if m["ptk_id"] != ptk_id])
+                         for p in (cur or {"partitions": []})["partitions"]]
+                as_dict = dict(cur or {}, partitions=[p for p in parts if p["members"]])
+            return plan, as_dict
+
+        def drop():
+            self._require(ptk_id)
+            self.lake.update_ptk(ptk_id, status="deregistered")
+
+        return self._commit(compute, drop)
 
     def _update(self, ptk_id: str, config: dict, tau: float):
         rec = self._require(ptk_id)
-        ptk_type = self._ptk_type(rec)
+        ptk_type = self.registry.get(rec["ptk_type"])
         if rec["profile"] and rec["profile"].get("supplied"):
             raise InvalidRequestError(
                 f"{ptk_id} has a developer-supplied profile; register a new PTK for a new "
                 "config or target")
-        for eps in self.cfg.menu:
-            ptk_type.charge(eps, config)
-        got = self._profile(ptk_type, config, tau, f"ptk.profile.{ptk_id}.{uuid.uuid4().hex[:8]}")
-        if isinstance(got, Reject):
-            return got
+        ptk_type.check(config, self.cfg.menu)
+        key = hashlib.sha256(canonical_json({"config": config, "tau": tau})).hexdigest()[:12]
+        got = self.profiles.run(ptk_id, ptk_type, config, tau, f"ptk.profile.{ptk_id}.{key}")
+        if isinstance(got, str):
+            return Reject(got, ptk_id)
         options, profile = got
         if not options:
             return Reject(f"no (epsilon, n) reaches tau={tau}", ptk_id)
-        plan = self._replan(self._menus({ptk_id: [allocator.Option(*o) for o in options]}))
-        if not plan.feasible:
-            return Reject(plan.reason, ptk_id)
-        self.lake.update_ptk(ptk_id, config=config, tau=tau, menu=options, profile=profile)
-        return plan
+
+        def update():
+            self._require(ptk_id)
+            self.lake.update_ptk(ptk_id, config=config, tau=tau, menu=options, profile=profile)
+
+        plan = self._commit(lambda: self._plan_with({ptk_id: options}), update)
+        return plan if plan.feasible else Reject(plan.reason, ptk_id)
 
     def update_ptk_config(self, ptk_id: str, new_config: dict):
         """Re-profiles and re-allocates; a Reject leaves the old config and plan in force."""
         if not isinstance(new_config, dict):
             raise InvalidRequestError(f"a PTK config is a dict, got {type(new_config).__name__}")
-        return self._update(ptk_id, dict(new_config), self._require(ptk_id)["tau"])
+        return self._update(ptk_id, check_config(new_config), self._require(ptk_id)["tau"])
 
     def update_ptk_performance_target(self, ptk_id: str, new_tau: float):
         tau = check_tau(new_tau)

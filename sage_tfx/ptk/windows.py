@@ -1,47 +1,94 @@
 """The tumbling training window 𝒯 (PTK paper §5.1) and the DP PTK trainer (§5.4).
 
-:meth:`WindowRunner.advance` closes the open window (its raw block files are deleted: minimal
-exposure), splits the next window on a window × user-hash block scheme and registers the blocks
+:meth:`WindowRunner.advance` holds the store's window lease (``ptk/<stream>/windows`` in the
+ledger's database: one advancing process at a time, whatever its store directory), closes the
+open window, splits the next one on a window × user-hash block scheme, registers the blocks
 with the ledger, then trains every due PTK with its allocated (ε_i, n_i):
 
 * block ids are ``w000007.p003`` (profile buckets, the first ``profile_share`` of the hash
   space) and ``w000007.t041`` (train buckets); a record's bucket is a salted SHA-256 of its user
-  key (or, without one, of its values);
+  key (or, without one, of its values); block files are encrypted with the window's data key
+  (:mod:`~sage_tfx.ptk.windowfiles`);
+* the window trains under the plan current at its ingest (recorded with the window), so a
+  resumed run charges exactly the partitions the first one did;
 * partition k of the plan takes the next run of train blocks holding N_k records (partitions are
   disjoint block sets: parallel composition), and PTK i of partition k reads the first whole
   blocks of its partition holding at least n_i records (block record counts are public ledger
   metadata; a positional prefix inside a block would turn one added record into a replaced one);
 * a partition run is ONE ledger charge of the exact-decimal sum of its due PTKs' (ε_i, δ_i) to
-  all of the partition's blocks, with the idempotent run id ``ptk.w<w>.plan<seq>.p<k>``: a
-  replayed window gets the same grant back and stores no second version;
-* each new state goes to the lake with its lineage and is queued for every subscriber.
+  all of the partition's blocks, with the run id ``ptk.w<w>.plan<seq>.p<k>``;
+* each PTK's new state is released once against that grant (``ptk/train/<ptk_id>/w<w>``,
+  :func:`~sage_tfx.ledger.releases.release_value_once`) before it goes to the lake and to the
+  subscribers. A replay — a retry, a restart, another process or store directory — gets the
+  grant back and the recorded state byte for byte, and draws no noise;
+* closing a window first finishes its training (so a run that crashed between its charge and
+  its release is released from the recorded grant), then destroys the window's key and files.
 """
 from __future__ import annotations
 
-import os
+import json
 from decimal import Decimal
 from typing import Optional
 
 import numpy as np
 
-from sage_tfx.errors import InvalidRequestError, RetiredBlockError
+from sage_tfx.dp.noise import SeededNoise
+from sage_tfx.errors import InvalidRequestError, SageError
 from sage_tfx.ledger import BlockSpec
-from sage_tfx.ptk.abstraction import (PTKType, batches_of, concat, hash_positions,
-                                      record_keys)
+from sage_tfx.ledger.releases import release_value_once
+from sage_tfx.ptk.abstraction import (KERNEL_INPUT_ERRORS, batches_of, canonical_json,
+                                      hash_positions, record_keys)
 from sage_tfx.ptk.allocator import dec
+from sage_tfx.ptk.registry import UnknownPTKTypeError
+from sage_tfx.ptk.windowfiles import WindowFiles
+
+LEASE_TTL = 300.0  # seconds; renewed after every PTK trained
+LEASE_WAIT = 900.0
 
 
-def _exact_float(x: Decimal) -> float:
+def exact_float(x: Decimal) -> float:
     f = float(x)
     if Decimal(repr(f)) != x:
         raise InvalidRequestError(f"the charge {x} has no exact float form; refusing to round it")
     return f
 
 
+def check_columns(columns, user_key) -> dict:
+    """A window: a non-empty dict of equal-length 1-D columns (numbers or strings)."""
+    if not isinstance(columns, dict) or not columns:
+        raise InvalidRequestError("a window is a non-empty dict of equal-length columns")
+    out = {}
+    for name, values in columns.items():
+        if not isinstance(name, str) or not name:
+            raise InvalidRequestError(f"a column name is a non-empty string, got {name!r}")
+        arr = np.asarray(values)
+        if arr.ndim != 1:
+            raise InvalidRequestError(f"column {name!r} must be flat (one value per record), "
+                                      f"got shape {arr.shape}")
+        if arr.dtype.kind not in "biufU":
+            if not all(isinstance(v, str) for v in arr.tolist()):
+                raise InvalidRequestError(f"column {name!r} must hold numbers or strings only")
+            arr = arr.astype(str)
+        out[name] = arr
+    lengths = {len(v) for v in out.values()}
+    if len(lengths) != 1 or 0 in lengths:
+        raise InvalidRequestError(f"window columns must have one non-zero length: {lengths}")
+    if user_key is not None and (not isinstance(user_key, str) or user_key not in out):
+        raise InvalidRequestError(f"user key column {user_key!r} is not in the window")
+    return out
+
+
+def _release_name(ptk_id: str, w: int) -> str:
+    return f"ptk/train/{ptk_id}/w{w}"
+
+
 class WindowRunner:
-    def __init__(self, store, data_root: str):
+    def __init__(self, store, data_root: str, key_provider=None):
         self.store = store
-        self.data_root = os.path.abspath(data_root)
+        self.files = WindowFiles(store.lake, store.cfg.stream, data_root, key_provider)
+        self.data_root = self.files.data_root
+        # a holder that dies (kill -9) blocks the others for at most lease_ttl seconds
+        self.lease_ttl, self.lease_wait = LEASE_TTL, LEASE_WAIT
 
     @property
     def lake(self):
@@ -51,8 +98,13 @@ class WindowRunner:
         open_ = self.lake.open_windows()
         return open_[-1] if open_ else None
 
+    def lease(self):
+        """The exclusive lease every window change and every read of window data holds."""
+        return self.store.ledger.lease(f"ptk/{self.store.cfg.stream}/windows",
+                                       ttl=self.lease_ttl, wait=self.lease_wait)
+
     # --- ingest ---------------------------------------------------------------------------
-    def _ingest(self, w: int, columns: dict, user_key: Optional[str]) -> None:
+    def _ingest(self, w: int, columns: dict, user_key: Optional[str], plan_seq: int) -> None:
         cfg = self.store.cfg
         n = len(next(iter(columns.values())))
         # the user hash: the user key, or without one the record's own values (never its
@@ -64,160 +116,182 @@ class WindowRunner:
         prof = u < ps
         bucket = np.where(prof, np.floor(u / ps * cfg.profile_buckets),
                           np.floor((u - ps) / (1 - ps) * cfg.train_buckets)).astype(int)
-        folder = os.path.join(self.data_root, cfg.stream, f"w{w:06d}")
-        os.makedirs(folder, exist_ok=True)
         specs, files, blocks = [], [], []
         for kind, count in (("p", cfg.profile_buckets), ("t", cfg.train_buckets)):
             for b in range(count):
                 sel = (prof if kind == "p" else ~prof) & (bucket == b)
                 block_id = f"w{w:06d}.{kind}{b:03d}"
-                path = os.path.join(folder, f"{block_id}.npz")
-                np.savez(path, **{k: np.asarray(v)[sel] if np.asarray(v).dtype != object
-                                  else np.asarray(v)[sel].astype(str)
-                                  for k, v in columns.items()})
+                path = self.files.write_block(w, block_id, {k: v[sel] for k, v in columns.items()})
                 specs.append(BlockSpec(block_id, location=path, records=int(sel.sum())))
                 files.append(path)
                 blocks.append([block_id, kind, int(sel.sum())])
         self.store.ledger.add_blocks(cfg.stream, specs)
-        self.lake.open_window(w, files, blocks, n)
+        self.lake.open_window(w, files, blocks, n, plan_seq)
+
+    def probe(self, columns: dict) -> None:
+        """Refuses a window whose schema an active PTK cannot train on, before anything changes.
+
+        Each active PTK's ``train_dp`` runs on two made-up records with the window's column
+        names and kinds (zeros, empty strings): the outcome depends on the public schema only,
+        never on the window's values, and is discarded.
+        """
+        fake = {k: (np.zeros(2) if v.dtype.kind in "biuf" else np.array(["", ""]))
+                for k, v in columns.items()}
+        for rec in self.lake.ptks():
+            try:
+                ptype = self.store.registry.get(rec["ptk_type"])
+            except UnknownPTKTypeError:
+                continue
+            try:
+                ptype.train_dp(batches_of(fake), 1.0, None, None, config=rec["config"],
+                               noise=SeededNoise(0))
+            except (SageError, *KERNEL_INPUT_ERRORS) as exc:
+                raise InvalidRequestError(
+                    f"the window's columns do not fit PTK {rec['ptk_id']} ({rec['ptk_type']}): "
+                    f"{type(exc).__name__}: {exc}") from exc
 
     def advance(self, columns: dict, *, user_key: Optional[str] = None,
                 window_index: Optional[int] = None) -> dict:
-        if not isinstance(columns, dict) or not columns:
-            raise InvalidRequestError("a window is a non-empty dict of equal-length columns")
-        lengths = {len(np.asarray(v)) for v in columns.values()}
-        if len(lengths) != 1 or 0 in lengths:
-            raise InvalidRequestError(f"window columns must have one non-zero length: {lengths}")
-        if user_key is not None and user_key not in columns:
-            raise InvalidRequestError(f"user key column {user_key!r} is not in the window")
-        last = self.lake.last_window()
-        w = (0 if last is None else last + 1) if window_index is None else window_index
-        if not isinstance(w, int) or (last is not None and w <= last) or w < 0:
-            raise InvalidRequestError(f"window index must be a new index after {last}, got {w!r}")
-        for old in self.lake.open_windows():
-            self.lake.close_window(old)
-        self._ingest(w, columns, user_key)
-        trained = self.train(w)
+        columns = check_columns(columns, user_key)
+        if window_index is not None and (isinstance(window_index, bool)
+                                         or not isinstance(window_index, int)):
+            raise InvalidRequestError(f"window index must be an integer, got {window_index!r}")
+        self.probe(columns)
+        with self.lease() as held:
+            last = self.lake.last_window()
+            w = (0 if last is None else last + 1) if window_index is None else window_index
+            if (last is not None and w <= last) or w < 0:
+                raise InvalidRequestError(
+                    f"window index must be a new index after {last}, got {w!r}")
+            for old in self.lake.open_windows():
+                self.close_window(old, held)
+            self._ingest(w, columns, user_key, self.lake.plan_seq())
+            trained = self.train(w, held)
         delivered = self.store.notifier.deliver()
         return {"window": w, "trained": trained, "delivered": delivered}
 
+    def close_window(self, w: int, held=None) -> None:
+        """Finishes the window's training and pending profiles (releases from recorded grants),
+        then destroys its key and raw files. Call under the window lease."""
+        self.train(w, held)
+        self.store.profiles.finish_pending(w)
+        self.lake.close_window(w)
+        self.files.forget(w)
+
     def close(self) -> None:
         """Closes the open window (deletes its raw data) without opening a new one."""
-        for old in self.lake.open_windows():
-            self.lake.close_window(old)
-
-    # --- profile set ----------------------------------------------------------------------
-    def read_profile_set(self, run_id: str, cost: Decimal, delta: float, need: int):
-        """Charges ``cost`` to the open window's profile blocks, then reads them. Returns the
-        data, or a reason string (nothing charged when the window cannot hold the profile)."""
-        w = self.current()
-        if w is None:
-            return "no training window is open: the profiler reads the open window's profile set"
-        info = self.lake.window(w)
-        cap = dec(self.store.cfg.epsilon_g)
-        states = {b.block_id: b for b in self.store.ledger.blocks(self.store.cfg.stream)
-                  if b.block_id.startswith(f"w{w:06d}.p")}
-        # the smallest run of profile blocks that can still take the whole charge and holds
-        # enough records (profiles of different PTKs then use disjoint blocks when they can)
-        pblocks, have = [], 0
-        for b, kind, r in info["blocks"]:
-            st = states.get(b)
-            if kind != "p" or st is None or not st.active or r == 0 \
-                    or dec(st.epsilon_spent) + cost > cap:
-                continue
-            pblocks.append(b)
-            have += r
-            if have >= need:
-                break
-        if have < need:
-            return (f"window {w}'s profile set has {have} records with eps={cost} of budget "
-                    f"left; profiling the menu needs {need} (raise profile_share, lower "
-                    "profile_n_max, or register after the next window boundary)")
-        try:
-            d = self.store.ledger.request(self.store.cfg.stream, run_id=run_id, blocks=pblocks,
-                                          epsilon=_exact_float(cost), delta=delta)
-        except RetiredBlockError as exc:
-            return f"the profile set of window {w} has no budget left: {exc}"
-        if not d.granted:
-            return f"the ledger denied the profile charge (eps={cost}): {d.reason}"
-        data = concat(dict(np.load(p, allow_pickle=False)) for p in d.grant.locations)
-        return {"columns": data, "grant_id": d.grant.grant_id, "window": w}
+        with self.lease() as held:
+            for old in self.lake.open_windows():
+                self.close_window(old, held)
 
     # --- training -------------------------------------------------------------------------
-    def train(self, w: int) -> list[dict]:
-        seq, plan = self.lake.plan()
+    def train(self, w: int, held=None) -> list[dict]:
+        """Trains (or finishes training) window ``w`` under the plan it was ingested with."""
+        info = self.lake.window(w)
+        # plan 0: no PTK when the window arrived; None: a window of a lake that predates
+        # recorded plans, trained when it arrived — neither trains (again) now
+        if info is None or info["status"] != "open" or not info["plan_seq"]:
+            return []
+        seq, plan = self.lake.plan(info["plan_seq"])
         if not plan or not plan["partitions"]:
             return []
-        info = self.lake.window(w)
         tblocks = [(b, r) for b, kind, r in info["blocks"] if kind == "t"]
-        active = {r["ptk_id"]: r for r in self.lake.ptks()}
+        known = {r["ptk_id"]: r for r in self.lake.ptks(status=None)}
         out, cursor = [], 0
         for part in plan["partitions"]:
-            blocks, held = [], 0
-            while held < part["size"] and cursor < len(tblocks):
+            blocks, held_records = [], 0
+            while held_records < part["size"] and cursor < len(tblocks):
                 blocks.append(tblocks[cursor])
-                held += tblocks[cursor][1]
+                held_records += tblocks[cursor][1]
                 cursor += 1
-            due = [m for m in part["members"] if m["ptk_id"] in active and (
-                (w - (active[m["ptk_id"]]["registered_window"] or 0))
-                % active[m["ptk_id"]]["train_frequency"] == 0)]
+            due = [m for m in part["members"] if m["ptk_id"] in known and (
+                (w - (known[m["ptk_id"]]["registered_window"] or 0))
+                % known[m["ptk_id"]]["train_frequency"] == 0)]
             if not due:
                 continue
-            if not blocks or held == 0:
+            if not blocks or held_records == 0:
                 out += [{"ptk_id": m["ptk_id"], "skipped": "no train data left in the window"}
                         for m in due]
                 continue
-            out += self._run_partition(w, seq, part["index"], blocks, due, active)
+            out += self._run_partition(w, seq, part["index"], blocks, due, known, held)
         return out
 
-    def _run_partition(self, w, seq, k, blocks, due, active) -> list[dict]:
+    def _grant(self, w, seq, k, blocks, due):
+        """The partition's grant: the recorded one (a replay), or a new charge. Returns
+        (grant, None) or (None, denial reason)."""
         store = self.store
+        run_id = f"ptk.w{w}.plan{seq}.p{k}"
+        grant = store.ledger.grant_for_run(store.cfg.stream, run_id)
+        if grant is not None:
+            return grant, None
         eps = sum((dec(m["epsilon"]) for m in due), Decimal(0))
         dlt = sum((dec(m["delta"]) for m in due), Decimal(0))
         if eps > dec(store.cfg.epsilon_g) or dlt > dec(store.cfg.delta_g):
             raise InvalidRequestError(f"partition {k} of plan {seq} over-spends: {eps}, {dlt}")
-        run_id = f"ptk.w{w}.plan{seq}.p{k}"
         d = store.ledger.request(store.cfg.stream, run_id=run_id, blocks=[b for b, _ in blocks],
-                                 epsilon=_exact_float(eps), delta=_exact_float(dlt))
-        if not d.granted:
-            return [{"ptk_id": m["ptk_id"], "skipped": f"denied: {d.reason}"} for m in due]
-        grant = d.grant
+                                 epsilon=exact_float(eps), delta=exact_float(dlt))
+        return (d.grant, None) if d.granted else (None, d.reason)
+
+    def _run_partition(self, w, seq, k, blocks, due, known, held) -> list[dict]:
+        store = self.store
+        grant, denied = self._grant(w, seq, k, blocks, due)
+        if grant is None:
+            return [{"ptk_id": m["ptk_id"], "skipped": f"denied: {denied}"} for m in due]
         locations = dict(zip(grant.block_ids, grant.locations))
         out = []
         for m in sorted(due, key=lambda m: m["n"]):
-            rec = active[m["ptk_id"]]
-            done = self.lake.version_for_window(m["ptk_id"], w)
-            if done is not None:  # a replayed run: the stored release stands, nothing is retrained
-                out.append({"ptk_id": m["ptk_id"], "version": done["version"],
-                            "n_used": done["n_used"], "n": m["n"], "epsilon": m["epsilon"],
-                            "grant_id": done["grant_id"]})
+            pid, rec = m["ptk_id"], known[m["ptk_id"]]
+            done = self.lake.version_for_window(pid, w)
+            if done is not None:  # a replayed run: the stored release stands
+                out.append({"ptk_id": pid, "version": done["version"], "n_used": done["n_used"],
+                            "n": m["n"], "epsilon": m["epsilon"], "grant_id": done["grant_id"]})
                 continue
-            mine, held = [], 0
+            try:
+                ptype = store.registry.get(rec["ptk_type"])
+            except UnknownPTKTypeError as exc:
+                out.append({"ptk_id": pid, "skipped": f"not trained here: {exc}"})
+                continue
+            mine, n_used = [], 0
             for b, r in blocks:
-                if held >= m["n"]:
+                if n_used >= m["n"]:
                     break
                 mine.append(b)
-                held += r
+                n_used += r
             # whole blocks, never a positional prefix: adding or removing a record then changes
             # one block's content only, which is the neighbouring relation train_dp assumes
-            data = concat(dict(np.load(locations[b], allow_pickle=False)) for b in mine)
-            n_used = len(next(iter(data.values()))) if data else 0
-            ptype = PTKType(rec["train_dp_ref"], rec["eval_ref"], rec["dp_event_ref"],
-                            rec["erm_ref"])
+            prev = self.lake.version(pid)
             charge = ptype.charge(m["epsilon"], rec["config"])
-            prev = self.lake.version(m["ptk_id"])
-            state = ptype.train_dp(batches_of(data), m["epsilon"],
-                                   prev["state"] if prev else None,
-                                   prev["config"] if prev else None,
-                                   config=rec["config"], noise=store.noise)
+
+            def produce(ptype=ptype, mine=mine, prev=prev, rec=rec, eps=m["epsilon"]):
+                data = self.files.read(w, [(b, locations[b]) for b in mine])
+                try:
+                    state = ptype.train_dp(batches_of(data), eps,
+                                           prev["state"] if prev else None,
+                                           prev["config"] if prev else None,
+                                           config=rec["config"], noise=store.noise)
+                except (SageError, *KERNEL_INPUT_ERRORS) as exc:
+                    # released as a failure (its class only): the charge stays accounted for
+                    # and the window can close; the schema probe makes this rare
+                    return canonical_json({"failed": type(exc).__name__})
+                return canonical_json({"state": state})
+
+            got = json.loads(release_value_once(store.ledger, grant.grant_id,
+                                                _release_name(pid, w), produce).value)
+            if held is not None:
+                held.renew()
+            if "failed" in got:
+                out.append({"ptk_id": pid, "skipped": f"training failed ({got['failed']}); "
+                            "the charge stands"})
+                continue
             v = self.lake.add_version({
-                "ptk_id": m["ptk_id"], "window_index": w, "state": state,
+                "ptk_id": pid, "window_index": w,
+                "state_json": canonical_json(got["state"]).decode("utf-8"),
                 "config": rec["config"], "epsilon": m["epsilon"], "delta": charge.delta,
-                "event": repr(charge.event), "grant_id": grant.grant_id, "run_id": run_id,
+                "event": repr(charge.event), "grant_id": grant.grant_id, "run_id": grant.run_id,
                 "stream": store.cfg.stream, "blocks": mine, "n_used": n_used,
                 "partition_index": k, "oldest_window": prev["oldest_window"] if prev else w,
                 "newest_window": w})
-            self.lake.enqueue(m["ptk_id"], v["version"])
-            out.append({"ptk_id": m["ptk_id"], "version": v["version"], "n_used": n_used,
-                        "n": m["n"], "epsilon": m["epsilon"], "grant_id": grant.grant_id})
+            self.lake.enqueue(pid, v["version"])
+            out.append({"ptk_id": pid, "version": v["version"], "n_used": n_used, "n": m["n"],
+                        "epsilon": m["epsilon"], "grant_id": grant.grant_id})
         return out

@@ -16,19 +16,18 @@ def _ptk(tmp_path):
     from sage_tfx.pipelines import ptk_pipeline
     from sage_tfx.ptk import PTKStore, StoreConfig
 
-    hs = "sage_tfx.ptk.kernels.histstats"
     url = f"sqlite:///{tmp_path}/ptk-ledger.db"
     store = PTKStore(url, str(tmp_path / "ptkdata"), StoreConfig(stream="ptk"))
     try:
         pid = store.register_ptk(
-            f"{hs}:train_dp", f"{hs}:eval", tau=0.2, menu=[(0.5, 200)],
+            "histstats", tau=0.2, menu=[(0.5, 200)],
             config={"key": "city", "domain": ["a", "b"], "value": "delay", "lower": 0.0,
                     "upper": 10.0})
     finally:
         store.close()
     return ptk_pipeline.create_pipeline(
         "sage-ptk", str(tmp_path / "ptk"), str(tmp_path / "ptk.db"), url, "events", 2, pid, 0,
-        f"{hs}:featurize")
+        "histstats")
 
 
 def _pyramid(tmp_path):

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from sage_tfx.dp.noise import SeededNoise
-from sage_tfx.ptk.abstraction import PTKType, batches_of
+from sage_tfx.ptk.abstraction import batches_of
+from sage_tfx.ptk.registry import default_registry
 
 
 class Recorder:
@@ -29,7 +30,7 @@ class Recorder:
 def pure_charge(module: str, eps: float, config: dict):
     """The store's view of the kernel's declared charge at ``eps``; checks dp_accounting's PLD
     epsilon of the event agrees with ``eps``."""
-    charge = PTKType.resolve(f"{module}:train_dp", f"{module}:eval").charge(eps, config)
+    charge = default_registry().get(module.rsplit(".", 1)[-1]).charge(eps, config)
     pld = dp_accounting.pld.PLDAccountant()
     pld.compose(charge.event)
     assert pld.get_epsilon(1e-9) == pytest.approx(eps, abs=0.03 * max(eps, 1))

@@ -4,7 +4,7 @@ and stores a state the kernel's featurizer reads back from the lake."""
 import numpy as np
 import pytest
 
-from conftest import SMALL
+from ptk_data import SMALL
 from test_ptk_counts_kernel import CFG as COUNTS_CFG, data as counts_data
 from test_ptk_hpf_kernel import CFG as HPF_CFG, data as hpf_data
 from test_ptk_trees_kernel import CFG as TREES_CFG, data as trees_data
@@ -25,7 +25,7 @@ def test_the_store_registers_and_trains_the_kernel(make_store, module, config, m
     import importlib
     store = make_store(config=SMALL)
     store.advance_window(with_users(make(3000, 0), 0), user_key="user")
-    pid = store.register_ptk(f"{module}:train_dp", f"{module}:eval", 1, config=config, tau=0.5,
+    pid = store.register_ptk(module.rsplit(".", 1)[-1], 1, config=config, tau=0.5,
                              menu=[(0.5, 1000), (1.0, 500)])
     assert isinstance(pid, str) and pid.startswith("ptk-"), pid
     out = store.advance_window(with_users(make(3000, 1), 1), user_key="user")

@@ -6,12 +6,12 @@ from dp_accounting import dp_event as dp_event_lib
 
 from sage_tfx.dp.noise import SeededNoise
 from sage_tfx.errors import InvalidRequestError
-from sage_tfx.ptk.abstraction import (FunctionReferenceError, PrivacyCharge, PTKType,
-                                      UnaccountableEventError, batches_of, check_charge,
-                                      resolve_reference)
+from sage_tfx.ptk.abstraction import (PrivacyCharge, UnaccountableEventError, batches_of,
+                                      check_charge)
+from sage_tfx.ptk.registry import UnknownPTKTypeError, default_registry
 from sage_tfx.ptk.kernels import covariance, histstats
 
-from conftest import CV_CONFIG, HS, HS_CONFIG, window
+from ptk_data import CV_CONFIG, HS, HS_CONFIG, test_registry, window
 
 
 class Recorder:
@@ -99,13 +99,12 @@ def test_covariance_finds_the_dominant_direction_and_losses_are_bounded():
     assert covariance.eval(batches_of(data), erm, config=CV_CONFIG).mean() <= losses.mean() + 1e-12
 
 
-def test_bad_references_and_events_are_refused():
-    with pytest.raises(FunctionReferenceError):
-        resolve_reference("no_such_pkg.mod:fn")
-    with pytest.raises(FunctionReferenceError):
-        resolve_reference(f"{HS}:no_such_function")
-    with pytest.raises(FunctionReferenceError):
-        resolve_reference("not a reference")
+def test_unregistered_types_and_bad_events_are_refused():
+    reg = default_registry()
+    for name in ("no_such_pkg.mod:fn", "sage_tfx.ptk.kernels.histstats:train_dp", "nope",
+                 "not a name", "", None, 3):
+        with pytest.raises(UnknownPTKTypeError):
+            reg.get(name)
     with pytest.raises(UnaccountableEventError):
         check_charge(PrivacyCharge(dp_event_lib.UnsupportedDpEvent(), 1.0))
     with pytest.raises(UnaccountableEventError):  # declares eps 0.1 but spends 0.5
@@ -113,11 +112,11 @@ def test_bad_references_and_events_are_refused():
     with pytest.raises(UnaccountableEventError):  # Gaussian spends more than charged
         check_charge(PrivacyCharge(dp_event_lib.GaussianDpEvent(1.0), 0.5, 1e-6))
     with pytest.raises(InvalidRequestError):
-        PTKType.resolve(f"{HS}:train_dp", f"{HS}:eval").charge(0.1, {"key": "x"})
+        reg.get(HS).charge(0.1, {"key": "x"})
 
 
 def test_eval_outside_unit_interval_is_an_error():
-    t = PTKType.resolve(f"{HS}:train_dp", "conftest:bad_eval")
+    t = test_registry().get("hist_bad_eval")
     with pytest.raises(InvalidRequestError, match=r"outside \[0, 1\]"):
         t.eval([{"v": np.array([2.0])}], None, config={})
 

@@ -9,12 +9,13 @@ import pytest
 
 from sage_tfx.dp.noise import SeededNoise
 from sage_tfx.errors import InvalidPrivacyParameterError, InvalidRequestError
-from sage_tfx.ptk.abstraction import PTKType, batches_of, check_charge
+from sage_tfx.ptk.abstraction import batches_of, check_charge
+from sage_tfx.ptk.registry import default_registry
 from sage_tfx.ptk.kernels import covariance, histstats, lloyd
 
-from conftest import CV, CV_CONFIG, HS, HS_CONFIG, window
+from ptk_data import CV, CV_CONFIG, HS, HS_CONFIG, window
 
-LL = "sage_tfx.ptk.kernels.lloyd"
+LL = "lloyd"
 LL_CONFIG = {"columns": ["x0", "x1"], "lower": [-3.0, -3.0], "upper": [3.0, 3.0], "k": 3,
              "iterations": 4, "init": [[-1.0, -1.0], [0.0, 1.0], [1.0, 0.0]]}
 
@@ -236,11 +237,11 @@ def test_kernels_register_allocate_and_train_in_the_store(make_store):
     store.advance_window(win(0), user_key="user")
     ids = {}
     for ref, cfg, tau in ((HS, HS_CONFIG, 0.2), (CV, CV_CONFIG, 0.3), (LL, LL_CONFIG, 0.2)):
-        t = PTKType.resolve(f"{ref}:train_dp", f"{ref}:eval")
+        t = default_registry().get(ref)
         assert t.charge(0.5, cfg).epsilon == 0.5
-        ids[ref] = store.register_ptk(f"{ref}:train_dp", f"{ref}:eval", 1, config=cfg, tau=tau)
+        ids[ref] = store.register_ptk(ref, 1, config=cfg, tau=tau)
         assert isinstance(ids[ref], str), ids[ref]
-    assert PTKType.resolve(f"{LL}:train_dp", f"{LL}:eval").erm_ref is None
+    assert not default_registry().get(LL).has_erm
     out = store.advance_window(win(1), user_key="user")
     assert {t["ptk_id"] for t in out["trained"]} == set(ids.values())
     state = store.get_ptk(ids[LL]).model_state

@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 
-from conftest import HS, HS_CONFIG
+from ptk_data import HS, HS_CONFIG
 
 pytestmark = pytest.mark.slow
 STREAM = "events"
@@ -46,12 +46,12 @@ def test_gated_ptk_training_and_pinned_featurization(tmp_path):
     url = f"sqlite:///{tmp_path}/ledger.db"
     write_blocks(str(tmp_path / "blocks"), url)
     store = PTKStore(url, str(tmp_path / "ptkdata"), StoreConfig(stream="ptk"))
-    pid = store.register_ptk(f"{HS}:train_dp", f"{HS}:eval", config=HS_CONFIG, tau=0.2,
+    pid = store.register_ptk(HS, config=HS_CONFIG, tau=0.2,
                              menu=[(0.5, 200)])
     store.close()
     mlmd = run_local(pipeline_root=str(tmp_path / "root"), ledger_url=url, stream=STREAM,
                      window_last=2, ptk_id=pid, window_index=0,
-                     featurize_fn=f"{HS}:featurize")
+                     featurize_fn=HS)
     with open_ledger(url) as ledger:
         (grant,) = ledger.grants(STREAM)
         spent = {b.block_id: b.epsilon_spent for b in ledger.blocks(STREAM)}

@@ -8,13 +8,14 @@ import pytest
 from sage_tfx.dp.noise import SeededNoise
 from sage_tfx.errors import InvalidRequestError
 from sage_tfx.ptk import profiler
-from sage_tfx.ptk.abstraction import PTKType, hash_positions, record_keys
+from sage_tfx.ptk.abstraction import hash_positions, record_keys
+from sage_tfx.ptk.registry import default_registry
 
-from conftest import HS, HS_CONFIG, window
+from ptk_data import HS, HS_CONFIG, window
 
 
 def hist_type():
-    return PTKType.resolve(f"{HS}:train_dp", f"{HS}:eval")
+    return default_registry().get(HS)
 
 
 class Recorder(SeededNoise):

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 
 from sage_tfx.ptk.service import create_app, main
 
-from conftest import HS, HS_CONFIG, window
+from ptk_data import HS, HS_CONFIG, window
 
 
 def free_port() -> int:
@@ -61,27 +61,29 @@ def test_http_api_end_to_end_with_retried_callbacks(make_store, tmp_path):
     store = make_store()
     store.notifier.backoff = 0.01
     recv = receiver(fail_first=2)
-    with Server(create_app(store, retry_seconds=0.2)) as base, Server(recv) as rbase:
-        c = httpx.Client(base_url=base, timeout=30)
+    app = create_app(store, retry_seconds=0.2)
+    with Server(app) as base, Server(recv) as rbase:
+        c = httpx.Client(base_url=base, timeout=30,
+                         headers={"Authorization": f"Bearer {app.state.auth.open_token}"})
         w0 = window(10000, 0)
         r = c.post("/windows", json={"columns": {k: v.tolist() for k, v in w0.items()},
                                      "user_key": "user"})
         assert r.status_code == 200, r.text
-        body = {"train_dp_fn": f"{HS}:train_dp", "eval_fn": f"{HS}:eval", "tau": 0.2,
-                "config": HS_CONFIG}
+        body = {"ptk_type": HS, "tau": 0.2, "config": HS_CONFIG}
         r = c.post("/ptks", json=body)
         assert r.status_code == 201, r.text
         pid = r.json()["ptk_id"]
-        # bad input: 400 and nothing registered; unknown: 404
-        assert c.post("/ptks", json=dict(body, tau=0)).status_code == 400
-        assert c.post("/ptks", json=dict(body, train_dp_fn="x.y:z")).status_code == 400
-        assert c.post("/ptks", json={"tau": 0.2}).status_code == 400
+        # bad input: 4xx and nothing registered; unknown: 404
+        assert c.post("/ptks", json=dict(body, tau=0)).status_code == 422
+        assert c.post("/ptks", json=dict(body, train_dp_fn="x.y:z")).status_code == 422
+        assert c.post("/ptks", json={"tau": 0.2}).status_code == 422
+        assert c.post("/ptks", json=dict(body, ptk_type="no_such_type")).status_code == 400
         assert c.delete("/ptks/ptk-nope").status_code == 404
         assert c.post(f"/ptks/{pid}/subscriptions",
                       json={"endpoint": f"http://127.0.0.1:{free_port()}/cb"}).status_code == 400
         assert len(store.lake.ptks()) == 1
         # REJECT is a 409 with the reason
-        r = c.post("/ptks", json=dict(body, menu=[[1.0, 10**7]]))
+        r = c.post("/ptks", json=dict(body, menu=[{"epsilon": 1.0, "n": 10**7}]))
         assert r.status_code == 409 and "N_max" in r.json()["reject"]
         assert c.post(f"/ptks/{pid}/subscriptions",
                       json={"endpoint": f"{rbase}/cb"}).status_code == 201
@@ -113,7 +115,7 @@ def test_failed_endpoint_stays_pending_then_is_redelivered(make_store):
     recv = receiver(fail_first=5)
     with Server(recv) as rbase:
         store.advance_window(window(10000, 0), user_key="user")
-        pid = store.register_ptk(f"{HS}:train_dp", f"{HS}:eval", config=HS_CONFIG, tau=0.2)
+        pid = store.register_ptk(HS, config=HS_CONFIG, tau=0.2)
         store.subscribe_to_ptk(pid, f"{rbase}/cb")
         out = store.advance_window(window(10000, 1), user_key="user")
         assert [d["status"] for d in out["delivered"]] == ["pending"]  # 3 attempts failed
@@ -126,7 +128,7 @@ def test_failed_endpoint_stays_pending_then_is_redelivered(make_store):
 def test_plan_command_prints_the_plan(make_store, capsys):
     store = make_store()
     store.advance_window(window(10000, 0), user_key="user")
-    pid = store.register_ptk(f"{HS}:train_dp", f"{HS}:eval", config=HS_CONFIG, tau=0.2,
+    pid = store.register_ptk(HS, config=HS_CONFIG, tau=0.2,
                              menu=[(0.5, 1234)])
     assert main(["plan", "--url", store.url]) == 0
     out = capsys.readouterr().out
@@ -138,8 +140,47 @@ def test_sage_tfx_ptk_plan_is_the_same_command(make_store, capsys):
     from sage_tfx import cli
     store = make_store()
     store.advance_window(window(10000, 0), user_key="user")
-    pid = store.register_ptk(f"{HS}:train_dp", f"{HS}:eval", config=HS_CONFIG, tau=0.2,
+    pid = store.register_ptk(HS, config=HS_CONFIG, tau=0.2,
                              menu=[(0.5, 1234)])
     assert cli.main(["ptk", "plan", "--url", store.url]) == 0
     out = capsys.readouterr().out
     assert "K = 1" in out and pid in out
+
+
+def test_serve_binds_loopback_and_prints_the_token_file(tmp_path):
+    """``sage-tfx ptk serve`` on an open-mode ledger: 127.0.0.1 by default, a 0600 token file
+    whose path it prints, and every endpoint but /health closed without that token."""
+    import os
+    import stat
+    import subprocess
+    import sys
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sage_tfx.cli", "ptk", "serve", "--url",
+         f"sqlite:///{tmp_path}/ledger.db", "--data-root", str(tmp_path / "data"), "--port",
+         str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert f"http://127.0.0.1:{port}" in line and "open mode" in line, line
+        token_file = tmp_path / "data" / ".ptk-service-token"
+        assert str(token_file) in line
+        assert stat.S_IMODE(os.stat(token_file).st_mode) == 0o600
+        token = token_file.read_text().strip()
+        assert token not in line
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 60
+        while True:
+            try:
+                assert httpx.get(f"{base}/health").json() == {"ok": True}
+                break
+            except httpx.HTTPError:
+                assert time.time() < deadline, "the service did not start"
+                time.sleep(0.1)
+        assert httpx.get(f"{base}/ptk-types").status_code == 401
+        r = httpx.get(f"{base}/ptk-types", headers={"Authorization": f"Bearer {token}"})
+        assert r.status_code == 200 and HS in r.json()["types"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        proc.stdout.close()

@@ -9,7 +9,7 @@ from sage_tfx.ptk import (FunctionReferenceError, PerformanceTargetError, Reject
                           SubscriberError, UnaccountableEventError, UnknownPTKError)
 from sage_tfx.ptk.allocator import dec
 
-from conftest import CV, CV_CONFIG, HS, HS_CONFIG, register_hist, window
+from ptk_data import CV, CV_CONFIG, HS, HS_CONFIG, register_hist, window
 
 
 def snapshot(store):
@@ -17,9 +17,13 @@ def snapshot(store):
     db = store.lake.db
     out = {}
     for t in ("ptk_registry", "ptk_versions", "ptk_subscriptions", "ptk_outbox", "ptk_plans",
-              "ptk_windows"):
+              "ptk_windows", "ptk_window_keys", "ptk_profiles"):
         out[t] = sorted(map(repr, db.q(f"SELECT * FROM {t}").fetchall()))
-    out["grants"] = sorted(g.grant_id for g in store.ledger.grants(store.cfg.stream))
+    grants = store.ledger.grants(store.cfg.stream)
+    out["grants"] = sorted(g.grant_id for g in grants)
+    out["releases"] = sorted((r.grant_id, r.name, r.digest) for g in grants
+                             for r in store.ledger.releases(g.grant_id))
+    out["blocks"] = sorted((b.block_id, b.epsilon_spent) for b in store.ledger.blocks("ptk"))
     return out
 
 
@@ -66,7 +70,7 @@ def test_one_charge_per_partition_and_idempotent_window(make_store):
     store = make_store()
     store.advance_window(window(20000, 0), user_key="user")
     a = register_hist(store, tau=0.2)
-    b = store.register_ptk(f"{CV}:train_dp", f"{CV}:eval", 1, config=CV_CONFIG, tau=0.3)
+    b = store.register_ptk(CV, 1, config=CV_CONFIG, tau=0.3)
     assert isinstance(a, str) and isinstance(b, str), (a, b)
     plan = store.plan()
     before = len(store.ledger.grants("ptk"))
@@ -92,13 +96,13 @@ def test_bad_input_changes_nothing(make_store):
     pid = register_hist(store)
     snap = snapshot(store)
     bad = [
-        (FunctionReferenceError, lambda: store.register_ptk("nope.mod:f", f"{HS}:eval", tau=0.2)),
-        (FunctionReferenceError, lambda: store.register_ptk(f"{HS}:train_dp", "x", tau=0.2)),
+        (FunctionReferenceError, lambda: store.register_ptk("nope.mod:f", tau=0.2)),
+        (FunctionReferenceError, lambda: store.register_ptk("no_such_type", tau=0.2)),
         (PerformanceTargetError, lambda: register_hist(store, tau=0.0)),
         (PerformanceTargetError, lambda: register_hist(store, tau=1.5)),
         (InvalidRequestError, lambda: register_hist(store, train_frequency=0)),
         (InvalidRequestError, lambda: register_hist(store, train_frequency=-2)),
-        (UnaccountableEventError, lambda: register_hist(store, dp_event_fn="conftest:wrong_event")),
+        (UnaccountableEventError, lambda: register_hist(store, ptk_type="hist_wrong_event")),
         (InvalidRequestError, lambda: register_hist(store, config={"key": "city"})),
         (UnknownPTKError, lambda: store.deregister_ptk("ptk-unknown")),
         (UnknownPTKError, lambda: store.update_ptk_config("ptk-unknown", HS_CONFIG)),
@@ -202,3 +206,56 @@ def test_train_frequency_and_config_update(make_store):
     assert plan.feasible and store.lake.ptk(every2)["config"] == new
     store.advance_window(window(3000, 6), user_key="user")
     assert store.get_ptk(every2).config == new
+
+
+def test_a_training_failure_is_released_as_a_failure_and_the_window_closes(make_store):
+    """A PTK whose train_dp fails on the window's data after the partition's charge: the
+    failure (its class only) is the release, the other PTK of the partition trains, nothing is
+    charged twice and the window still closes."""
+    import ptk_workers
+    store = make_store()
+    store.advance_window(window(20000, 0), user_key="user")
+    bad = register_hist(store, ptk_type="hist_fails_on_data", menu=[(0.25, 700)])
+    good = register_hist(store, menu=[(0.25, 800)])
+    out = store.advance_window(window(20000, 1), user_key="user")
+    by = {t["ptk_id"]: t for t in out["trained"]}
+    assert "ArithmeticError" in by[bad]["skipped"] and by[good]["version"] == 1
+    (g,) = [g for g in store.ledger.grants("ptk") if g.run_id.startswith("ptk.w1.")]
+    rel = store.ledger.recorded_release(g.grant_id, f"ptk/train/{bad}/w1")
+    assert json.loads(rel.value) == {"failed": "ArithmeticError"}
+    assert store.windows.train(1)[0]["skipped"] == by[bad]["skipped"]   # a replay: the same
+    store.advance_window(window(20000, 2), user_key="user")
+    assert store.lake.window(1)["status"] == "closed" and store.lake.version(bad) is None
+    ptk_workers.released_everything(store)
+
+
+def test_a_lake_from_before_the_type_registry_migrates_without_importing(tmp_path, monkeypatch):
+    """Old rows named code by reference: the built-in kernels' references map to their type
+    names (a string match), anything else stays without a type and is never imported."""
+    import importlib
+    import sqlite3
+
+    from sage_tfx.ptk.lake import Lake
+    path = tmp_path / "old.db"
+    con = sqlite3.connect(path)
+    con.execute("""CREATE TABLE ptk_registry (
+        ptk_id TEXT PRIMARY KEY, name TEXT NOT NULL, train_dp_ref TEXT NOT NULL,
+        eval_ref TEXT NOT NULL, dp_event_ref TEXT NOT NULL, erm_ref TEXT, config TEXT NOT NULL,
+        tau REAL NOT NULL, train_frequency INTEGER NOT NULL, status TEXT NOT NULL,
+        menu TEXT NOT NULL, profile TEXT, registered_window INTEGER, created_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL)""")
+    for pid, ref in (("ptk-old", "sage_tfx.ptk.kernels.histstats"), ("ptk-evil", "builtins")):
+        con.execute("INSERT INTO ptk_registry VALUES (?, ?, ?, ?, ?, NULL, '{}', 0.2, 1, "
+                    "'active', '[]', NULL, 0, 't', 't')",
+                    (pid, pid, f"{ref}:train_dp" if ref != "builtins" else "builtins:eval",
+                     f"{ref}:eval", f"{ref}:dp_event"))
+    con.commit()
+    con.close()
+    calls = []
+    monkeypatch.setattr(importlib, "import_module", lambda *a, **k: calls.append(a))
+    lake = Lake(f"sqlite:///{path}")
+    try:
+        assert lake.ptk("ptk-old")["ptk_type"] == "histstats"
+        assert lake.ptk("ptk-evil")["ptk_type"] is None and calls == []
+    finally:
+        lake.close()

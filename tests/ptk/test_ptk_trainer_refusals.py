@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from conftest import HS, HS_CONFIG
+from ptk_data import HS, HS_CONFIG
 
 pytestmark = pytest.mark.slow
 STREAM = "events"
@@ -22,7 +22,7 @@ def setup(tmp_path):
         ledger.add_blocks(STREAM, [BlockSpec(d, location=str(tmp_path / d), records=10)
                                    for d in ("d1", "d2")])
     store = PTKStore(url, str(tmp_path / "ptkdata"), StoreConfig(stream="ptk"))
-    pid = store.register_ptk(f"{HS}:train_dp", f"{HS}:eval", config=HS_CONFIG, tau=0.2,
+    pid = store.register_ptk(HS, config=HS_CONFIG, tau=0.2,
                              menu=[(0.5, 200)])
     store.close()
     return url, pid, tmp_path

@@ -95,8 +95,7 @@ def register_to_notified(root: str, *, ptks: int = 13, window_records: int = 200
         for i in range(ptks):
             t0 = time.perf_counter()
             pid = store.register_ptk(
-                "sage_tfx.ptk.kernels.histstats:train_dp",
-                "sage_tfx.ptk.kernels.histstats:eval", 1, tau=0.2,
+                "histstats", 1, tau=0.2,
                 config={"key": "k", "domain": list("abcdefgh"), "value": "v", "lower": 0,
                         "upper": 10})
             t1 = time.perf_counter()

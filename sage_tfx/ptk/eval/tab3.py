@@ -24,9 +24,8 @@ import numpy as np
 from sage_tfx.dp.noise import SeededNoise
 from sage_tfx.ptk import allocator, profiler
 from sage_tfx.ptk.abstraction import PTKType, batches_of
+from sage_tfx.ptk.registry import default_registry
 
-HS = "sage_tfx.ptk.kernels.histstats"
-CV = "sage_tfx.ptk.kernels.covariance"
 MENU = (0.01, 0.05, 0.1, 0.2, 0.5)
 
 
@@ -83,8 +82,7 @@ def workload(cols: dict) -> list[dict]:
 
 
 def ptk_type(kind: str) -> PTKType:
-    mod = HS if kind == "histstats" else CV
-    return PTKType.resolve(f"{mod}:train_dp", f"{mod}:eval")
+    return default_registry().get(kind)
 
 
 @dataclasses.dataclass
