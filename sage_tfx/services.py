@@ -135,11 +135,17 @@ class Authenticator:
             return p
 
     def require(self, *roles: str) -> Callable:
-        """A FastAPI dependency: the caller's principal, which must hold one of ``roles``."""
-        from fastapi import Header
+        """A FastAPI dependency: the caller's principal, which must hold one of ``roles``.
 
-        def dependency(authorization: Optional[str] = Header(default=None)) -> access.Principal:
-            p = self.principal(authorization)
+        The credential is declared as the OpenAPI ``HTTPBearer`` security scheme (not as a plain
+        header parameter), so clients and fuzzers see how to authenticate.
+        """
+        from fastapi import Security
+        from fastapi.security import HTTPAuthorizationCredentials
+
+        def dependency(cred: Optional[HTTPAuthorizationCredentials] = Security(_bearer_scheme())
+                       ) -> access.Principal:
+            p = self.principal(None if cred is None else f"Bearer {cred.credentials}")
             if not (p.roles & set(roles)) and not p.has(access.ADMIN):
                 raise PermissionDeniedError(
                     f"principal {p.name!r} (roles {sorted(p.roles)}) may not call this "
@@ -147,6 +153,13 @@ class Authenticator:
             return p
 
         return dependency
+
+
+def _bearer_scheme():
+    from fastapi.security import HTTPBearer
+    return HTTPBearer(auto_error=False, scheme_name="sageBearer",
+                      description="a token the ledger issued to the caller, or the service's own "
+                                  "token on an open-mode ledger")
 
 
 def install_error_handlers(app) -> None:

@@ -30,9 +30,8 @@ import threading
 from typing import Annotated, Any, Optional
 
 import numpy as np
-from fastapi import Depends, FastAPI, Path, Query, Security
+from fastapi import Depends, FastAPI, Path, Query
 from fastapi.responses import JSONResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from sage_tfx import services
 from sage_tfx.errors import LeaseTimeoutError
@@ -58,21 +57,6 @@ class _BodyLimits:
     async def __call__(self, scope, receive, send):
         big = scope["type"] == "http" and scope.get("path") == "/windows"
         return await (self.windows if big else self.default)(scope, receive, send)
-
-
-_BEARER = HTTPBearer(auto_error=False, description="a token the ledger issued to the caller, "
-                     "or the service's own token on an open-mode ledger")
-
-
-def _bearer(auth: services.Authenticator, *roles: str):
-    """``auth.require(*roles)`` with the credential declared as the OpenAPI bearer scheme (not
-    as a plain header parameter): clients and fuzzers see how to authenticate."""
-    check = auth.require(*roles)
-
-    def dependency(cred: Optional[HTTPAuthorizationCredentials] = Security(_BEARER)):
-        return check(authorization=None if cred is None else f"Bearer {cred.credentials}")
-
-    return dependency
 
 
 def _jsonable(x: Any) -> Any:
@@ -122,9 +106,9 @@ def create_app(store: PTKStore, *, auth: Optional[services.Authenticator] = None
     app.add_exception_handler(LeaseTimeoutError, busy)
     app.add_middleware(_BodyLimits, max_bytes=max_body, window_bytes=max_window_body)
 
-    reader = _bearer(auth, access.PIPELINE)
-    auditor = _bearer(auth, access.PIPELINE, access.AUDITOR)
-    admin_or_pipeline = _bearer(auth, access.ADMIN, access.PIPELINE)
+    reader = auth.require(access.PIPELINE)
+    auditor = auth.require(access.PIPELINE, access.AUDITOR)
+    admin_or_pipeline = auth.require(access.ADMIN, access.PIPELINE)
 
     def manager(p: access.Principal = Depends(admin_or_pipeline)) -> access.Principal:
         """An admin, or a pipeline principal bound to the store's stream (its budget)."""

@@ -150,9 +150,11 @@ def test_the_openapi_schema_is_typed(served):
     assert weights["minItems"] == weights["maxItems"] == 3
     assert weights["items"]["type"] == "number" and weights["items"]["maximum"] == 1e100
     assert body[BINARY]["schema"]["minLength"] == 24
+    assert doc["components"]["securitySchemes"]["sageBearer"]["scheme"] == "bearer"
     for path, ops in doc["paths"].items():
         for op in ops.values():
             assert "401" in op["responses"], path   # every endpoint authenticates
+            assert op.get("security") == [{"sageBearer": []}], path
 
 
 ROLE_OF = {"/v1/draw": "client", "/v1/discard/{ticket}": "client", "/v1/spec": "client",

@@ -262,10 +262,10 @@ def test_openapi_bodies_are_typed(served):
     (column,) = cols["patternProperties"].values()
     assert column["type"] == "array" and cols["maxProperties"] == 256
     assert {t["type"] for t in column["items"]["anyOf"]} == {"integer", "number", "string"}
-    assert spec["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
+    assert spec["components"]["securitySchemes"]["sageBearer"]["scheme"] == "bearer"
     for path, ops in spec["paths"].items():
         for method, op in ops.items():
-            assert (op.get("security") == [{"HTTPBearer": []}]) == (path != "/health"), path
+            assert (op.get("security") == [{"sageBearer": []}]) == (path != "/health"), path
             assert not [p for p in op.get("parameters", []) if p["in"] == "header"], path
             body = op.get("requestBody", {}).get("content", {}).get("application/json", {})
             assert body.get("schema", {}).get("$ref", "").startswith("#/components/schemas/") \
