@@ -138,6 +138,9 @@ def _cmd_keys(led, a) -> int:
                             "keys under an older KEK version")))
         return 0
     if a.action == "rotate":
+        # The systems whose tables hold KEK-wrapped keys register how to re-wrap them.
+        import sage_tfx.ptk.windowfiles  # noqa: F401
+        import sage_tfx.pyramid.hot  # noqa: F401
         r = blockkeys.rotate_kek(led, keys.provider(a.key_provider), destroy=not a.keep_previous)
         print(f"KEK rotated to {r['kek_id']}{' (resumed)' if r['resumed'] else ''}: "
               f"{r['rewrapped']} key(s) re-wrapped; older versions "

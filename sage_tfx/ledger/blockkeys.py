@@ -96,6 +96,44 @@ def register_rewrapper(table: str, fn: Callable) -> None:
     _REWRAPPERS[table] = fn
 
 
+def rewrap_table(ledger, kek: keys.KeyProvider, table: str, key_columns: Sequence[str],
+                 aad: Callable[[dict], bytes], columns: Sequence[str] = ()) -> int:
+    """Re-wraps the keys of a system's table (``kek_id``, ``wrapped`` and ``key_columns``) under
+    the KEK's current version; returns how many. ``aad(row)`` gives a row's associated data from
+    its ``key_columns`` and ``columns``. For :func:`register_rewrapper`.
+
+    Raises:
+      InvalidRequestError: a key did not open (nothing of that row changes).
+    """
+    from sage_tfx.ledger import schema
+    ledger.authorize(access.CONFIGURE)
+    st = ledger._store
+    if not schema.columns(st, table):
+        return 0  # this ledger's database never held the system's table
+    names = list(key_columns) + [c for c in columns if c not in key_columns]
+    rows = st.q(f"SELECT {', '.join(names)}, wrapped FROM {table} WHERE kek_id <> ?",
+                (kek.kek_id,)).fetchall()
+    where = " AND ".join(f"{c} = ?" for c in key_columns)
+    done = 0
+    for row in rows:
+        values, old = dict(zip(names, row[:-1])), row[-1]
+        text = isinstance(old, str)  # a table may keep the wrapped key as text
+        dk = keys.DataKey.unwrap(kek, old.encode("utf-8") if text else bytes(old), aad(values))
+        new = dk.wrap(kek, aad(values))
+
+        def txn(values=values, old=old, new=new.decode("utf-8") if text else new):
+            if st.kind == "sqlite":
+                st.q("PRAGMA secure_delete = ON")
+            n = st.q(f"UPDATE {table} SET kek_id = ?, wrapped = ? WHERE {where} AND wrapped = ?",
+                     (kek.kek_id, new, *[values[c] for c in key_columns], old)).rowcount
+            if n:
+                st.audit(None, "rewrap_keys", {"count": n, "kek_id": kek.kek_id, "table": table})
+            return n
+
+        done += st.write(txn)
+    return done
+
+
 def other_wrapped_keys(ledger) -> dict[str, int]:
     """Tables of the ledger's database other than ``block_keys`` that hold KEK-wrapped keys
     (``kek_id`` and ``wrapped`` columns, e.g. a system's hot windows): table -> rows."""

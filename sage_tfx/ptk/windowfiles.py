@@ -19,10 +19,21 @@ from typing import Iterable, Mapping, Optional
 import numpy as np
 
 from sage_tfx.errors import InvalidRequestError, MissingGrantError
-from sage_tfx.ledger import keys
+from sage_tfx.ledger import blockkeys, keys
 from sage_tfx.ptk.abstraction import concat
 
 SUFFIX = ".npz.sealed"
+
+
+def rewrap_window_keys(ledger, kek: keys.KeyProvider) -> int:
+    """``sage-tfx keys rotate``: the open windows' keys re-wrapped under the new KEK."""
+    return blockkeys.rewrap_table(
+        ledger, kek, "ptk_window_keys", ["window_index"],
+        lambda r: keys.aad_for("ptk", r["stream"], f"w{r['window_index']:06d}"),
+        columns=["stream"])
+
+
+blockkeys.register_rewrapper("ptk_window_keys", rewrap_window_keys)
 
 
 class WindowFiles:
@@ -64,9 +75,9 @@ class WindowFiles:
                         "raw data cannot be read any more")
                 fresh = keys.DataKey.new()
                 wrapped = fresh.wrap(self.provider, self._aad(window_index)).decode("utf-8")
-                stored = (self.provider.key_id,
+                stored = (self.provider.kek_id,
                           self.lake.put_window_key(window_index, self.stream,
-                                                   self.provider.key_id, wrapped))
+                                                   self.provider.kek_id, wrapped))
             got = keys.DataKey.unwrap(self.provider, stored[1].encode("utf-8"),
                                       self._aad(window_index))
             self._keys[window_index] = got

@@ -23,7 +23,7 @@ import time
 from typing import Iterator, Optional
 
 from sage_tfx.errors import InvalidRequestError, LeaseTimeoutError
-from sage_tfx.ledger import keys, secrets
+from sage_tfx.ledger import blockkeys, keys, secrets
 from sage_tfx.ledger.values import now
 from sage_tfx.pyramid import rows
 
@@ -78,6 +78,17 @@ _SCHEMA = """CREATE TABLE IF NOT EXISTS pyramid_hot_keys (
     created_at TEXT NOT NULL)"""
 
 _MEMORY: dict[str, keys.DataKey] = {}   # hot keys of stores without a ledger (this process)
+
+
+def rewrap_hot_keys(ledger, kek: keys.KeyProvider) -> int:
+    """``sage-tfx keys rotate``: the open hot windows' keys re-wrapped under the new KEK."""
+    return blockkeys.rewrap_table(
+        ledger, kek, "pyramid_hot_keys", ["hot_id"],
+        lambda r: keys.aad_for("pyramid", r["stream"], r["store_id"], r["hot_id"]),
+        columns=["stream", "store_id"])
+
+
+blockkeys.register_rewrapper("pyramid_hot_keys", rewrap_hot_keys)
 
 
 class _KeyDB:
@@ -151,7 +162,7 @@ class HotKeys:
             with self._db() as db:
                 db.q("INSERT INTO pyramid_hot_keys (hot_id, store_id, stream, window_index, "
                      "kek_id, wrapped, created_at) VALUES (?,?,?,?,?,?,?)",
-                     (hot_id, self.store_id, self.stream, int(window), self.kek.key_id,
+                     (hot_id, self.store_id, self.stream, int(window), self.kek.kek_id,
                       wrapped, now()))
         self._cache[hot_id] = dk
         return dk

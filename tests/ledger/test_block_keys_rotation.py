@@ -43,7 +43,9 @@ def test_rotation_rewraps_every_key_and_kills_older_backups(setup):
     finally:
         blockkeys._REWRAPPERS.pop("test-hot-windows")
     assert report["rewrapped"] == 5 and not report["resumed"] and report["destroyed"]
-    assert report["others"] == {"test-hot-windows": 7} and seen == [kek.kek_id]
+    # (systems imported in this process register their own tables, with no rows here)
+    assert report["others"].pop("test-hot-windows") == 7 and seen == [kek.kek_id]
+    assert not any(report["others"].values())
     assert kek.kek_id != old_id and kek.previous_versions() == 0
     with open(tmp / "kek.json") as f:
         assert len(json.load(f)["key"]) == 1  # only the new version is left

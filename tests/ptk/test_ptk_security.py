@@ -299,3 +299,26 @@ def test_window_files_are_encrypted_and_shredded(make_store, tmp_path):
         open(p, "wb").write(data)
         with pytest.raises(ValueError, match="destroyed"):
             fresh.windows.files.read_block(0, block, p)
+
+
+def test_kek_rotation_rewraps_open_window_keys(make_store, tmp_path, monkeypatch):
+    """`sage-tfx keys rotate` re-wraps an open window's key: the old KEK version is destroyed and
+    the window's files still read."""
+    from sage_tfx.ledger import blockkeys, keys
+    monkeypatch.setenv(keys.PROVIDER_ENV, f"file:{tmp_path}/kek.json")
+    store = make_store()
+    store.advance_window(window(4000, 0), user_key="user")
+    info = store.lake.window(0)
+    old_kek, old_wrapped = store.lake.window_key(0)
+    kek = keys.provider()
+    report = blockkeys.rotate_kek(store.ledger, kek)
+    assert report["destroyed"] and report["others"]["ptk_window_keys"] == 1
+    new_kek, new_wrapped = store.lake.window_key(0)
+    assert new_kek == kek.kek_id != old_kek and new_wrapped != old_wrapped
+    store.windows.files.forget(0)
+    block = info["blocks"][0][0]
+    got = store.windows.files.read_block(0, block, info["files"][0])
+    assert len(next(iter(got.values()))) == info["blocks"][0][2]
+    with pytest.raises(Exception, match="does not open"):
+        keys.DataKey.unwrap(kek, old_wrapped.encode(), keys.aad_for("ptk", store.windows.files.stream,
+                                                                    "w000000"))

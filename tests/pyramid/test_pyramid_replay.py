@@ -374,3 +374,25 @@ def test_a_bad_observation_writes_nothing(tmp_path, sqlite_url):
     with pytest.raises(ValueError, match="Decimal"):
         s.observe(bad)
     assert s._read() == before and len(os.listdir(tmp_path / "p" / "hot" / "w0")) == 1
+
+
+def test_kek_rotation_rewraps_the_open_hot_window(tmp_path, sqlite_url, monkeypatch):
+    """`sage-tfx keys rotate` re-wraps the hot window's key (so the old KEK version can go) and
+    the hot rows still read; before, rotation refused to destroy the old version."""
+    from sage_tfx.ledger import blockkeys, keys
+    monkeypatch.setenv(keys.PROVIDER_ENV, f"file:{tmp_path}/kek.json")
+    led = make_ledger(sqlite_url)
+    s = store(led, tmp_path / "p")
+    fill(s, 0)
+    before = s.hot_frame()
+    old = led._q("SELECT kek_id, wrapped FROM pyramid_hot_keys").fetchall()
+    kek = keys.provider()
+    report = blockkeys.rotate_kek(led, kek)
+    assert report["destroyed"] and report["others"]["pyramid_hot_keys"] == 1
+    new = led._q("SELECT kek_id, wrapped FROM pyramid_hot_keys").fetchall()
+    assert new[0][0] == kek.kek_id != old[0][0] and bytes(new[0][1]) != bytes(old[0][1])
+    aad = keys.aad_for("pyramid", "obs", s.store_id, s._read()["hot"]["hot_id"])
+    assert keys.DataKey.unwrap(keys.provider(), bytes(new[0][1]), aad)
+    with pytest.raises(ValueError, match="does not open"):  # the old version is gone
+        keys.DataKey.unwrap(keys.provider(), bytes(old[0][1]), aad)
+    pd.testing.assert_frame_equal(store(sqlite_url, tmp_path / "p").hot_frame(), before)
