@@ -37,6 +37,8 @@ PUBLIC_API: dict[str, tuple[str, ...]] = {
     "sage_tfx.ledger.access": ("Principal", "ADMIN", "PIPELINE", "AUDITOR", "CLIENT", "ROLES",
                                "TOKEN_ENV", "TOKEN_FILE_ENV"),
     "sage_tfx.ledger.secrets": ("resolve", "redact", "has_password", "check_no_password"),
+    "sage_tfx.ledger.leases": ("Lease",),
+    "sage_tfx.services": ("Authenticator", "BodyLimit", "install_error_handlers"),
     "sage_tfx.ledger.keys": ("KeyProvider", "LocalKeyFile", "DataKey", "provider",
                              "register_provider", "aad_for", "PROVIDER_ENV"),
     "sage_tfx.ledger.accounting": (
@@ -117,6 +119,8 @@ PUBLIC_API: dict[str, tuple[str, ...]] = {
         "PTKStore", "StoreConfig", "Reject", "PTK", "PTKType", "PrivacyCharge", "allocate",
         "Allocation", "Option", "UnknownPTKError", "FunctionReferenceError",
         "UnaccountableEventError", "PerformanceTargetError", "SubscriberError"),
+    "sage_tfx.ptk.registry": ("TypeRegistry", "UnknownPTKTypeError", "default_registry",
+                              "registry_from"),
     "sage_tfx.ptk.profiler": ("ProfileParams", "profile_menu", "profile_entry", "profile_cost"),
     "sage_tfx.ptk.service": ("create_app", "serve", "main"),
     "sage_tfx.components.ptk_trainer.component": ("PTKTrainer",),
