@@ -7,12 +7,12 @@ endpoint must answer a probe), ``POST /ptks/{id}/notify``, ``GET /ptks/{id}`` (n
 ``?version=``), ``GET /ptks/{id}/lineage``, ``GET /plan``, ``GET /ptk-types``, ``POST /windows``
 (the next window's columns; trains and notifies), ``GET /health``.
 
-Every route but ``/health`` authenticates (``Authorization: Bearer <token>``,
+Every route authenticates (``Authorization: Bearer <token>``,
 :class:`sage_tfx.services.Authenticator`): changing the store (register, deregister, config,
 target, windows) needs an admin, or a pipeline principal bound to the store's stream; reading
 PTKs, subscribing and notifying need a pipeline principal; the plan and lineage also admit an
-auditor. ``/health`` answers ``{"ok": true}`` and nothing else, so a liveness probe needs no
-token and learns only that the process is up. On a ledger in open mode the service makes its
+auditor; ``/health`` (``{"ok": true}``, nothing else) admits any principal (a liveness probe
+sends a token too, or probes the TCP port). On a ledger in open mode the service makes its
 own token (a 0600 file; ``serve`` prints where).
 
 Bad input is a 4xx with nothing changed: 422 for a body that does not fit its model, 400 for a
@@ -124,7 +124,7 @@ def create_app(store: PTKStore, *, auth: Optional[services.Authenticator] = None
             return JSONResponse({"reject": out.reason}, status_code=409)
         return JSONResponse(_jsonable(out), status_code=ok_status)
 
-    @app.get("/health")
+    @app.get("/health", dependencies=[Depends(auth.require(*access.ROLES))])
     def health():
         return {"ok": True}
 

@@ -157,8 +157,9 @@ def test_unauthenticated_and_wrong_role_calls_change_nothing(make_store, tmp_pat
             r = send(name, {"Authorization": f"Bearer {tok[who]}"})
             assert r.status_code == 403, (name, who, r.status_code, r.text)
     assert snapshot(store) == before
-    assert c.get("/health").json() == {"ok": True}   # open, and says nothing else
     h = {"Authorization": f"Bearer {tok['pipe']}"}
+    assert c.get("/health").status_code == 401   # every endpoint authenticates
+    assert c.get("/health", headers=h).json() == {"ok": True}   # and says nothing else
     assert c.get(f"/ptks/{pid}", headers=h).json()["version"] == 1
     assert c.get("/plan", headers={"Authorization": f"Bearer {tok['aud']}"}).status_code == 200
     r = c.post("/ptks", json=reg, headers=h)
@@ -265,7 +266,7 @@ def test_openapi_bodies_are_typed(served):
     assert spec["components"]["securitySchemes"]["sageBearer"]["scheme"] == "bearer"
     for path, ops in spec["paths"].items():
         for method, op in ops.items():
-            assert (op.get("security") == [{"sageBearer": []}]) == (path != "/health"), path
+            assert op.get("security") == [{"sageBearer": []}], path
             assert not [p for p in op.get("parameters", []) if p["in"] == "header"], path
             body = op.get("requestBody", {}).get("content", {}).get("application/json", {})
             assert body.get("schema", {}).get("$ref", "").startswith("#/components/schemas/") \

@@ -149,7 +149,7 @@ def test_sage_tfx_ptk_plan_is_the_same_command(make_store, capsys):
 
 def test_serve_binds_loopback_and_prints_the_token_file(tmp_path):
     """``sage-tfx ptk serve`` on an open-mode ledger: 127.0.0.1 by default, a 0600 token file
-    whose path it prints, and every endpoint but /health closed without that token."""
+    whose path it prints, and every endpoint closed without that token."""
     import os
     import stat
     import subprocess
@@ -172,12 +172,14 @@ def test_serve_binds_loopback_and_prints_the_token_file(tmp_path):
         deadline = time.time() + 60
         while True:
             try:
-                assert httpx.get(f"{base}/health").json() == {"ok": True}
+                assert httpx.get(f"{base}/health").status_code == 401
                 break
             except httpx.HTTPError:
                 assert time.time() < deadline, "the service did not start"
                 time.sleep(0.1)
         assert httpx.get(f"{base}/ptk-types").status_code == 401
+        assert httpx.get(f"{base}/health", headers={
+            "Authorization": f"Bearer {token}"}).json() == {"ok": True}
         r = httpx.get(f"{base}/ptk-types", headers={"Authorization": f"Bearer {token}"})
         assert r.status_code == 200 and HS in r.json()["types"]
     finally:
