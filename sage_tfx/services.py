@@ -106,9 +106,13 @@ class Authenticator:
         if self._ledger.open_mode:
             self.open_token = access.TOKEN_PREFIX + token_rng.token_urlsafe(32)
             self.open_token_file = os.path.abspath(open_token_file or ".sage-service-token")
-            fd = os.open(self.open_token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            # A new 0600 file renamed into place: never written through a link someone put
+            # there, never into an existing file whose mode lets others read it.
+            tmp = f"{self.open_token_file}.{token_rng.token_hex(8)}.tmp"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.write(self.open_token + "\n")
+            os.replace(tmp, self.open_token_file)
 
     def close(self) -> None:
         self._ledger.close()
@@ -134,6 +138,17 @@ class Authenticator:
             self._cache[key] = (now + self.cache_seconds, p)
             return p
 
+    def authorize(self, principal: access.Principal, action: str, *, stream: str,
+                  context: str) -> None:
+        """Checks that an authenticated caller may ``action`` on (stream, context) — for a
+        pipeline principal, that it is bound there (``Ledger.authorize``).
+
+        Raises:
+          PermissionDeniedError: it may not.
+        """
+        with self._lock:
+            self._ledger.authorize(action, stream=stream, context=context, principal=principal)
+
     def require(self, *roles: str) -> Callable:
         """A FastAPI dependency: the caller's principal, which must hold one of ``roles``.
 
@@ -153,6 +168,19 @@ class Authenticator:
             return p
 
         return dependency
+
+
+def serve_schema(app, auth: "Authenticator") -> None:
+    """Serves the app's OpenAPI schema at ``/openapi.json`` to any authenticated principal.
+
+    The app must be built without FastAPI's own open routes (``FastAPI(openapi_url=None,
+    docs_url=None, redoc_url=None)``): every endpoint authenticates, the schema's too.
+    """
+    from fastapi import Depends
+
+    @app.get("/openapi.json", include_in_schema=False)
+    def openapi(_=Depends(auth.require(*access.ROLES))):
+        return app.openapi()
 
 
 def _bearer_scheme():

@@ -26,6 +26,8 @@ def _app(auth, max_body=64):
 
 def test_open_mode_serves_with_its_own_token(tmp_path):
     url = f"sqlite:///{tmp_path}/l.db"
+    (tmp_path / "tok").write_text("stale")
+    os.chmod(tmp_path / "tok", 0o644)  # a readable file left there: replaced, not reused
     auth = services.Authenticator(url, open_token_file=str(tmp_path / "tok"))
     token = (tmp_path / "tok").read_text().strip()
     assert stat.S_IMODE(os.stat(tmp_path / "tok").st_mode) == 0o600 and token == auth.open_token

@@ -67,14 +67,21 @@ def derive_run_id(pipeline_name: str, node_id: str, pipeline_run_id: str) -> str
     Re-running (retrying) the node in the same pipeline run gives the same run id, so the ledger
     returns the same grant without charging again; a new pipeline run gives a new run id.
     Characters the ledger does not accept become '-'; an id longer than 128 characters keeps a
-    prefix and a hash of the whole.
+    prefix and a hash of the whole. When that text alone could stand for two different
+    (pipeline, node) pairs — a '.' inside a name (``a.b`` + ``c`` against ``a`` + ``b.c``) or a
+    replaced character (``my pipe`` against ``my-pipe``) — a hash of the exact triple is
+    appended, so two gates never share a run id (plain names keep the id they always had).
     """
     raw = f"{pipeline_name}.{node_id}.{pipeline_run_id}"
     run_id = _BAD_CHARS_RE.sub("-", raw)
     if not run_id[:1].isalnum():
         run_id = "r" + run_id
+    digest = hashlib.sha256(json.dumps([pipeline_name, node_id, pipeline_run_id]).encode()
+                            ).hexdigest()[:16]
+    names = f"{pipeline_name}{node_id}"
+    if "." in names or _BAD_CHARS_RE.search(names):
+        run_id = f"{run_id}-{digest}"
     if len(run_id) > _MAX_NAME:
-        digest = hashlib.sha256(raw.encode()).hexdigest()[:16]
         run_id = run_id[:_MAX_NAME - len(digest) - 1] + "-" + digest
     return run_id
 

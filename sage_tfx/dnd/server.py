@@ -179,9 +179,7 @@ def create_app(service: DnDService, auth: services.Authenticator, *,
         return JSONResponse({"weights": avg.weights.tolist(), "final": avg.final,
                              "version": avg.version}, headers=headers)
 
-    @app.get("/openapi.json", include_in_schema=False)
-    def openapi(_=Depends(auth.require(*ANY_ROLE))):
-        return app.openapi()
+    services.serve_schema(app, auth)
 
     @app.get("/v1/spec", response_model=Spec, responses=_AUTH_ERRORS)
     def spec(_=Depends(auth.require(*ANY_ROLE))):
@@ -258,12 +256,22 @@ def create_app(service: DnDService, auth: services.Authenticator, *,
         except RunReleasedError as exc:
             return refused(exc, 409)
 
+    model_role = auth.require(*MODEL_ROLES)
+
+    def run_owner(p=Depends(model_role)):
+        """A model reader of this run: a pipeline principal must be bound to the run's grant's
+        (stream, context) — another team's pipeline neither reads nor closes the run."""
+        grant = service.budget.grant if service.budget is not None else None
+        if grant is not None:
+            auth.authorize(p, access.CHARGE, stream=grant.stream, context=grant.context)
+        return p
+
     @app.get("/v1/average", response_model=Model, responses=model_responses)
-    def average(request: Request, _=Depends(auth.require(*MODEL_ROLES))):
+    def average(request: Request, _=Depends(run_owner)):
         return model_of(request, service.average)
 
     @app.post("/v1/release", response_model=Model, responses=model_responses)
-    def release(request: Request, _=Depends(auth.require(*MODEL_ROLES))):
+    def release(request: Request, _=Depends(run_owner)):
         return model_of(request, service.release)
 
     @app.get("/v1/stats", response_model=Stats, responses=_AUTH_ERRORS)

@@ -47,11 +47,13 @@ CONFIGURE = "configure"  # streams, blocks, retirement, keys, principals
 CHARGE = "charge"  # request, release, cancel, record a release
 READ = "read"  # streams, blocks and grants
 AUDIT = "audit"  # audit log, verification, consistency
+COORDINATE = "coordinate"  # leases and counters the systems share (names outside "sage/")
 ALLOWED = {
     CONFIGURE: {ADMIN},
     CHARGE: {ADMIN, PIPELINE},
     READ: {ADMIN, PIPELINE, AUDITOR},
     AUDIT: {ADMIN, AUDITOR},
+    COORDINATE: {ADMIN, PIPELINE},
 }
 
 

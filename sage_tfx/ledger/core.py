@@ -460,10 +460,11 @@ class Ledger(AccessMixin, ReleaseMixin, LeaseMixin, AuditMixin, BlockKeyMixin):
         self._store.update_budgets(updates)
         status = RELEASED if release else RESERVED
         self._q("INSERT INTO grants (grant_id, stream, context, run_id, request, mode, epsilon, "
-                "delta, event, blocks, status, created_at, released_at) "
-                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                "delta, event, blocks, status, created_at, released_at, principal) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (grant_id, s.name, context, run_id, request_text, s.mode, eps, dlt, event_json,
-                 json.dumps(block_ids), status, ts, ts if release else None))
+                 json.dumps(block_ids), status, ts, ts if release else None,
+                 self._store.principal))
         self._audit(s.name, "grant", {
             "grant_id": grant_id, "run_id": run_id, "context": context, "blocks": block_ids,
             "epsilon": eps, "delta": dlt,

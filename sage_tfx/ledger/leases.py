@@ -5,6 +5,7 @@ holder must renew it before ``ttl`` seconds pass, and a holder that dies (kill -
 loses it when it expires, so nobody waits for ever. A **counter** hands out disjoint ranges
 atomically (a teacher cache's cursor: two processes never label the same points). Both live in
 the ledger's database, so they hold across processes and machines on PostgreSQL as on SQLite.
+Admin and pipeline principals use them; names under ``sage/`` are the ledger's own (admins).
 """
 from __future__ import annotations
 
@@ -21,9 +22,16 @@ from sage_tfx.ledger.values import now
 _POLL = 0.05
 
 
-def _check_name(name) -> str:
+RESERVED_PREFIX = "sage/"  # the ledger's own leases (key maintenance): admins only
+
+
+def _check_name(ledger, name) -> str:
+    """Returns ``name`` once the caller may hold it: any admin or pipeline principal for a
+    system's name, an admin for the ledger's own (``sage/...``)."""
+    from sage_tfx.ledger import access
     if not isinstance(name, str) or not 0 < len(name) <= 256:
         raise InvalidRequestError(f"a lease or counter name must be 1-256 characters, got {name!r}")
+    ledger.authorize(access.CONFIGURE if name.startswith(RESERVED_PREFIX) else access.COORDINATE)
     return name
 
 
@@ -64,7 +72,7 @@ class LeaseMixin:
 
         Returns False (changing nothing) while another holder's lease has not expired.
         """
-        _check_name(name)
+        _check_name(self, name)
         if not (isinstance(ttl, (int, float)) and 0 < ttl < 86400 * 7):
             raise InvalidRequestError(f"lease ttl must be in (0, 7 days) seconds, got {ttl!r}")
         st = self._store
@@ -88,11 +96,13 @@ class LeaseMixin:
 
     def release_lease(self, name: str, holder: str) -> None:
         """Gives the lease up if ``holder`` still holds it."""
+        _check_name(self, name)
         st = self._store
         st.write(lambda: st.q("DELETE FROM leases WHERE name = ? AND holder = ?", (name, holder)))
 
     def lease_holder(self, name: str) -> Optional[str]:
         """The current (unexpired) holder of ``name``, or None."""
+        _check_name(self, name)
         st = self._store
         row, t = st.read(lambda: (st.q("SELECT holder, expires_at FROM leases WHERE name = ?",
                                        (name,)).fetchone(), _db_time(st)))
@@ -120,7 +130,7 @@ class LeaseMixin:
 
     def next_range(self, name: str, count: int) -> int:
         """Atomically advances counter ``name`` by ``count``; returns where the range starts."""
-        _check_name(name)
+        _check_name(self, name)
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise InvalidRequestError(f"count must be an integer >= 0, got {count!r}")
         st = self._store
@@ -138,6 +148,7 @@ class LeaseMixin:
 
     def counter(self, name: str) -> int:
         """The counter's current value (0 if never advanced)."""
+        _check_name(self, name)
         row = self._store.read(lambda: self._store.q(
             "SELECT value FROM counters WHERE name = ?", (name,)).fetchone())
         return row[0] if row is not None else 0

@@ -143,9 +143,10 @@ FUNCTIONS = [
                               THEN status ELSE 'retired' END
           WHERE id = ANY(ids);
          INSERT INTO grants (grant_id, stream, context, run_id, request, mode, epsilon, delta,
-                             event, blocks, status, created_at, released_at)
+                             event, blocks, status, created_at, released_at, principal)
            VALUES (p_grant_id, p_stream, p_context, p_run_id, p_request, 'basic', p_eps_f,
-                   p_delta_f, NULL, array_to_json(bids)::text, p_status, p_ts, p_released_at);
+                   p_delta_f, NULL, array_to_json(bids)::text, p_status, p_ts, p_released_at,
+                   p_principal);
          SELECT * INTO h FROM sage_audit_chain();
          s := h.next_seq;
          prev := sage_audit_append(h.chain, s, h.last_hash, p_ts, p_stream, 'grant',

@@ -8,9 +8,11 @@ own checks say; so a principal issued with ``sage-tfx principal add NAME --role 
 * **pipeline** — reads streams and blocks; reads and charges budget, grant and release rows
   only in the (stream, context) lists bound to its principal (row-level security); appends
   audit entries that name its own principal; advances audit chain heads only to entries that
-  exist; may set a grant ``reserved`` → ``released`` and nothing else. A trigger refuses any
-  update that lowers spent budget (ε, δ, an RDP order, the charge count), un-retires a block or
-  moves a budget row. Its one legitimate refund — cancelling its own reservation — runs
+  exist; may set a grant ``reserved`` → ``released`` and nothing else. Triggers refuse any
+  update that lowers spent budget (ε, δ, an RDP order, the charge count), touches a retired
+  block's row or moves a budget row; a grant that names another principal or lists a block its
+  own transaction did not charge; and a release of a grant that is not released, not the
+  role's own, or of another stream / context / run. Its one legitimate refund — cancelling its own reservation — runs
   through :data:`REFUND` (``sage_refund``), a SECURITY DEFINER function that checks the grant,
   the binding and that every value only goes down by at most the grant's charge. It never
   reads ``principals``, ``bindings`` or ``block_keys``: ``sage_grant_keys(grant_id)`` hands out
@@ -39,7 +41,7 @@ from typing import Optional, Sequence
 
 from sage_tfx.errors import (GrantStateError, InvalidRequestError, PermissionDeniedError)
 
-SECURITY_VERSION = 1
+SECURITY_VERSION = 2
 MARKER = f"sage_security_v{SECURITY_VERSION}"
 MAX_ROLE_NAME = 63  # PostgreSQL's NAMEDATALEN - 1
 
@@ -213,16 +215,31 @@ def _functions(schema: str) -> list[str]:
             {fixed} AS $$
             BEGIN
               IF pg_has_role(current_user, {owner}, 'USAGE') THEN RETURN NEW; END IF;
-              {refuse} format('database role %s may not lower spent budget, un-retire a block '
+              {refuse} format('database role %s may not lower spent budget, touch a retired block '
                 'or move a budget row (block %s, stream %s, context %s): budgets only grow, '
                 'and a refund goes through sage_refund', current_user, OLD.block_id,
                 OLD.stream, OLD.context);
             END $$""",
+        # A grant a login role inserts names the role's principal and lists only blocks whose
+        # budget rows this very transaction charged (their xmin is its xid): no grant over blocks
+        # it did not charge, nor over retired ones (a retired row takes no update).
         f"""CREATE OR REPLACE FUNCTION sage_guard_grants() RETURNS trigger LANGUAGE plpgsql
             {fixed} AS $$
             BEGIN
               IF pg_has_role(current_user, {owner}, 'USAGE') THEN RETURN NEW; END IF;
               IF TG_OP = 'INSERT' AND NEW.status IN ('reserved', 'released') THEN
+                IF NEW.principal IS DISTINCT FROM (SELECT s.principal FROM {SCOPE} s LIMIT 1)
+                THEN
+                  {refuse} format('database role %s may only make grants naming its own '
+                    'principal (grant %s)', current_user, NEW.grant_id);
+                END IF;
+                IF EXISTS (SELECT 1 FROM json_array_elements_text(NEW.blocks::json) AS e(b)
+                             LEFT JOIN budgets u ON u.stream = NEW.stream
+                              AND u.context = NEW.context AND u.block_id = e.b
+                            WHERE u.id IS NULL OR u.xmin <> pg_current_xact_id()::xid) THEN
+                  {refuse} format('grant %s lists a block its transaction did not charge',
+                                  NEW.grant_id);
+                END IF;
                 RETURN NEW;
               END IF;
               IF TG_OP = 'UPDATE' AND OLD.status = 'reserved' AND NEW.status = 'released' THEN
@@ -231,6 +248,24 @@ def _functions(schema: str) -> list[str]:
               {refuse} format('database role %s may only release its reservations (grant %s: '
                 '%s -> %s)', current_user, NEW.grant_id,
                 CASE WHEN TG_OP = 'UPDATE' THEN OLD.status END, NEW.status);
+            END $$""",
+        # A release a login role records: of an existing, released grant of the same stream,
+        # context and run, made by the role's own principal, recorded in its name.
+        f"""CREATE OR REPLACE FUNCTION sage_guard_releases() RETURNS trigger LANGUAGE plpgsql
+            {fixed} AS $$
+            DECLARE g RECORD; mine TEXT;
+            BEGIN
+              IF pg_has_role(current_user, {owner}, 'USAGE') THEN RETURN NEW; END IF;
+              SELECT s.principal INTO mine FROM {SCOPE} s LIMIT 1;
+              SELECT x.stream, x.context, x.run_id, x.status, x.principal INTO g FROM grants x
+                WHERE x.grant_id = NEW.grant_id;
+              IF FOUND AND g.stream = NEW.stream AND g.context = NEW.context
+                 AND g.run_id = NEW.run_id AND g.status = 'released' AND mine IS NOT NULL
+                 AND NEW.principal = mine AND g.principal IS NOT DISTINCT FROM mine THEN
+                RETURN NEW;
+              END IF;
+              {refuse} format('database role %s may only record releases of its own released '
+                'grants, in its own name (grant %s)', current_user, NEW.grant_id);
             END $$""",
         f"""CREATE OR REPLACE FUNCTION sage_guard_audit() RETURNS trigger LANGUAGE plpgsql
             {fixed} AS $$
@@ -290,7 +325,7 @@ def _policies() -> list[str]:
 
 _LOWERED = ("NEW.eps_spent::numeric < OLD.eps_spent::numeric OR "
             "NEW.delta_spent::numeric < OLD.delta_spent::numeric OR NEW.charges < OLD.charges "
-            "OR (OLD.status = 'retired' AND NEW.status IS DISTINCT FROM 'retired') "
+            "OR OLD.status = 'retired' "
             "OR (NEW.rdp IS DISTINCT FROM OLD.rdp AND NOT sage_curve_ge(NEW.rdp, OLD.rdp)) "
             "OR NEW.stream IS DISTINCT FROM OLD.stream OR NEW.context IS DISTINCT FROM "
             "OLD.context OR NEW.block_id IS DISTINCT FROM OLD.block_id OR NEW.seq IS DISTINCT "
@@ -311,6 +346,7 @@ def _triggers(owner_name: str) -> list[str]:
             f"EXECUTE FUNCTION {name}()" for name, event, extra in (
                 ("sage_guard_budgets", "UPDATE ON budgets", f" AND ({_LOWERED})"),
                 ("sage_guard_grants", "INSERT OR UPDATE ON grants", ""),
+                ("sage_guard_releases", "INSERT ON releases", ""),
                 ("sage_guard_audit", "INSERT ON audit", ""),
                 ("sage_guard_head", "UPDATE ON ledger_head", ""))]
 
@@ -338,6 +374,9 @@ def install(store) -> None:
         conn.execute(stmt)
     for fn in _DEFINER:
         conn.execute(f"REVOKE ALL ON FUNCTION {fn} FROM PUBLIC")
+    if conn.execute("SELECT 1 FROM pg_trigger WHERE tgname = 'sage_guard_budgets' LIMIT 1"
+                    ).fetchone():
+        guard(store)  # login roles exist: their guards follow this version (new ones added)
     conn.execute(f"CREATE FUNCTION {MARKER}() RETURNS INT LANGUAGE sql IMMUTABLE AS 'SELECT 1'")
 
 

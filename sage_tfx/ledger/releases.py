@@ -30,7 +30,7 @@ import tempfile
 from typing import Callable, Iterator, Optional
 
 from sage_tfx.errors import (GrantStateError, InvalidRequestError, MissingGrantError,
-                             ReleaseConflictError)
+                             PermissionDeniedError, ReleaseConflictError)
 from sage_tfx.ledger.values import RELEASED, now
 
 MAX_VALUE_BYTES = 64 * 1024 * 1024
@@ -97,7 +97,8 @@ class ReleaseMixin:
           InvalidRequestError: bad name or arguments, or an unknown grant.
           GrantStateError: the grant is not released (a reservation or cancelled).
           ReleaseConflictError: a different release is recorded under this grant and name.
-          PermissionDeniedError: the caller may not charge the grant's (stream, context).
+          PermissionDeniedError: the caller may not charge the grant's (stream, context), or is
+            not the principal that made the grant (nor an admin).
         """
         from sage_tfx.ledger import access
         check_release_name(name)
@@ -119,11 +120,15 @@ class ReleaseMixin:
         st = self._store
 
         def txn() -> Release:
-            g = st.q("SELECT stream, context, run_id, status FROM grants WHERE grant_id = ?",
-                     (grant_id,)).fetchone()
+            g = st.q("SELECT stream, context, run_id, status, principal FROM grants WHERE "
+                     "grant_id = ?", (grant_id,)).fetchone()
             if g is None:
                 raise InvalidRequestError(f"unknown grant {grant_id!r}")
             self.authorize(access.CHARGE, stream=g[0], context=g[1])
+            if g[4] not in (None, st.principal) and not self.principal.has(access.ADMIN):
+                raise PermissionDeniedError(
+                    f"grant {grant_id} was made by principal {g[4]!r}: only it (or an admin) "
+                    f"records its releases, not {st.principal!r}")
             if g[3] != RELEASED:
                 raise GrantStateError(f"grant {grant_id} is {g[3]}: only a released grant's "
                                       "output can be released")
@@ -150,16 +155,31 @@ class ReleaseMixin:
         return st.write(txn)
 
     def recorded_release(self, grant_id: str, name: str) -> Optional[Release]:
-        """The release recorded under ``grant_id`` and ``name``, or None."""
+        """The release recorded under ``grant_id`` and ``name``, or None.
+
+        Raises:
+          PermissionDeniedError: the caller may not read the grant's (stream, context).
+        """
         row = self._store.read(lambda: self._store.q(
             _COLS + "WHERE grant_id = ? AND name = ?", (grant_id, name)).fetchone())
-        return _release(row) if row is not None else None
+        if row is None:
+            return None
+        rec = _release(row)
+        self._authorize_read(rec)
+        return rec
 
     def releases(self, grant_id: str) -> list[Release]:
         """Every release recorded under a grant, oldest first."""
         rows = self._store.read(lambda: self._store.q(
             _COLS + "WHERE grant_id = ? ORDER BY created_at, name", (grant_id,)).fetchall())
-        return [_release(r) for r in rows]
+        out = [_release(r) for r in rows]
+        for rec in out[:1]:  # one grant: one (stream, context)
+            self._authorize_read(rec)
+        return out
+
+    def _authorize_read(self, rec: Release) -> None:
+        from sage_tfx.ledger import access
+        self.authorize(access.READ, stream=rec.stream, context=rec.context)
 
 
 def release_value_once(ledger, grant_id: str, name: str,
@@ -267,19 +287,78 @@ def materialize(rec: Release, out_dir: str) -> None:
     if rec.value is not None:
         data = _value_of(rec)
         _clear(out_dir)
-        os.makedirs(out_dir)
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
-            tar.extractall(out_dir, filter="data")
+        _extract(data, out_dir)
         return
     src = os.path.abspath(rec.location)
-    if not os.path.isdir(src) or tree_digest(src) != rec.digest:
+    if os.path.abspath(out_dir) == src:
+        if not os.path.isdir(src):
+            _finish_rename(rec, src)
+        if not os.path.isdir(src) or tree_digest(src) != rec.digest:
+            raise MissingGrantError(
+                f"release {rec.name!r} of grant {rec.grant_id} was recorded at {rec.location}, "
+                "which is gone or altered: it cannot be released again, and it is never re-drawn")
+        return
+    if not os.path.isdir(src):
+        _finish_rename(rec, src)
+    _clear(out_dir)
+    if os.path.isdir(src):  # copy first, then check the copy: the source may change meanwhile
+        shutil.copytree(src, out_dir, symlinks=True)
+    if not os.path.isdir(out_dir) or tree_digest(out_dir) != rec.digest:
+        _clear(out_dir)
         raise MissingGrantError(
             f"release {rec.name!r} of grant {rec.grant_id} was recorded at {rec.location}, which "
             "is gone or altered: it cannot be released again, and it is never re-drawn")
-    if os.path.abspath(out_dir) == src:
+
+
+def _extract(data: bytes, out_dir: str) -> None:
+    """Writes a recorded tree into a new directory ``out_dir``.
+
+    Only what :func:`_write_tree` makes is accepted — regular files and directories under
+    normalized relative names — and every file is created new without following links, so
+    recorded bytes (which the ledger's database holds, not this process) cannot write outside
+    ``out_dir`` or through a link, whatever tarfile's own filters would let through.
+    """
+    root = os.path.realpath(out_dir)
+    os.makedirs(root)
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+        for member in tar:
+            name = os.path.normpath(member.name)
+            parts = name.split(os.sep)
+            if (os.path.isabs(member.name) or name in (".", "") or ".." in parts
+                    or not (member.isreg() or member.isdir())):
+                raise MissingGrantError(
+                    f"the recorded tree holds {member.name!r} ({member.type!r}): a released tree "
+                    "holds only files and directories under relative names; refusing it")
+            path = os.path.join(root, name)
+            parent = os.path.dirname(path)
+            if os.path.realpath(parent) != parent:  # a directory made by a link: refuse
+                raise MissingGrantError(f"the recorded tree's {member.name!r} leaves its root")
+            if member.isdir():
+                os.makedirs(path, exist_ok=True)
+                continue
+            os.makedirs(parent, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            with os.fdopen(fd, "wb") as f, tar.extractfile(member) as src:
+                shutil.copyfileobj(src, f)
+
+
+def _staging_prefix(location: str) -> str:
+    return os.path.join(os.path.dirname(location), f".sage-release-{os.path.basename(location)}-")
+
+
+def _finish_rename(rec: Release, location: str) -> None:
+    """A large release is recorded before its staging directory is renamed to ``location``; a
+    process that stopped in between left the staging directory: finish the rename (if the
+    staging tree is the recorded one)."""
+    parent, prefix = os.path.dirname(location), os.path.basename(_staging_prefix(location))
+    if not os.path.isdir(parent):
         return
-    _clear(out_dir)
-    shutil.copytree(src, out_dir)
+    for name in sorted(os.listdir(parent)):
+        staging = os.path.join(parent, name)
+        if name.startswith(prefix) and os.path.isdir(staging) and \
+                tree_digest(staging) == rec.digest:
+            os.replace(staging, location)
+            return
 
 
 def release_tree_once(ledger, grant_id: str, name: str, out_dir: str,
@@ -297,31 +376,34 @@ def release_tree_once(ledger, grant_id: str, name: str, out_dir: str,
     if first is not None:
         materialize(first, out_dir)
         return Outcome(first, None, True)
-    parent = os.path.dirname(os.path.abspath(out_dir))
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=".sage-release-", dir=parent)
+    out_dir = os.path.abspath(out_dir)
+    os.makedirs(os.path.dirname(out_dir), exist_ok=True)
+    # The staging directory sits beside out_dir, named after it, so a process that stopped
+    # between recording a large release and renaming it can be finished (_finish_rename).
+    staging = tempfile.mkdtemp(prefix=os.path.basename(_staging_prefix(out_dir)),
+                               dir=os.path.dirname(out_dir))
     try:
         produce_into(staging)
-        data = tree_bytes(staging)
+        digest = tree_digest(staging)
+        inline = None
+        if max_inline > 0:
+            inline = tree_bytes(staging)
+            if len(inline) > max_inline:
+                inline = None
         try:
-            if len(data) <= max_inline:
-                rec = ledger.record_release(grant_id, name, value=data)
-            else:
-                _clear(out_dir)
-                os.replace(staging, out_dir)
-                staging = None
-                rec = ledger.record_release(grant_id, name, digest=digest_bytes(data),
-                                            location=os.path.abspath(out_dir))
+            # Recorded first, published (moved into out_dir) only after: nothing unrecorded
+            # is ever left where an output is read, whatever fails in between.
+            rec = (ledger.record_release(grant_id, name, value=inline) if inline is not None
+                   else ledger.record_release(grant_id, name, digest=digest, location=out_dir))
         except ReleaseConflictError:  # another process published first: ours is discarded
-            if staging is None:
-                _clear(out_dir)
             rec = ledger.recorded_release(grant_id, name)
+            shutil.rmtree(staging)
+            staging = None
             materialize(rec, out_dir)
             return Outcome(rec, None, True)
-        if staging is not None:
-            _clear(out_dir)
-            os.replace(staging, out_dir)
-            staging = None
+        _clear(out_dir)
+        os.replace(staging, out_dir)
+        staging = None
         return Outcome(rec, None, False)
     finally:
         if staging is not None and os.path.isdir(staging):

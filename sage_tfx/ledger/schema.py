@@ -3,7 +3,8 @@
 Schema 4 (this version) adds, in one migration, what release-once and access control need:
 
 * ``releases`` — what each grant released, by name: the digest and either the bytes themselves
-  (small values) or their durable location (:mod:`~sage_tfx.ledger.releases`);
+  (small values) or their durable location (:mod:`~sage_tfx.ledger.releases`); and
+  ``grants.principal``, who made each grant (only it, or an admin, records its releases);
 * ``principals`` and ``bindings`` — who may call, in which roles, on which (stream, context)
   budget lists; tokens are stored as SHA-256 digests only (:mod:`~sage_tfx.ledger.access`);
 * ``block_keys`` — every encrypted block's data key, wrapped by a key-encryption key; a
@@ -50,7 +51,8 @@ def tables(b) -> list[str]:
             grant_id TEXT PRIMARY KEY, stream TEXT NOT NULL, context TEXT NOT NULL,
             run_id TEXT NOT NULL, request TEXT NOT NULL, mode TEXT NOT NULL,
             epsilon {r}, delta {r}, event TEXT, blocks TEXT NOT NULL, status TEXT NOT NULL,
-            created_at TEXT NOT NULL, released_at TEXT, UNIQUE (stream, run_id))""",
+            created_at TEXT NOT NULL, released_at TEXT, principal TEXT,
+            UNIQUE (stream, run_id))""",
         f"""CREATE TABLE IF NOT EXISTS audit (
             seq {i} PRIMARY KEY, ts TEXT NOT NULL, stream TEXT, kind TEXT NOT NULL,
             payload TEXT NOT NULL, prev_hash TEXT NOT NULL, hash TEXT NOT NULL,
@@ -121,8 +123,10 @@ def init(store) -> None:
             _migrate_v1(store)
         if version is not None and version < 3:
             _migrate_v2(store)
+        if "principal" not in columns(store, "grants"):  # schema 4: who made each grant
+            conn.execute("ALTER TABLE grants ADD COLUMN principal TEXT")
         if version is not None and version < SCHEMA_VERSION:
-            # Schema 4 only adds tables (created above); record the version.
+            # Schema 4 adds tables (created above) and grants.principal; record the version.
             store.q("UPDATE ledger_head SET schema_version = ?", (SCHEMA_VERSION,))
         chains = 1 if store.kind == "sqlite" else PG_CHAINS
         have = {r[0] for r in store.q("SELECT id FROM ledger_head").fetchall()}

@@ -15,7 +15,6 @@ something that is written down.
 from __future__ import annotations
 
 import os
-import urllib.parse
 from typing import Optional
 
 from sage_tfx.errors import InvalidRequestError
@@ -59,40 +58,52 @@ def resolve(value: str, what: str = "ledger URL") -> str:
     return value
 
 
-def _password_parts(url: str) -> tuple[Optional[str], list[tuple[str, str]]]:
-    """(the password of the URL's user info, the query's key/value pairs)."""
-    parts = urllib.parse.urlsplit(url)
-    return parts.password, urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+_SECRET_KEYS = ("password", "sslpassword")
+
+
+def _pg_params(url: str) -> Optional[dict]:
+    """A PostgreSQL URL's or keyword DSN's parameters as libpq reads them, or None if it is
+    not one. libpq's parser, not ``urllib``: ``postgresql://u:#pw@db/x`` has password ``#pw``
+    for libpq, and a URL parser sees a fragment there."""
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+        return conninfo_to_dict(url)
+    except Exception:  # not a conninfo string (e.g. sqlite:///path)
+        return None
 
 
 def has_password(url: str) -> bool:
-    """Whether a (resolved) URL carries a password, in its user info or as ``?password=``."""
-    if not isinstance(url, str) or is_reference(url) or "://" not in url:
+    """Whether a (resolved) URL or DSN carries a password (``password`` / ``sslpassword``, in the
+    user info, the query or a keyword DSN); an unparseable one that mentions one counts."""
+    if not isinstance(url, str) or is_reference(url) or url.startswith("sqlite:///"):
         return False
-    try:
-        password, query = _password_parts(url)
-    except ValueError:
-        return True  # unparseable: treat as secret
-    return bool(password) or any(k.lower() == "password" for k, _ in query)
+    params = _pg_params(url)
+    if params is None:
+        return "password" in url.lower()
+    return any(params.get(k) for k in _SECRET_KEYS)
 
 
 def redact(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (references are returned as they are)."""
+    """``url`` with any password replaced by ``***`` (references are returned as they are).
+
+    A password-bearing PostgreSQL URL is rebuilt from libpq's reading of it (user, hosts, port,
+    database and the other parameters, the secrets as ``***``); a keyword DSN stays one.
+    """
     if not isinstance(url, str) or not has_password(url):
         return url
-    try:
-        parts = urllib.parse.urlsplit(url)
-        password, query = _password_parts(url)
-    except ValueError:
+    params = _pg_params(url)
+    if params is None:
         return _HIDDEN
-    netloc = parts.netloc
-    if password:
-        userinfo, _, hostport = netloc.rpartition("@")
-        user = userinfo.split(":", 1)[0]
-        netloc = f"{user}:{_HIDDEN}@{hostport}"
-    query_text = urllib.parse.urlencode(
-        [(k, _HIDDEN if k.lower() == "password" else v) for k, v in query], safe="*")
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query_text, parts.fragment))
+    shown = {k: (_HIDDEN if k in _SECRET_KEYS else v) for k, v in params.items()}
+    if "://" not in url:
+        return " ".join(f"{k}={v}" for k, v in shown.items())
+    scheme = url.split("://", 1)[0]
+    user, password = shown.pop("user", ""), shown.pop("password", None)
+    host, port, db = shown.pop("host", ""), shown.pop("port", ""), shown.pop("dbname", "")
+    userinfo = user + (f":{password}" if password else "")
+    netloc = (f"{userinfo}@" if userinfo else "") + host + (f":{port}" if port else "")
+    query = "&".join(f"{k}={v}" for k, v in shown.items())
+    return f"{scheme}://{netloc}/{db}" + (f"?{query}" if query else "")
 
 
 def check_no_password(url: str, where: str) -> str:

@@ -92,7 +92,10 @@ def create_app(store: PTKStore, *, auth: Optional[services.Authenticator] = None
         if owned:
             auth.close()
 
-    app = FastAPI(title="Sage PTK store", lifespan=lifespan)
+    # No open /docs, /redoc or /openapi.json: the schema is served to principals only.
+    app = FastAPI(title="Sage PTK store", lifespan=lifespan, openapi_url=None, docs_url=None,
+                  redoc_url=None)
+    services.serve_schema(app, auth)
     app.state.auth = auth
     services.install_error_handlers(app)
 

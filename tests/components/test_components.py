@@ -134,8 +134,11 @@ def test_derive_run_id_is_a_valid_bounded_ledger_name(gate_mod):
     assert executor.derive_run_id("p", "SageGate", "2024-05-01T10:00:00.5") == (
         "p.SageGate.2024-05-01T10:00:00.5")
     odd = executor.derive_run_id("_my pipeline/ü", "gate", "run 1")
-    assert odd == "r_my-pipeline--.gate.run-1"
+    assert odd.startswith("r_my-pipeline--.gate.run-1-") and len(odd) == 27 + 16
     executor.check_name("run id", odd)
+    # Names that one text could stand for twice get the exact pair's hash: never shared.
+    assert executor.derive_run_id("a.b", "c", "r") != executor.derive_run_id("a", "b.c", "r")
+    assert executor.derive_run_id("my pipe", "g", "r") != executor.derive_run_id("my-pipe", "g", "r")
     long_a = executor.derive_run_id("p" * 200, "SageGate", "run-a")
     long_b = executor.derive_run_id("p" * 200, "SageGate", "run-b")
     assert len(long_a) == 128 and long_a != long_b

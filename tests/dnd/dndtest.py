@@ -38,6 +38,7 @@ def make_ledger(url: str, *, clients=("alice", "bob"), epsilon_g: float = 2000.0
         server = led.add_principal("dnd-server", ["pipeline", "auditor"])
         led.bind("dnd-server", STREAM, "default")
         pipeline = led.add_principal("model-reader", ["pipeline"])
+        led.bind("model-reader", STREAM, "default")
         auditor = led.add_principal("auditor", ["auditor"])
         tokens = {c: led.add_principal(c, ["client"]) for c in clients}
     return Principals(url, admin, server, pipeline, auditor, tokens)

@@ -127,6 +127,11 @@ def test_unauthenticated_and_wrong_role_calls_change_nothing(principals):
         assert c.post("/v1/release", headers=alice).status_code == 403
         assert c.get("/v1/stats", headers=alice).status_code == 403
         assert c.post("/v1/draw", headers=bearer(p.pipeline)).status_code == 403
+        # another team's pipeline (not bound to the run's stream) neither reads nor closes it
+        with open_ledger(p.url, token=p.admin) as led:
+            outsider = bearer(led.add_principal("other-team", ["pipeline"]))
+        assert c.get("/v1/average", headers=outsider).status_code == 403
+        assert c.post("/v1/release", headers=outsider).status_code == 403
         assert state() == before
         # a disabled client is refused at once (cache_seconds=0)
         with open_ledger(p.url, token=p.admin) as led:

@@ -60,3 +60,26 @@ def test_counter_ranges_are_disjoint_across_processes(ledger_url):
     assert led.counter("cursor") == 90
     with pytest.raises(InvalidRequestError):
         led.next_range("cursor", -1)
+
+
+def test_only_admins_and_pipelines_coordinate(tmp_path):
+    """A client or auditor takes no lease and moves no counter; the ledger's own names
+    (``sage/...``) are for admins."""
+    from sage_tfx.errors import PermissionDeniedError
+    url = f"sqlite:///{tmp_path}/l.db"
+    led = open_ledger(url)
+    root = led.add_principal("root", ["admin"])
+    tok = {r: led.add_principal(r, [r]) for r in ("pipeline", "auditor", "client")}
+    pipe = open_ledger(url, token=tok["pipeline"])
+    assert pipe.acquire_lease("ptk/w", "p", ttl=5) and pipe.next_range("bagging/c", 2) == 0
+    for role in ("auditor", "client"):
+        other = open_ledger(url, token=tok[role])
+        for call in (lambda: other.acquire_lease("ptk/w", "x", ttl=600000),
+                     lambda: other.release_lease("ptk/w", "p"), lambda: other.lease_holder("ptk/w"),
+                     lambda: other.next_range("bagging/c", 10 ** 12), lambda: other.counter("c")):
+            with pytest.raises(PermissionDeniedError):
+                call()
+    with pytest.raises(PermissionDeniedError):
+        pipe.acquire_lease("sage/keys/shred-check/s", "p", ttl=600000)
+    assert open_ledger(url, token=root).acquire_lease("sage/keys/migrate", "r", ttl=5)
+    assert pipe.lease_holder("ptk/w") == "p" and pipe.counter("bagging/c") == 2

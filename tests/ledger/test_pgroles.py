@@ -163,6 +163,31 @@ FORBIDDEN = [
      "INSERT INTO grants (grant_id, stream, context, run_id, request, mode, blocks, status, "
      "created_at) VALUES ('g-evil', 's', 'team-b', 'evil', '{}', 'basic', '[\"b0\"]', "
      "'released', 'x')", "InsufficientPrivilege"),
+    ("grant over blocks it did not charge",
+     "INSERT INTO grants (grant_id, stream, context, run_id, request, mode, epsilon, blocks, "
+     "status, created_at, principal) VALUES ('g-free', 's', 'team-a', 'free', '{}', 'basic', 0, "
+     "'[\"b2\"]', 'released', 'x', 'etl')", "InsufficientPrivilege"),
+    ("grant over a retired block it touched",  # b0 is retired in team-a: its row takes nothing
+     "UPDATE budgets SET charges = charges + 1 WHERE context = 'team-a' AND block_id = 'b0'",
+     "InsufficientPrivilege"),
+    ("grant in another principal's name",
+     "WITH c AS (UPDATE budgets SET charges = charges + 1 WHERE context = 'team-a' AND "
+     "block_id = 'b2' RETURNING 1) INSERT INTO grants (grant_id, stream, context, run_id, "
+     "request, mode, epsilon, blocks, status, created_at, principal) SELECT 'g-name', 's', "
+     "'team-a', 'name', '{}', 'basic', 0.5, '[\"b2\"]', 'released', 'x', 'root' FROM c",
+     "InsufficientPrivilege"),
+    ("record a release of a reservation",
+     "INSERT INTO releases (grant_id, name, stream, context, run_id, digest, size, principal, "
+     "created_at) VALUES ('@mine_reserved@', 'x', 's', 'team-a', 'm2', 'd', 1, 'etl', 'x')",
+     "InsufficientPrivilege"),
+    ("record a release in another's name",
+     "INSERT INTO releases (grant_id, name, stream, context, run_id, digest, size, principal, "
+     "created_at) VALUES ('@mine_released@', 'x', 's', 'team-a', 'm1', 'd', 1, 'root', 'x')",
+     "InsufficientPrivilege"),
+    ("record a release under another run",
+     "INSERT INTO releases (grant_id, name, stream, context, run_id, digest, size, principal, "
+     "created_at) VALUES ('@mine_released@', 'x', 's', 'team-a', 'other', 'd', 1, 'etl', 'x')",
+     "InsufficientPrivilege"),
     ("un-cancel a refunded reservation", "UPDATE grants SET status = 'released' WHERE "
                                          "status = 'cancelled'", "InsufficientPrivilege"),
     ("append audit entries in another's name",

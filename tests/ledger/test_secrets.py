@@ -24,7 +24,12 @@ def test_references_resolve_in_the_connecting_process(monkeypatch, tmp_path):
 @pytest.mark.parametrize("url,shown", [
     ("postgresql://sage:hunter2@db:5432/ledger", "postgresql://sage:***@db:5432/ledger"),
     ("postgresql://sage@db/ledger?password=hunter2&sslmode=require",
-     "postgresql://sage@db/ledger?password=***&sslmode=require"),
+     "postgresql://sage:***@db/ledger?sslmode=require"),
+    # what libpq reads, not what a URL parser sees: '#' and '?' belong to the password here
+    ("postgresql://etl:#hunter2@db:5432/ledger", "postgresql://etl:***@db:5432/ledger"),
+    ("postgresql://etl:pa?hunter2@db/ledger", "postgresql://etl:***@db/ledger"),
+    ("postgresql://sage@db/ledger?sslpassword=hunter2", "postgresql://sage@db/ledger?sslpassword=***"),
+    ("host=db password=hunter2 dbname=ledger", "password=*** dbname=ledger host=db"),
     ("postgresql://sage@db/ledger", "postgresql://sage@db/ledger"),
     ("sqlite:////data/ledger.db", "sqlite:////data/ledger.db"),
     ("env:SAGE_LEDGER_URL", "env:SAGE_LEDGER_URL"),

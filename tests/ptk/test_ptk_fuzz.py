@@ -35,7 +35,7 @@ def test_fuzzed_requests_never_get_a_5xx(make_store, tmp_path):
     auth = services.Authenticator(store.url, open_token_file=str(tmp_path / "token"))
     app = create_app(store, auth=auth)
     headers = {"Authorization": f"Bearer {auth.open_token}"}
-    schema = schemathesis.openapi.from_asgi("/openapi.json", app)
+    schema = schemathesis.openapi.from_asgi("/openapi.json", app, headers=headers)
     # the credential is the test's own (valid) one; invalid credentials are checked below
     schema.config.generation.update(with_security_parameters=False)
     names = [HS, "covariance", "lloyd", "counts"]
