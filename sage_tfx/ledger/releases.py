@@ -382,6 +382,7 @@ def release_tree_once(ledger, grant_id: str, name: str, out_dir: str,
     # between recording a large release and renaming it can be finished (_finish_rename).
     staging = tempfile.mkdtemp(prefix=os.path.basename(_staging_prefix(out_dir)),
                                dir=os.path.dirname(out_dir))
+    recorded = False
     try:
         produce_into(staging)
         digest = tree_digest(staging)
@@ -395,6 +396,7 @@ def release_tree_once(ledger, grant_id: str, name: str, out_dir: str,
             # is ever left where an output is read, whatever fails in between.
             rec = (ledger.record_release(grant_id, name, value=inline) if inline is not None
                    else ledger.record_release(grant_id, name, digest=digest, location=out_dir))
+            recorded = True
         except ReleaseConflictError:  # another process published first: ours is discarded
             rec = ledger.recorded_release(grant_id, name)
             shutil.rmtree(staging)
@@ -406,5 +408,7 @@ def release_tree_once(ledger, grant_id: str, name: str, out_dir: str,
         staging = None
         return Outcome(rec, None, False)
     finally:
-        if staging is not None and os.path.isdir(staging):
+        # An unrecorded draw is deleted; a recorded one whose move was interrupted stays, for
+        # the replay to finish (_finish_rename).
+        if staging is not None and not recorded and os.path.isdir(staging):
             shutil.rmtree(staging)

@@ -174,3 +174,67 @@ def test_tree_digest_depends_on_names_and_contents_only(tmp_path):
     assert releases.tree_digest(str(a)) == releases.tree_digest(str(b))
     (b / "extra").write_bytes(b"")
     assert releases.tree_digest(str(a)) != releases.tree_digest(str(b))
+
+
+def _tar(members):
+    import io
+    import tarfile
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, kind, data in members:
+            info = tarfile.TarInfo(name)
+            if kind == "file":
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+            else:
+                info.type, info.linkname = tarfile.SYMTYPE, data
+                tar.addfile(info)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("members", [
+    [("../escaped", "file", b"x")],
+    [("/abs/escaped", "file", b"x")],
+    [("link", "link", "/"), ("link/escaped", "file", b"x")],
+    [("ok/../../escaped", "file", b"x")],
+])
+def test_recorded_bytes_cannot_write_outside_the_output(ledger_url, tmp_path, members):
+    """The ledger's database is not this process: a recorded tree holding links, absolute or
+    escaping names is refused, and nothing is written outside the output directory."""
+    led = _ledger(ledger_url)
+    g = _grant(led)
+    led.record_release(g.grant_id, "t", value=_tar(members))
+    out = tmp_path / "deep" / "out"
+    with pytest.raises(MissingGrantError):
+        releases.release_tree_once(led, g.grant_id, "t", str(out), lambda p: None)
+    assert not (tmp_path / "escaped").exists() and not (tmp_path / "deep" / "escaped").exists()
+    assert not os.path.exists("/abs/escaped")
+
+
+def test_a_large_tree_is_recorded_before_it_is_published(ledger_url, tmp_path):
+    """An output that could not be recorded is never left where outputs are read; a process
+    stopped between recording and moving the tree into place is finished by the replay."""
+    led = _ledger(ledger_url)
+    reserved = _grant(led, "res", release=False)
+    out = tmp_path / "exec1" / "model"
+    with pytest.raises(GrantStateError):
+        releases.release_tree_once(led, reserved.grant_id, "m", str(out),
+                                   lambda p: _write_model(p, os.urandom(64)), max_inline=0)
+    assert not out.exists() and os.listdir(tmp_path / "exec1") == []
+    g = _grant(led, "r9")
+    real_replace = os.replace
+
+    def stop(src, dst):  # the process dies right after the record, before the move
+        raise KeyboardInterrupt
+
+    os.replace = stop
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            releases.release_tree_once(led, g.grant_id, "m", str(out),
+                                       lambda p: _write_model(p, b"first draw"), max_inline=0)
+    finally:
+        os.replace = real_replace
+    assert not out.exists()
+    again = releases.release_tree_once(led, g.grant_id, "m", str(out),
+                                       lambda p: pytest.fail("drew again"), max_inline=0)
+    assert again.replayed and (out / "saved_model.pb").read_bytes() == b"first draw"
