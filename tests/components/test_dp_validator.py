@@ -311,7 +311,7 @@ def test_non_finite_bounds_are_left_out_and_the_blessing_fits_mlmd(mods, tmp_pat
     from ml_metadata.metadata_store import metadata_store
     from ml_metadata.proto import metadata_store_pb2
     _, _, spec, _, _ = mods
-    grant = _grant(mods, tmp_path, _plan(("validate", 0.001)))
+    grant = _grant(mods, tmp_path, _plan(("validate", 1e-6)))
     blessing = _run(mods, tmp_path, grant=grant, model=_model(good_model_uri),
                     examples=_examples(examples_dir))
     assert blessing.get_string_custom_property("outcome") == "RETRY"
