@@ -63,7 +63,7 @@ DPSGD_DEFAULTS = {
     "batch_size": 256,
     "l2_norm_clip": 1.0,
     "learning_rate": 0.05,
-    "accountant": "rdp",
+    "accountant": "pld",
     "seed": None,
     "membership_audit": None,
 }

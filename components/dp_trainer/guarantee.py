@@ -8,7 +8,9 @@ multiplier they added, the sampling probability the batches were drawn with, the
 examples — as a :class:`TrainingRecord`. :func:`verify_record` re-derives the privacy cost from
 that record alone, with dp_accounting, and accepts the model only if it fits the part:
 
-* ``basic`` part (ε, δ): the ε of the event that ran, at the part's δ, must be ≤ the part's ε.
+* ``basic`` part (ε, δ): the ε of the event that ran, at the part's δ, by the accountant σ was
+  calibrated with (``pld`` by default, pessimistic: an upper bound; ``rdp`` on request), must be
+  ≤ the part's ε. The ledger charged the part's (ε, δ) — a pair, never RDP orders.
 * ``rdp`` part (a DpEvent): the event that ran must equal the part's event exactly. ε is then
   reported at a δ the executor chooses (the part's ``delta`` param, else the stream's δ_g).
 
@@ -96,7 +98,7 @@ class DPSGDRun:
         rdp mode), the probability training samples each example with.
       epsilon: ε of ``event`` at ``delta`` by ``accountant``.
       delta: δ.
-      accountant: ``"rdp"`` or ``"pld"``.
+      accountant: ``"pld"`` or ``"rdp"`` (rdp parts: always ``"rdp"``).
       event: The accounted DpEvent (in rdp mode: the plan's event itself).
     """
 
@@ -156,16 +158,20 @@ def fixed_batch_size(sampling_probability: float, num_examples: int) -> int:
 
 
 def dpsgd_run_for_part(part: plan_lib.PlanPart, *, num_examples: int, batch_size: int,
-                       epochs: float, l2_norm_clip: float, accountant: str = dpsgd.RDP,
+                       epochs: float, l2_norm_clip: float,
+                       accountant: str = dpsgd.DEFAULT_ACCOUNTANT,
                        report_delta: Optional[float] = None) -> DPSGDRun:
     """The DP-SGD settings that spend ``part`` on ``num_examples`` training examples.
 
     * basic part: σ is calibrated (``sage_tfx.dp.dpsgd.calibrate_noise_multiplier``) so that
-      ``batch_size`` / ``epochs`` over the real ``num_examples`` is (ε, δ)-DP for ``accountant``;
-      the run has ``ceil(epochs · n / batch_size)`` steps.
+      ``batch_size`` / ``epochs`` over the real ``num_examples`` is (ε, δ)-DP for ``accountant``
+      (default ``"pld"``, the pessimistic PLD: its ε is an upper bound; ``"rdp"`` on request);
+      the run has ``ceil(epochs · n / batch_size)`` steps. The run records the accountant, and
+      :func:`verify_record` recomputes ε from what ran with the same one.
     * rdp part: ``batch_size`` and ``epochs`` are ignored: the event fixes σ, q and the steps T;
       the nominal batch size is ``round(q · n)`` (training samples with q itself) and ε is
-      reported at ``report_delta`` by the RDP accountant.
+      reported at ``report_delta`` by the RDP accountant — the accountant the ledger composes the
+      charged event with in rdp mode, so the reported ε is the ledger's view of this event.
 
     Raises:
       GuaranteeMismatchError: an rdp part that is not a DP-SGD event, or that needs a batch of 0.

@@ -148,7 +148,7 @@ class PrivateTraining:
     # --- DP-SGD ---------------------------------------------------------------------------------
 
     def plan_dpsgd(self, num_examples: int, *, batch_size: int, epochs: float,
-                   l2_norm_clip: float, accountant: str = dpsgd_lib.RDP
+                   l2_norm_clip: float, accountant: str = dpsgd_lib.DEFAULT_ACCOUNTANT
                    ) -> guarantee_lib.DPSGDRun:
         """The DP-SGD run that spends the part on ``num_examples`` rows (nothing runs).
 
@@ -167,7 +167,7 @@ class PrivateTraining:
 
     def dpsgd(self, layers: Any, features: Any, labels: Any, *, loss: Any, batch_size: int,
               epochs: float, l2_norm_clip: float, optimizer: Any = None,
-              learning_rate: float = 0.01, accountant: str = dpsgd_lib.RDP,
+              learning_rate: float = 0.01, accountant: str = dpsgd_lib.DEFAULT_ACCOUNTANT,
               metrics: Optional[Sequence[Any]] = None, seed: Optional[int] = None) -> Any:
         """Trains ``layers`` privately on the rows with the part's DP-SGD run; the trained model.
 

@@ -109,7 +109,7 @@ def private_training(fn_args: Any) -> private.PrivateTraining:
 
 
 def dpsgd_noise_for(fn_args: Any, num_examples: int, batch_size: int, epochs: float, *,
-                    l2_norm_clip: float, accountant: str = dpsgd.RDP
+                    l2_norm_clip: float, accountant: str = dpsgd.DEFAULT_ACCOUNTANT
                     ) -> tuple[float, guarantee_lib.DPSGDRun]:
     """The DP-SGD noise multiplier that spends the plan's train part, with the full run settings.
 
@@ -129,7 +129,7 @@ def dpsgd_noise_for(fn_args: Any, num_examples: int, batch_size: int, epochs: fl
       batch_size: Examples per step (basic parts).
       epochs: Passes over the data (basic parts; may be fractional).
       l2_norm_clip: Per-example gradient clipping norm.
-      accountant: ``"rdp"`` or ``"pld"`` (basic parts).
+      accountant: ``"pld"`` (default) or ``"rdp"`` (basic parts).
 
     Returns:
       ``(noise_multiplier, run)``.

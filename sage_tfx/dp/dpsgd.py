@@ -40,6 +40,13 @@ from sage_tfx.errors import InvalidPrivacyParameterError
 RDP = "rdp"
 PLD = "pld"
 ACCOUNTANTS = (RDP, PLD)
+DEFAULT_ACCOUNTANT = PLD
+
+# Width of the PLD's privacy-loss grid (dp_accounting's default). The discretization is
+# pessimistic, so a coarser grid only makes ε larger (still an upper bound). At the demo's train
+# part (63 steps, q = 0.032, σ = 2.65, δ = 1e-8) 1e-4 gives ε within 3e-6 of a 1e-5 grid in 0.4 s
+# instead of 2.6 s (benchmarks/sage/bench_accountants.py).
+PLD_VALUE_DISCRETIZATION_INTERVAL = 1e-4
 
 POISSON_SAMPLING = (
     "Poisson sampling with q = batch_size / num_examples, as accounted: every example joins "
@@ -74,11 +81,13 @@ def check_accountant(accountant: Any) -> str:
     return accountant
 
 
-def make_accountant(accountant: str = RDP) -> dp_accounting.PrivacyAccountant:
-    """A fresh dp_accounting accountant: ``"rdp"`` (default orders) or ``"pld"`` (default grid).
+def make_accountant(accountant: str = DEFAULT_ACCOUNTANT) -> dp_accounting.PrivacyAccountant:
+    """A fresh dp_accounting accountant: ``"pld"`` (the default) or ``"rdp"`` (default orders).
 
-    Both use add-or-remove-one adjacency. The PLD accountant's discretization is pessimistic, so
-    its ε is an upper bound like RDP's, only tighter.
+    Both use add-or-remove-one adjacency. The PLD accountant's grid is
+    :data:`PLD_VALUE_DISCRETIZATION_INTERVAL` and its discretization pessimistic (dp_accounting
+    builds Gaussian and sampled-Gaussian PLDs with ``pessimistic_estimate=True``), so its ε is an
+    upper bound like RDP's, only tighter.
 
     Raises:
       InvalidPrivacyParameterError: unknown accountant name.
@@ -86,7 +95,9 @@ def make_accountant(accountant: str = RDP) -> dp_accounting.PrivacyAccountant:
     check_accountant(accountant)
     if accountant == RDP:
         return dp_accounting.rdp.RdpAccountant()
-    return dp_accounting.pld.PLDAccountant()
+    return dp_accounting.pld.PLDAccountant(
+        dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
+        value_discretization_interval=PLD_VALUE_DISCRETIZATION_INTERVAL)
 
 
 def _check_sampling(batch_size: Any, num_examples: Any, epochs: Any) -> tuple[int, int, float]:
@@ -153,18 +164,32 @@ def dpsgd_event(noise_multiplier: float, batch_size: int, num_examples: int,
                   _steps(batch_size, num_examples, epochs))
 
 
-def _epsilon(event: dp_event_lib.DpEvent, delta: float, accountant: str) -> float:
+@functools.lru_cache(maxsize=256)
+def _cached_epsilon(event: dp_event_lib.DpEvent, delta: float, accountant: str) -> float:
     return float(make_accountant(accountant).compose(event).get_epsilon(delta))
 
 
-def dpsgd_epsilon(event: dp_event_lib.DpEvent, delta: float, accountant: str = RDP) -> float:
+def _epsilon(event: dp_event_lib.DpEvent, delta: float, accountant: str) -> float:
+    """ε of ``event`` at ``delta``, cached by the event's value when it is hashable (a PLD
+    evaluation of a long run takes about a second, and the trainer computes the same event's ε
+    when planning and again when verifying; a ComposedDpEvent holds a list and is not cached)."""
+    try:
+        hash(event)
+    except TypeError:
+        return float(make_accountant(accountant).compose(event).get_epsilon(delta))
+    return _cached_epsilon(event, float(delta), accountant)
+
+
+def dpsgd_epsilon(event: dp_event_lib.DpEvent, delta: float,
+                  accountant: str = DEFAULT_ACCOUNTANT) -> float:
     """ε at ``delta`` of ``event`` (e.g. from :func:`dpsgd_event`), add-or-remove-one adjacency.
 
     Args:
       event: A dp_accounting DpEvent the chosen accountant supports.
       delta: Target δ in (0, 1).
-      accountant: ``"rdp"`` (Mironov 2017; dp_accounting default orders) or ``"pld"`` (privacy
-        loss distributions, Koskela et al. 2020 / Doroshenko et al. 2022; tighter).
+      accountant: ``"pld"`` (default; privacy loss distributions, Koskela et al. 2020 /
+        Doroshenko et al. 2022; pessimistic, so an upper bound, and tighter) or ``"rdp"``
+        (Mironov 2017; dp_accounting default orders).
 
     Returns:
       ε such that the event is (ε, delta)-DP according to the accountant.
@@ -181,11 +206,12 @@ def dpsgd_epsilon(event: dp_event_lib.DpEvent, delta: float, accountant: str = R
     if not acct.supports(event):
         raise InvalidPrivacyParameterError(
             f"the {accountant} accountant cannot account {type(event).__name__}: {event}")
-    return float(acct.compose(event).get_epsilon(delta))
+    return _epsilon(event, delta, accountant)
 
 
 def calibrate_gaussian_noise(make_event: Callable[[float], dp_event_lib.DpEvent], epsilon: float,
-                             delta: float, accountant: str = RDP, tol: float = 1e-5,
+                             delta: float, accountant: str = DEFAULT_ACCOUNTANT,
+                             tol: float = 1e-5,
                              upper: float | None = None) -> float:
     """Smallest noise multiplier σ (within ``tol``) whose event ``make_event(σ)`` is (ε, δ)-DP.
 
@@ -198,7 +224,7 @@ def calibrate_gaussian_noise(make_event: Callable[[float], dp_event_lib.DpEvent]
       make_event: σ -> DpEvent.
       epsilon: Target ε, finite and > 0.
       delta: Target δ in (0, 1).
-      accountant: ``"rdp"`` or ``"pld"``.
+      accountant: ``"pld"`` (default) or ``"rdp"``.
       tol: Absolute tolerance on σ, > 0.
       upper: Optional σ believed to meet the target; the bracket is then searched just below it,
         which saves slow PLD evaluations at small σ. Ignored if it does not meet the target.
@@ -270,7 +296,8 @@ def calibrated_noise(make_event: Callable[[float], dp_event_lib.DpEvent], epsilo
 
 
 def calibrate_noise_multiplier(epsilon: float, delta: float, batch_size: int, num_examples: int,
-                               epochs: float, accountant: str = RDP, tol: float = 1e-5) -> float:
+                               epochs: float, accountant: str = DEFAULT_ACCOUNTANT,
+                               tol: float = 1e-5) -> float:
     """Smallest DP-SGD noise multiplier (within ``tol``) that makes the run (ε, δ)-DP.
 
     The run is :func:`dpsgd_event` (Poisson sampling assumed, see module docstring). The returned
@@ -283,8 +310,8 @@ def calibrate_noise_multiplier(epsilon: float, delta: float, batch_size: int, nu
       batch_size: Expected examples per step, 1 ≤ batch_size ≤ num_examples.
       num_examples: Number of training examples — the real count the trainer will read.
       epochs: Passes over the data, > 0.
-      accountant: ``"rdp"`` or ``"pld"`` (tighter ε, hence less noise; slower: 0.3–4 s per ε
-        evaluation, more at small σ; a calibration takes about ten).
+      accountant: ``"pld"`` (default: tighter ε, hence less noise; slower: 0.3–4 s per ε
+        evaluation, more at small σ; a calibration takes about ten) or ``"rdp"``.
       tol: Absolute tolerance on σ.
 
     Returns:
@@ -346,7 +373,8 @@ class DPGuarantee:
 
 
 def dpsgd_guarantee(noise_multiplier: float, batch_size: int, num_examples: int, epochs: float,
-                    delta: float, l2_norm_clip: float, accountant: str = RDP) -> DPGuarantee:
+                    delta: float, l2_norm_clip: float,
+                    accountant: str = DEFAULT_ACCOUNTANT) -> DPGuarantee:
     """The :class:`DPGuarantee` of a DP-SGD run with the given hyper-parameters.
 
     Raises:

@@ -229,7 +229,8 @@ def shuffled_batches(features: np.ndarray, labels: np.ndarray, batch_size: int,
 
 def train_dp_keras(features: Any, labels: Any, *, layers: LayersSpec, loss: Any, batch_size: int,
                    epochs: int, delta: float, l2_norm_clip: float, epsilon: float | None = None,
-                   noise_multiplier: float | None = None, accountant: str = dpsgd.RDP,
+                   noise_multiplier: float | None = None,
+                   accountant: str = dpsgd.DEFAULT_ACCOUNTANT,
                    optimizer: Any = None, learning_rate: float = 0.01,
                    metrics: Sequence[Any] | None = None, seed: int | None = None,
                    verbose: int = 0) -> tuple[Any, dpsgd.DPGuarantee]:
@@ -257,7 +258,7 @@ def train_dp_keras(features: Any, labels: Any, *, layers: LayersSpec, loss: Any,
       l2_norm_clip: Per-example gradient clipping norm C.
       epsilon: Target ε; exclusive with ``noise_multiplier``.
       noise_multiplier: σ; exclusive with ``epsilon``.
-      accountant: ``"rdp"`` (default; what the ledger's rdp mode uses) or ``"pld"``.
+      accountant: ``"pld"`` (default; pessimistic, an upper bound, tighter) or ``"rdp"``.
       optimizer: A Keras optimizer; default ``SGD(learning_rate)``.
       learning_rate: For the default optimizer.
       metrics: Keras metrics.

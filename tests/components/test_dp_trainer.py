@@ -22,7 +22,7 @@ from sage_tfx.errors import MissingGrantError
 from sage_tfx.adaptive.plan import PlanPart, PrivacyPlan
 from trainerdata import (DPSGD_CONFIG, MODULE, N_EVAL, N_TRAIN, dpsgd_event,  # noqa: F401
                          example, examples_artifact, flights, grant_artifact, labeled, mods,
-                         rdp_eps, serve, train, custom)
+                         pld_eps, rdp_eps, serve, train, custom)
 
 # ---------------------------------------------------------------------------------------------
 # Fast: what ran, its verification, and the (optional) report (no TensorFlow).
@@ -82,16 +82,35 @@ def test_adassp_run_is_accounted_as_three_gaussian_releases():
         g.verify_record(ran, PlanPart("train", 1.0), grant_id="g")
 
 
-def test_dpsgd_run_for_basic_part_calibrates_to_the_real_n():
+def test_pld_record_is_verified_with_the_pld():
+    verified = g.verify_record(_ran(accountant="pld"), PlanPart("train", 3.0, 1e-5),
+                               grant_id="g1", num_train_records=1000)
+    assert verified.accountant == "pld"
+    assert verified.epsilon == pytest.approx(pld_eps(0.05, 1.5, 40, 1e-5), rel=1e-9)
+    assert verified.epsilon < rdp_eps(0.05, 1.5, 40, 1e-5)
+    assert verified.model_properties()["dp_accounting"] == "pld"
+
+
+@pytest.mark.parametrize("accountant, eps_of", [(None, pld_eps), ("pld", pld_eps),
+                                                ("rdp", rdp_eps)])
+def test_dpsgd_run_for_basic_part_calibrates_to_the_real_n(accountant, eps_of):
+    """σ calibrated to the part by the accountant asked for (PLD by default); verified from
+    what ran with the same accountant, to the same ε; never above the part."""
     part = PlanPart("train", 1.0, 1e-5)
+    kw = {} if accountant is None else {"accountant": accountant}
     run = g.dpsgd_run_for_part(part, num_examples=800, batch_size=40, epochs=3,
-                               l2_norm_clip=0.5)
+                               l2_norm_clip=0.5, **kw)
     assert run.steps == 60 and run.sampling_probability == 40 / 800
-    eps = rdp_eps(40 / 800, run.noise_multiplier, 60, 1e-5)
+    assert run.accountant == (accountant or "pld")
+    eps = eps_of(40 / 800, run.noise_multiplier, 60, 1e-5)
     assert eps <= 1.0 and eps == pytest.approx(1.0, abs=1e-3)
-    verified = g.verify_record(_ran(run.noise_multiplier, 40 / 800, 60, 800), part,
-                               grant_id="g", num_train_records=800)
-    assert verified.epsilon == pytest.approx(eps, rel=1e-12)
+    assert run.epsilon == pytest.approx(eps, rel=1e-9)
+    verified = g.verify_record(
+        _ran(run.noise_multiplier, 40 / 800, 60, 800, accountant=run.accountant), part,
+        grant_id="g", num_train_records=800)
+    assert verified.accountant == run.accountant and verified.epsilon == run.epsilon
+    # The charge is the part's (ε, δ); what ran is within it by the accountant that calibrated.
+    assert verified.part_epsilon == 1.0 and verified.epsilon <= verified.part_epsilon
 
 
 def test_dpsgd_run_for_rdp_part_takes_the_event_as_charged():
@@ -174,12 +193,12 @@ def test_dpsgd_basic_run_exports_serving_model_and_records_guarantee(mods, tmp_p
     assert props["dp_num_examples"] == n and props["dp_batch_size"] == 30
     assert props["dp_epochs"] == 2.0 and props["dp_steps"] == math.ceil(2 * n / 30)
     assert props["dp_algorithm"] == "dpsgd" and props["dp_mode"] == "basic"
-    assert props["dp_accounting"] == "rdp" and props["dp_delta"] == 1e-5
+    assert props["dp_accounting"] == "pld" and props["dp_delta"] == 1e-5  # PLD by default
     assert props["dp_sampling"] == "poisson (each example independently with probability q per step)"
     assert props["dp_l2_norm_clip"] == 1.0 and props["grant_id"] == grant.grant_id
     # ε recomputed with dp_accounting from the recorded σ, q and steps: the recorded ε, ≤ part.
-    eps = rdp_eps(30 / n, props["dp_noise_multiplier"], props["dp_steps"], 1e-5)
-    assert props["dp_epsilon"] == pytest.approx(eps, rel=1e-12)
+    eps = pld_eps(30 / n, props["dp_noise_multiplier"], props["dp_steps"], 1e-5)
+    assert props["dp_epsilon"] == pytest.approx(eps, rel=1e-9)
     # Calibrated to the part, not wasted: the plan's train part ε, within σ's calibration tolerance.
     assert props["dp_epsilon"] <= 2.0 and props["dp_epsilon"] == pytest.approx(2.0, abs=1e-3)
     assert json.loads(props["dp_event_json"]) == accounting.event_to_dict(

@@ -24,6 +24,15 @@ def rdp_eps(q, sigma, steps, delta):
     return acct.get_epsilon(delta)
 
 
+def pld_eps(q, sigma, steps, delta):
+    """ε of the same run by a pessimistic privacy-loss distribution built directly (dp_accounting's
+    PLD module, not its accountant; add or remove one; grid 1e-4): what basic parts charge."""
+    from dp_accounting.pld import privacy_loss_distribution as pld_lib
+    pld = pld_lib.from_gaussian_mechanism(sigma, sampling_prob=q, pessimistic_estimate=True,
+                                          value_discretization_interval=1e-4)
+    return pld.self_compose(steps).get_epsilon_for_delta(delta)
+
+
 def dpsgd_event(q, sigma, steps):
     return dp_accounting.SelfComposedDpEvent(
         dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps)

@@ -30,9 +30,9 @@ def test_dpsgd_event_structure():
     assert event.count == 14063  # ceil(60 * 60000 / 256) = ceil(14062.5)
     assert event.event.sampling_probability == 256 / 60000
     assert event.event.event == dp_accounting.GaussianDpEvent(1.1)
-    # One more step than the golden run: slightly more ε, same to 3 decimals.
-    eps = dpsgd.dpsgd_epsilon(event, 1e-5)
-    assert dpsgd.dpsgd_epsilon(GOLDEN_EVENT, 1e-5) < eps == pytest.approx(2.597, abs=1e-3)
+    # One more step than the golden run: slightly more ε, same to 3 decimals (RDP, on request).
+    eps = dpsgd.dpsgd_epsilon(event, 1e-5, "rdp")
+    assert dpsgd.dpsgd_epsilon(GOLDEN_EVENT, 1e-5, "rdp") < eps == pytest.approx(2.597, abs=1e-3)
 
 
 def test_pld_is_tighter_than_rdp_and_below_unamplified_bound():
@@ -144,7 +144,7 @@ def test_errors_are_value_errors():
 
 
 def test_guarantee_matches_independent_accounting():
-    g = dpsgd.dpsgd_guarantee(1.3, 256, 15000, 3, 1e-6, l2_norm_clip=1.0)
+    g = dpsgd.dpsgd_guarantee(1.3, 256, 15000, 3, 1e-6, l2_norm_clip=1.0, accountant="rdp")
     accountant = dp_accounting.rdp.RdpAccountant()
     accountant.compose(dp_accounting.SelfComposedDpEvent(
         dp_accounting.PoissonSampledDpEvent(256 / 15000, dp_accounting.GaussianDpEvent(1.3)), 176))

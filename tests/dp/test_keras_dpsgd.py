@@ -74,11 +74,11 @@ def test_train_learns_and_guarantee_matches_dp_accounting(tf):
     model, guarantee = keras_dpsgd.train_dp_keras(
         x, y, layers=lambda: keras_dpsgd.mlp_layers((16,)),
         loss=tf.keras.losses.MeanSquaredError(), batch_size=batch, epochs=epochs, delta=1e-5,
-        l2_norm_clip=1.0, epsilon=3.0, learning_rate=0.05, seed=0)
+        l2_norm_clip=1.0, epsilon=3.0, learning_rate=0.05, seed=0, accountant="rdp")
     mse = float(np.mean((model.predict(x, verbose=0)[:, 0] - y) ** 2))
     assert mse < 0.3 * float(np.var(y))  # learned most of the signal
 
-    # The guarantee, recomputed independently with dp_accounting.
+    # The guarantee (RDP on request), recomputed independently with dp_accounting.
     steps = math.ceil(epochs * n / batch)
     accountant = dp_accounting.rdp.RdpAccountant()
     accountant.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
