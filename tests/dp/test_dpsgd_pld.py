@@ -15,7 +15,7 @@ DEMO = dict(epsilon=0.6, delta=1e-8, batch_size=256, num_examples=8000, epochs=2
 def direct_pld_epsilon(sigma, q, steps, delta, *, pessimistic=True, interval=1e-4):
     """ε of the Poisson-sampled Gaussian run from a PLD built directly (add or remove one)."""
     pld = pld_lib.from_gaussian_mechanism(
-        sigma, sampling_prob=q, pessimistic_estimate=pessimistic,
+        sigma, sampling_prob=q, pessimistic_estimate=pessimistic, use_connect_dots=pessimistic,
         value_discretization_interval=interval)
     return pld.self_compose(steps).get_epsilon_for_delta(delta)
 
@@ -72,3 +72,15 @@ def test_pld_calibration_never_overshoots_the_target(epsilon):
     steps = dpsgd.dpsgd_steps(batch, n, epochs)
     assert direct_pld_epsilon(sigma, batch / n, steps, delta) <= epsilon
     assert direct_pld_epsilon(sigma - 2 * tol, batch / n, steps, delta) > epsilon
+
+
+@pytest.mark.parametrize("coarse", [0.02, 5e-5])
+def test_pld_calibration_decides_on_the_real_grid_whatever_the_coarse_start(monkeypatch, coarse):
+    """The coarse-grid σ only starts the search: a far-off start (grid 0.02) or a start on a
+    finer grid than the real one still ends at the real grid's least σ meeting the target."""
+    monkeypatch.setattr(dpsgd, "_COARSE_PLD_INTERVAL", coarse)
+    delta, batch, n, epochs, tol = 1e-5, 128, 4000, 1, 1e-3
+    sigma = dpsgd.calibrate_noise_multiplier(0.5, delta, batch, n, epochs, tol=tol)
+    steps = dpsgd.dpsgd_steps(batch, n, epochs)
+    assert direct_pld_epsilon(sigma, batch / n, steps, delta) <= 0.5
+    assert direct_pld_epsilon(sigma - 2 * tol, batch / n, steps, delta) > 0.5
