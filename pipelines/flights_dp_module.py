@@ -104,7 +104,7 @@ def dpsgd_run_fn(fn_args: Any) -> None:
 
     custom_config: ``task`` (regression | classification), ``hidden_units``, ``epochs``,
     ``batch_size`` (basic parts; an rdp part fixes both), ``l2_norm_clip``, ``learning_rate``,
-    ``accountant`` (rdp | pld, basic parts), ``features``, ``label``, ``label_bounds``,
+    ``accountant`` (pld by default, or rdp; basic parts), ``features``, ``label``, ``label_bounds``,
     ``label_threshold``, ``seed`` (initial weights only), ``membership_audit`` (the name of a
     held-out split: the membership-inference audit of train vs that split is written into the
     Model artifact; not DP, off by default).
