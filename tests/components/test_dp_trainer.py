@@ -113,6 +113,21 @@ def test_dpsgd_run_for_basic_part_calibrates_to_the_real_n(accountant, eps_of):
     assert verified.part_epsilon == 1.0 and verified.epsilon <= verified.part_epsilon
 
 
+def test_rdp_part_is_charged_as_its_event_and_reported_by_rdp_whatever_the_accountant():
+    """An rdp stream charges the DpEvent (the ledger keeps its RDP curve): asking for PLD changes
+    neither the run nor the ε reported, which is the ledger's RDP view of that event."""
+    event = dpsgd_event(0.05, 1.2, 30)
+    part = PlanPart("train", event=event)
+    run = g.dpsgd_run_for_part(part, num_examples=333, batch_size=10, epochs=1,
+                               l2_norm_clip=1.0, accountant="pld", report_delta=1e-6)
+    assert run.accountant == "rdp" and run.event == event
+    assert run.epsilon == pytest.approx(rdp_eps(0.05, 1.2, 30, 1e-6), rel=1e-12)
+    verified = g.verify_record(_ran(1.2, 0.05, 30, 333, accountant="pld"), part, grant_id="g",
+                               num_train_records=333, report_delta=1e-6)
+    assert verified.accountant == "rdp" and verified.epsilon == run.epsilon
+    assert verified.model_properties()["dp_accounting"] == "rdp"
+
+
 def test_dpsgd_run_for_rdp_part_takes_the_event_as_charged():
     event = dpsgd_event(0.05, 1.2, 30)
     part = PlanPart("train", event=event)
