@@ -294,7 +294,8 @@ def _calibrate(make_event: Callable[[float], dp_event_lib.DpEvent], epsilon: flo
                     f"{_MAX_NOISE_MULTIPLIER}: the budget is too small for this run")
     lo = hi * shrink
     while eps_at(lo) <= epsilon:
-        hi, lo, shrink = lo, lo * shrink, min(shrink, 0.9)
+        shrink = min(shrink, 0.9)  # a close start that was not close: widen the steps
+        hi, lo = lo, lo * shrink
         if lo < _MIN_NOISE_MULTIPLIER:
             raise InvalidPrivacyParameterError(
                 f"epsilon={epsilon} at delta={delta} is met by noise_multiplier < "
