@@ -76,7 +76,8 @@ def run(out: str, *, limit: int = 150_000, epsilon: float = 1.0, history: int = 
         store.observe(df[df.month == m])
         r = store.seal()
         _log(f"      window {m}: charged epsilon = {r.epsilon_charged}, noise scale "
-             f"{r.noise_scales[0]:.1f} per cell, raw files deleted {len(r.deleted)}, dropped "
+             f"{r.noise_scales[0]:.1f} per cell, hot files deleted "
+             f"{sum(os.sep + 'hot' + os.sep in p for p in r.deleted)}, dropped "
              f"{r.dropped} ({time.time() - t:.1f}s)")
     hot_month, test_month = history + 1, history + 2
     store.open_window(hot_month, [blocks[hot_month - 1]])

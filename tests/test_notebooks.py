@@ -70,16 +70,18 @@ def _ptk_outputs(text: str, outputs) -> None:
     exit status once showed as a bare ``0``)."""
     values = [o for o in outputs if o.output_type == "execute_result"]
     assert not values, [o.get("data", {}).get("text/plain") for o in values]
-    assert re.search(r"menu \[\(0\.1, \d+\), \(0\.25, \d+\), \(0\.5, \d+\)\]", text)
+    assert re.search(r"menu \[\(0\.1, (\d+|None)\), \(0\.25, (\d+|None)\), "
+                     r"\(0\.5, (\d+|None)\)\]", text)
 
 
 def _pyramid_numbers(text: str, outputs) -> None:
     """Notebook 03's promise: DP count features beat the constant predictor by >= 1 % of its log
     loss and beat the no-count model; each month block was charged exactly ε = 1, as sealed.
 
-    The noise is fresh in every run (OpenDP, no seed): the margins are what the notebook claims
-    holds with high probability (over repeated runs the DP-count log loss moved by ~0.002 while
-    the gap to the constant was ~0.014 and to the no-count model ~0.009)."""
+    The noise is fresh in every run (OpenDP, no seed), so the margins must hold with high
+    probability, not for one seed: over 14 runs of this configuration the DP-count log loss
+    ranged 0.4736-0.4777 (std ~0.001), against 0.4846 (1 % below the constant, 0.4895) and
+    0.4844 (the no-count model); the data and the other two predictors are deterministic."""
     m = re.search(r"log loss on October: constant ([0-9.]+), no counts ([0-9.]+), "
                   r"DP counts ([0-9.]+)", text)
     assert m, "notebook 03 no longer prints its log losses"
