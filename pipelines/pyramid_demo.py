@@ -67,7 +67,8 @@ def run(out: str, *, limit: int = 150_000, epsilon: float = 1.0, history: int = 
         ledger.add_block("flights", b, location=os.path.join(out, "blocks", b))
     store = PyramidStore(spec, os.path.join(out, "pyramid"), retention=retention,
                          ledger=ledger, stream="flights")
-    store.on_retrain(lambda dropped: _log(f"      retrain: models used dropped window(s) {dropped}"))
+    store.on_retrain(lambda dropped: _log(f"      retrain: models used dropped window(s) "
+                                          f"{dropped}"))
     _log(f"[2/5] sealing months 1-{history}: {spec.n_tables} tables per window, epsilon = "
          f"{epsilon} per window, retention {retention}")
     for m in range(1, history + 1):
@@ -97,8 +98,9 @@ def run(out: str, *, limit: int = 150_000, epsilon: float = 1.0, history: int = 
                ("DP counts", p_count))}
     _log(f"[4/5] log loss on month {test_month}: " + ", ".join(f"{k} {v:.4f}"
                                                               for k, v in losses.items()))
-    _log(f"      DP counts vs constant: {100 * (1 - losses['DP counts'] / losses['constant']):+.2f} %"
-         f" better; vs no counts: {100 * (1 - losses['DP counts'] / losses['no counts']):+.2f} %")
+    gain = {k: 100 * (1 - losses["DP counts"] / losses[k]) for k in ("constant", "no counts")}
+    _log(f"      DP counts vs constant: {gain['constant']:+.2f} % better; vs no counts: "
+         f"{gain['no counts']:+.2f} %")
     spent = {b: round(BUDGET - ledger.remaining("flights", b)["epsilon"], 6) for b in blocks}
     _log(f"[5/5] epsilon spent per block (ledger): {spent}")
     _log(f"      audit chain intact: {ledger.verify_audit().ok}")
@@ -129,7 +131,8 @@ def draw(feat, hot, test, losses: dict, path: str) -> str:
     names = list(losses)
     b.barh(names, [losses[n] for n in names], color=["grey", "tab:orange", "tab:blue"])
     b.set_xlim(min(losses.values()) - 0.02, max(losses.values()) + 0.01)
-    b.set(xlabel="test log loss (lower is better; axis not from 0)", title="trained on the hot window")
+    b.set(xlabel="test log loss (lower is better; axis not from 0)",
+          title="trained on the hot window")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
