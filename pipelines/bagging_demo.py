@@ -26,12 +26,11 @@ import time
 
 import numpy as np
 
+from sage_tfx.pipelines.demo_cli import log as _log
+from sage_tfx.pipelines.demo_cli import save_figure, timed_main
+
 BUDGET = 10.0          # ε_g of every block
 DELTA = 1e-5
-
-
-def _log(msg: str) -> None:
-    print(msg, flush=True)
 
 
 def run(out: str, *, epsilon: float = 3.0, k: int = 20, n: int = 50, plot: bool = True) -> dict:
@@ -110,10 +109,7 @@ def draw(student: dict, reference: dict, path: str) -> str:
         ax.bar(names, vals, color=["grey", "tab:blue", "tab:green"])
         ax.set_ylim(0.4, max(vals) + 0.05)
         ax.set_title(f"test {key} (axis from 0.4)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def main(argv=None) -> int:
@@ -122,15 +118,7 @@ def main(argv=None) -> int:
     ap.add_argument("--epsilon", type=float, default=3.0, help=f"grant epsilon (<= {BUDGET})")
     ap.add_argument("--k", type=int, default=20, help="partitions")
     ap.add_argument("--n", type=int, default=50, help="teachers per partition")
-    args = ap.parse_args(argv)
-    t0 = time.time()
-    try:
-        run(args.out, epsilon=args.epsilon, k=args.k, n=args.n)
-    except ValueError as e:
-        ap.error(str(e))
-    _log(f"done in {time.time() - t0:.0f}s")
-    return 0
-
+    return timed_main(ap, argv, lambda a: run(a.out, epsilon=a.epsilon, k=a.k, n=a.n))
 
 if __name__ == "__main__":
     raise SystemExit(main())

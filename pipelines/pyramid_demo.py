@@ -30,13 +30,12 @@ import warnings
 
 import numpy as np
 
+from sage_tfx.pipelines.demo_cli import log as _log
+from sage_tfx.pipelines.demo_cli import save_figure, timed_main
+
 GROUPS = ("carrier", "origin", "dest", "hour", ("carrier", "hour"), ("origin", "dest"))
 RAW = ["carrier", "origin", "dest", "hour"]
 BUDGET = 2.0          # ε_g of every month block
-
-
-def _log(msg: str) -> None:
-    print(msg, flush=True)
 
 
 def run(out: str, *, limit: int = 150_000, epsilon: float = 1.0, history: int = 8,
@@ -54,6 +53,8 @@ def run(out: str, *, limit: int = 150_000, epsilon: float = 1.0, history: int = 
 
     if not 1 <= retention <= history <= 10:
         raise ValueError(f"need 1 <= retention <= history <= 10, got {retention}, {history}")
+    if limit < 1200 or hot_rows < 50:
+        raise ValueError(f"need limit >= 1200 and hot_rows >= 50, got {limit}, {hot_rows}")
     spec = CountSpec(groups=GROUPS, label="y", depth=1, width=2 ** 12, epsilon=epsilon)
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
@@ -133,10 +134,7 @@ def draw(feat, hot, test, losses: dict, path: str) -> str:
     b.set_xlim(min(losses.values()) - 0.02, max(losses.values()) + 0.01)
     b.set(xlabel="test log loss (lower is better; axis not from 0)",
           title="trained on the hot window")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def main(argv=None) -> int:
@@ -147,18 +145,9 @@ def main(argv=None) -> int:
     ap.add_argument("--history", type=int, default=8, help="history months sealed (<= 10)")
     ap.add_argument("--retention", type=int, default=6, help="live windows kept")
     ap.add_argument("--hot-rows", type=int, default=3000, help="flights in the hot window")
-    args = ap.parse_args(argv)
-    if args.limit < 1200 or args.hot_rows < 50:
-        ap.error("--limit must be >= 1200 and --hot-rows >= 50")
-    t0 = time.time()
-    try:
-        run(args.out, limit=args.limit, epsilon=args.epsilon, history=args.history,
-            retention=args.retention, hot_rows=args.hot_rows)
-    except ValueError as e:
-        ap.error(str(e))
-    _log(f"done in {time.time() - t0:.0f}s")
-    return 0
-
+    return timed_main(ap, argv, lambda a: run(a.out, limit=a.limit, epsilon=a.epsilon,
+                                              history=a.history, retention=a.retention,
+                                              hot_rows=a.hot_rows))
 
 if __name__ == "__main__":
     raise SystemExit(main())
