@@ -256,7 +256,11 @@ def main(argv=None) -> int:
     parts = tuple(Partition(p["index"], p["size"], tuple(Assignment(**m) for m in p["members"]))
                   for p in plan["partitions"])
     print(f"plan {seq}: " + Allocation(parts, plan["epsilon_g"], plan["delta_g"], plan["n_max"],
-                                       plan["solve_seconds"], tuple(plan["tried_k"])).render())
+                                       plan["solve_seconds"], tuple(plan["tried_k"]),
+                                       optimal=plan.get("optimal", True),
+                                       gap=plan.get("gap", 0.0),
+                                       lower_bound=plan.get("lower_bound", 0),
+                                       first_feasible=plan.get("first_feasible")).render())
     return 0
 
 

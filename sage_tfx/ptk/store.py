@@ -67,7 +67,7 @@ class StoreConfig:
     profile_epsilon: float = 0.05
     profile_n_max: int = 4096
     k_max: int = 8
-    solve_time_limit: float = 60.0
+    solve_time_limit: float = 30.0  # one budget for the whole allocation (all K)
 
     def __post_init__(self):
         if not 0 < self.profile_share < 1:

@@ -108,3 +108,54 @@ def test_adding_one_record_changes_exactly_one_slice():
         assert b[changed[0]] - a[changed[0]] == {extra["user"][0]}
     # slice sizes have the right means: V_m holds about m records
     assert abs(len(a[0]) - params.m) < 5 * np.sqrt(params.m)
+
+
+class StepRecorder(SeededNoise):
+    """Counts the profiler's U_n releases (scale 1/(eps m)) to see where each search ran."""
+
+    def __init__(self, seed, m_scale):
+        super().__init__(seed)
+        self.m_scale, self.uppers = m_scale, 0
+
+    def laplace(self, v, scale):
+        if scale == pytest.approx(self.m_scale):
+            self.uppers += 1
+        return super().laplace(v, scale)
+
+
+def test_menus_are_monotone_in_epsilon():
+    """A larger ε never needs more samples, and never fails where a smaller one succeeded."""
+    menu = [0.02, 0.05, 0.1, 0.25, 0.5, 1.0]
+    # tau = 0.05 is loose for this data: profiled independently, these seeds gave menus like
+    # [(0.02, 2), (0.05, 8), (0.1, 64), (0.25, 128), (0.5, 16), (1.0, 2)]
+    params = profiler.ProfileParams(epsilon=0.2, n_max=256, tau=0.05)
+    informative = 0
+    for seed in range(6):
+        data = window(params.records_needed() * len(menu), 100 + seed)
+        rec = StepRecorder(seed, 1 / (0.2 * params.m))
+        out = profiler.profile_menu(hist_type(), HS_CONFIG, data, menu, params, rec)
+        assert [e.epsilon for e in out] == menu
+        for small, large in zip(out, out[1:]):
+            if small.n is not None:
+                assert large.n is not None and large.n <= small.n
+            if small.steps:  # the smaller budget's search started where the larger one stopped
+                assert small.steps[0].n == large.n
+        if not out[-1].n:  # the largest budget failed: every smaller one says why, unread
+            assert all(e.outcome == out[-1].outcome and not e.steps for e in out[:-1])
+        informative += len({e.n for e in out if e.n is not None}) >= 2
+        # at most T + 1 U_n releases per entry (the cost statement holds), one per step
+        assert rec.uppers == sum(len(e.steps) for e in out)
+        assert all(len(e.steps) <= params.T + 1 for e in out)
+    assert informative >= 3  # the check above is not vacuous
+
+
+def test_a_larger_budget_that_fails_stops_the_smaller_ones():
+    params = profiler.ProfileParams(epsilon=0.5, n_max=64, tau=0.01)
+    cfg = dict(HS_CONFIG, domain=["a"], lower=-100.0, upper=100.0)  # loss floor >> 2 tau
+    rng = np.random.default_rng(0)
+    n = params.records_needed() * 3
+    data = {"city": np.array(["a"] * n), "delay": rng.uniform(-100, 100, size=n)}
+    out = profiler.profile_menu(hist_type(), cfg, data, [0.1, 0.5, 1.0], params, SeededNoise(1))
+    assert out[2].outcome in (profiler.ABOVE_TARGET, profiler.EXHAUSTED) and out[2].steps
+    assert [e.outcome for e in out[:2]] == [out[2].outcome] * 2
+    assert all(e.n is None and not e.steps for e in out[:2])
