@@ -362,7 +362,7 @@ def _aggregate(ids, menus, k_max, E, D, n_max, time_limit, cutoff):
 
 
 def allocate(menus: dict, *, epsilon_g: float, delta_g: float = 0.0, n_max: int,
-             k_max: Optional[int] = None, time_limit: float = 30.0) -> Allocation:
+             k_max: Optional[int] = None, time_limit: float = 25.0) -> Allocation:
     """Fig. 4 minimised over every K ≤ ``k_max`` (default: the number of PTKs).
 
     ``menus`` maps a PTK id to its profiled options (:class:`Option` with n reaching τ).
