@@ -285,13 +285,36 @@ def _plan(groups, k_max, n_max):
     return out
 
 
+def _shrink(members: list, menus: dict, E: Decimal, D: Decimal) -> list:
+    """Spends a partition's unused budget where it lowers N_k: while the member with the
+    largest n has an option with a smaller n that still fits the budget, it takes it."""
+    members = list(members)
+    while True:
+        eps = sum((dec(a.epsilon) for a in members), Decimal(0))
+        dl = sum((dec(a.delta) for a in members), Decimal(0))
+        top = max(range(len(members)), key=lambda t: members[t].n)
+        a = members[top]
+        better = [o for o in menus[a.ptk_id] if o.n < a.n
+                  and eps - dec(a.epsilon) + dec(o.epsilon) <= E
+                  and dl - dec(a.delta) + dec(o.delta) <= D]
+        if not better:
+            return members
+        o = min(better, key=lambda o: (o.n, dec(o.epsilon)))
+        members[top] = Assignment(a.ptk_id, o.epsilon, o.delta, o.n)
+
+
 def _warm_start(ids, menus, E, D, n_max, k_max):
     """The paper's K search done greedily: every PTK on its smallest-ε option, packed
-    first-fit decreasing (a feasible plan whenever this packing fits k_max and N_max)."""
+    first-fit decreasing (the fewest partitions this finds), then each partition's unused
+    budget spent on its largest member (:func:`_shrink`). A feasible plan whenever the packing
+    fits k_max and N_max."""
     items = [(i, min(m, key=lambda o: (dec(o.epsilon), dec(o.delta), o.n)))
              for i, m in enumerate(menus)]
     groups = _pack(ids, items, E, D, k_max)
-    return None if groups is None else _plan([groups], k_max, n_max)
+    if groups is None:
+        return None
+    by_id = dict(zip(ids, menus))
+    return _plan([[_shrink(g, by_id, E, D) for g in groups]], k_max, n_max)
 
 
 def _aggregate(ids, menus, k_max, E, D, n_max, time_limit, cutoff):

@@ -195,12 +195,13 @@ def profile_menu(ptk_type: PTKType, config: dict, data: dict, menu_eps: Sequence
     lands under 2τ or not), so a lucky run at a small ε could report fewer samples than an
     unlucky one at a larger ε (a profiled menu read [(0.1, 4), (0.25, 256), (0.5, 1)]). The
     budgets are therefore searched from the largest down, each smaller ε doubling n from where
-    the next larger one stopped: a smaller budget's answer is at least the larger one's. If a
-    larger budget reaches no n ≤ n_max, no smaller one is searched (EXHAUSTED, nothing read);
-    if its ERM lower bound certified R* > τ (a property of the data, not of ε), every smaller
-    budget is ABOVE_TARGET too. Starting later only drops steps (fewer releases on V_m, never
-    more), so the privacy statement and :func:`profile_cost` are unchanged; the released
-    entries stay in the order of ``menu_eps``."""
+    the largest found n so far stopped: a smaller budget's answer is at least every larger
+    one's. If a larger budget reaches no n ≤ n_max (EXHAUSTED), no smaller one is searched
+    (EXHAUSTED too, nothing read). An ABOVE_TARGET entry (its ERM lower bound exceeded τ: a
+    noisy claim about R*, false with probability up to about 1/(4T) per step) ends only that
+    entry, as in Fig. 3 per entry; the smaller budgets go on from the same start. Starting
+    later only drops steps (fewer releases on V_m, never more), so the privacy statement and
+    :func:`profile_cost` are unchanged; the released entries stay in the order of ``menu_eps``."""
     if not menu_eps or len(set(menu_eps)) != len(menu_eps):
         raise InvalidRequestError(f"the epsilon menu must be non-empty and distinct: {menu_eps!r}")
     need = params.records_needed(ptk_type.has_erm)
@@ -226,6 +227,6 @@ def profile_menu(ptk_type: PTKType, config: dict, data: dict, menu_eps: Sequence
         out[i] = entry
         if entry.outcome == FOUND:
             start = int(entry.n).bit_length() - 1
-        else:
-            stop = entry.outcome
+        elif entry.outcome == EXHAUSTED:
+            stop = EXHAUSTED
     return [out[i] for i in range(J)]

@@ -135,13 +135,18 @@ def test_menus_are_monotone_in_epsilon():
         rec = StepRecorder(seed, 1 / (0.2 * params.m))
         out = profiler.profile_menu(hist_type(), HS_CONFIG, data, menu, params, rec)
         assert [e.epsilon for e in out] == menu
-        for small, large in zip(out, out[1:]):
+        for t, small in enumerate(out):
+            larger = [e for e in out[t + 1:] if e.n is not None]
+            if small.n is not None:  # never more samples than a larger budget
+                assert all(e.n <= small.n for e in larger)
+            if small.steps:  # its search started where the larger budgets stopped
+                assert small.steps[0].n == max((e.n for e in larger), default=1)
+            if any(e.outcome == profiler.EXHAUSTED for e in out[t + 1:]):
+                assert small.outcome == profiler.EXHAUSTED and not small.steps
+            # a larger budget fails where a smaller one succeeds only by "R* > tau" (noise)
             if small.n is not None:
-                assert large.n is not None and large.n <= small.n
-            if small.steps:  # the smaller budget's search started where the larger one stopped
-                assert small.steps[0].n == large.n
-        if not out[-1].n:  # the largest budget failed: every smaller one says why, unread
-            assert all(e.outcome == out[-1].outcome and not e.steps for e in out[:-1])
+                assert all(e.n is not None or e.outcome == profiler.ABOVE_TARGET
+                           for e in out[t + 1:])
         informative += len({e.n for e in out if e.n is not None}) >= 2
         # at most T + 1 U_n releases per entry (the cost statement holds), one per step
         assert rec.uppers == sum(len(e.steps) for e in out)
@@ -149,13 +154,28 @@ def test_menus_are_monotone_in_epsilon():
     assert informative >= 3  # the check above is not vacuous
 
 
-def test_a_larger_budget_that_fails_stops_the_smaller_ones():
+def test_a_larger_budget_that_exhausts_n_max_stops_the_smaller_ones():
+    class LowerBound(SeededNoise):  # the L_n release far below (or above) tau
+        def __init__(self, seed, shift):
+            super().__init__(seed)
+            self.shift = shift
+
+        def laplace(self, v, scale):
+            # L_n: scale 1/(eps n) <= 2; U_n: 1/(eps m); the kernel sums: 200/eps_train
+            lower = 1 / (0.5 * params.m) * 1.001 < scale <= 2.0
+            return self.shift if lower else super().laplace(v, scale)
+
     params = profiler.ProfileParams(epsilon=0.5, n_max=64, tau=0.01)
     cfg = dict(HS_CONFIG, domain=["a"], lower=-100.0, upper=100.0)  # loss floor >> 2 tau
     rng = np.random.default_rng(0)
     n = params.records_needed() * 3
     data = {"city": np.array(["a"] * n), "delay": rng.uniform(-100, 100, size=n)}
-    out = profiler.profile_menu(hist_type(), cfg, data, [0.1, 0.5, 1.0], params, SeededNoise(1))
-    assert out[2].outcome in (profiler.ABOVE_TARGET, profiler.EXHAUSTED) and out[2].steps
-    assert [e.outcome for e in out[:2]] == [out[2].outcome] * 2
+    out = profiler.profile_menu(hist_type(), cfg, data, [0.1, 0.5, 1.0], params,
+                                LowerBound(1, -1e9))
+    assert out[2].outcome == profiler.EXHAUSTED and len(out[2].steps) == params.T + 1
+    assert [e.outcome for e in out[:2]] == [profiler.EXHAUSTED] * 2
     assert all(e.n is None and not e.steps for e in out[:2])
+    # "R* > tau" ends only its own entry: the smaller budgets are still searched
+    out = profiler.profile_menu(hist_type(), cfg, data, [0.1, 0.5, 1.0], params,
+                                LowerBound(1, 1e9))
+    assert [(e.outcome, len(e.steps)) for e in out] == [(profiler.ABOVE_TARGET, 1)] * 3
