@@ -140,6 +140,28 @@ class _Solve:
     bound: float            # HiGHS's proven lower bound on the objective (dual bound)
 
 
+class _Rows:
+    """Sparse constraint rows lower <= Σ a_v x_v <= upper, built row by row."""
+
+    def __init__(self):
+        self.data, self.ri, self.ci, self.lo, self.hi = [], [], [], [], []
+
+    def add(self, entries, lower, upper):
+        for v, a in entries:
+            self.ri.append(len(self.lo))
+            self.ci.append(v)
+            self.data.append(a)
+        self.lo.append(lower)
+        self.hi.append(upper)
+
+    def constraint(self, columns: int) -> LinearConstraint:
+        # int32 indices: scipy 1.12's HiGHS wrapper refuses int64 ones
+        a = sparse.csr_array((self.data, (np.asarray(self.ri, np.int32),
+                                          np.asarray(self.ci, np.int32))),
+                             shape=(len(self.lo), columns))
+        return LinearConstraint(a, self.lo, self.hi)
+
+
 def _pareto(opts: list) -> list:
     """The options no other one beats in both ε and δ (the best a PTK can take in a partition
     of a given size, among its options that fit it)."""
@@ -169,17 +191,8 @@ def _model(menus, K, eps_g, delta_g, n_max, eps_rhs, delta_rhs, cutoff):
     ny = K * len(levels)
     nv = nz + ny
     yv = lambda k, li: nz + k * len(levels) + li  # noqa: E731
-    data, ri, ci, lo, hi = [], [], [], [], []
-
-    def add(entries, lower, upper):
-        r = len(lo)
-        for v, a in entries:
-            ri.append(r)
-            ci.append(v)
-            data.append(a)
-        lo.append(lower)
-        hi.append(upper)
-
+    rows = _Rows()
+    add = rows.add
     groups: dict = {}
     by_ptk: dict = {}
     for v, (i, j, k, li) in enumerate(cols):
@@ -203,10 +216,8 @@ def _model(menus, K, eps_g, delta_g, n_max, eps_rhs, delta_rhs, cutoff):
     cost = np.array([float(v) for _k in range(K) for v in levels])
     add([(nz + t, cost[t]) for t in range(ny)], -np.inf, float(min(n_max, cutoff)))
     c = np.r_[np.zeros(nz), cost]
-    a = sparse.csr_array((data, (np.asarray(ri, np.int32), np.asarray(ci, np.int32))),
-                         shape=(len(lo), nv))
     bounds = Bounds(np.zeros(nv), np.ones(nv))
-    return cols, c, LinearConstraint(a, lo, hi), np.ones(nv), bounds
+    return cols, c, rows.constraint(nv), np.ones(nv), bounds
 
 
 def _solve(ids, menus, K, E, D, n_max, time_limit, cutoff=math.inf) -> _Solve:
@@ -329,16 +340,8 @@ def _aggregate(ids, menus, k_max, E, D, n_max, time_limit, cutoff):
     cols = [(i, menu.index(o), li) for li, v in enumerate(levels)
             for i, menu in enumerate(menus) for o in _pareto([o for o in menu if o.n <= v])]
     nz, ny = len(cols), len(levels)
-    data, ri, ci, lo, hi = [], [], [], [], []
-
-    def add(entries, lower, upper):
-        for v, a in entries:
-            ri.append(len(lo))
-            ci.append(v)
-            data.append(a)
-        lo.append(lower)
-        hi.append(upper)
-
+    rows = _Rows()
+    add = rows.add
     per_level: dict = {}
     per_ptk: dict = {}
     for v, (i, j, li) in enumerate(cols):
@@ -357,9 +360,7 @@ def _aggregate(ids, menus, k_max, E, D, n_max, time_limit, cutoff):
     add([(nz + li, 1.0) for li in range(ny)], -np.inf, float(k_max))
     cost = np.array(levels, dtype=float)
     add([(nz + li, cost[li]) for li in range(ny)], -np.inf, float(min(n_max, cutoff)))
-    a = sparse.csr_array((data, (np.asarray(ri, np.int32), np.asarray(ci, np.int32))),
-                         shape=(len(lo), nz + ny))
-    res = milp(np.r_[np.zeros(nz), cost], constraints=LinearConstraint(a, lo, hi),
+    res = milp(np.r_[np.zeros(nz), cost], constraints=rows.constraint(nz + ny),
                integrality=np.ones(nz + ny),
                bounds=Bounds(np.zeros(nz + ny), np.r_[np.ones(nz), np.full(ny, float(k_max))]),
                options={"time_limit": max(time_limit, 0.01), "presolve": True,
