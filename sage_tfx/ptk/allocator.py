@@ -267,23 +267,27 @@ def _undominated(opts: list) -> list:
     return keep
 
 
-def _pack(ids, items, E, D, bins_max):
-    """Packs ``items`` ((PTK index, Option) pairs) first-fit decreasing into as few partitions
-    as it can, checking exact decimals; returns the partitions' member lists, or None past
-    ``bins_max``."""
+def _pack(ids, by_size: dict, E, D, bins_max):
+    """Packs ``by_size`` ({size: [(PTK index, Option)]}) into as few partitions as it can,
+    checking exact decimals: the largest size first, each size's PTKs first-fit decreasing into
+    any partition opened so far (a partition of a larger size takes a PTK's option for a
+    smaller one unchanged) before a new one is opened. Returns the partitions' member lists,
+    or None past ``bins_max``."""
     bins: list = []
-    for i, o in sorted(items, key=lambda t: (dec(t[1].epsilon), dec(t[1].delta)), reverse=True):
-        for b in bins:
-            if b[0] + dec(o.epsilon) <= E and b[1] + dec(o.delta) <= D:
-                b[0] += dec(o.epsilon)
-                b[1] += dec(o.delta)
-                b[2].append(Assignment(ids[i], o.epsilon, o.delta, o.n))
-                break
-        else:
-            if len(bins) == bins_max:
-                return None
-            bins.append([dec(o.epsilon), dec(o.delta),
-                         [Assignment(ids[i], o.epsilon, o.delta, o.n)]])
+    for size in sorted(by_size, reverse=True):
+        for i, o in sorted(by_size[size], key=lambda t: (dec(t[1].epsilon), dec(t[1].delta)),
+                           reverse=True):
+            a = Assignment(ids[i], o.epsilon, o.delta, o.n)
+            for b in bins:
+                if b[0] + dec(o.epsilon) <= E and b[1] + dec(o.delta) <= D:
+                    b[0] += dec(o.epsilon)
+                    b[1] += dec(o.delta)
+                    b[2].append(a)
+                    break
+            else:
+                if len(bins) == bins_max:
+                    return None
+                bins.append([dec(o.epsilon), dec(o.delta), [a]])
     return [b[2] for b in bins]
 
 
@@ -321,7 +325,7 @@ def _warm_start(ids, menus, E, D, n_max, k_max):
     fits k_max and N_max."""
     items = [(i, min(m, key=lambda o: (dec(o.epsilon), dec(o.delta), o.n)))
              for i, m in enumerate(menus)]
-    groups = _pack(ids, items, E, D, k_max)
+    groups = _pack(ids, {0: items}, E, D, k_max)
     if groups is None:
         return None
     by_id = dict(zip(ids, menus))
@@ -373,16 +377,12 @@ def _aggregate(ids, menus, k_max, E, D, n_max, time_limit, cutoff):
         return None, res.status, bound
     if res.status == 0:
         bound = max(bound, float(res.fun))
-    groups = []
-    for li in range(ny):
-        items = [(i, menus[i][j]) for v, (i, j, lj) in enumerate(cols)
-                 if lj == li and res.x[v] > 0.5]
-        if items:
-            g = _pack(ids, items, E, D, k_max)
-            if g is None:
-                return None, res.status, bound
-            groups.append(g)
-    return _plan(groups, k_max, n_max), res.status, bound
+    by_size: dict = {}
+    for v, (i, j, li) in enumerate(cols):
+        if res.x[v] > 0.5:
+            by_size.setdefault(levels[li], []).append((i, menus[i][j]))
+    groups = _pack(ids, by_size, E, D, k_max)
+    return (None if groups is None else _plan([groups], k_max, n_max)), res.status, bound
 
 
 def allocate(menus: dict, *, epsilon_g: float, delta_g: float = 0.0, n_max: int,

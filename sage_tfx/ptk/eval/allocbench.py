@@ -182,4 +182,4 @@ def hard_run(count: int = 200, *, k_max: int = 8, time_limit: float = 25.0,
     return {"ptks": count, "seed": seed, "seconds": secs, "cpu_seconds": cpu, "K": plan.K, "total": plan.total,
             "gap": plan.gap, "lower_bound": plan.lower_bound, "optimal": plan.optimal,
             "paper_K": paper and paper["K"], "paper_total": paper and paper["total"],
-            "paper_optimal": paper and paper["optimal"]}
+            "paper_optimal": paper and paper["optimal"], "paper_gap": paper and paper["gap"]}
