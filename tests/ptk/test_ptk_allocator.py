@@ -147,3 +147,18 @@ def test_k_max_bounds_the_search():
     assert allocate(menus, epsilon_g=1.0, n_max=10**6).K == 5
     plan = allocate(menus, epsilon_g=1.0, n_max=10**6, k_max=4)
     assert not plan.feasible and "K <= 4" in plan.reason
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_exact_level_model_alone_finds_the_optimum(seed, monkeypatch):
+    """The fallback when the merged-size model's plan does not pack: the exact level model."""
+    from sage_tfx.ptk import allocator
+    monkeypatch.setattr(allocator, "_aggregate", lambda *a: (None, 1, 0.0))
+    rng = np.random.default_rng(100 + seed)
+    menus = random_menus(rng, with_delta=seed % 2 == 1)
+    D = 1e-6 if seed % 2 else 0.0
+    plan = allocate(menus, epsilon_g=0.6, delta_g=D, n_max=10**9)
+    best = min(t for t in (brute_force(menus, K, 0.6, 10**9, D) for K in range(1, 5))
+               if t is not None)
+    assert plan.total == best and plan.optimal and plan.lower_bound == best
+    assert all(p.epsilon_sum <= Decimal("0.6") for p in plan.partitions)
