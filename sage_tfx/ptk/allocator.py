@@ -81,7 +81,7 @@ class Allocation:
     optimal: bool = True  # False: the time budget ran out; the plan is feasible, ``gap`` says how
     gap: float = 0.0      # far from the best it can be: (total - lower_bound) / total, proven
     lower_bound: int = 0  # HiGHS's dual bound on the total over every K <= k_max
-    first_feasible: Optional[tuple] = None  # (K, total) of the paper's first feasible K
+    first_feasible: Optional[tuple] = None  # (K, total) of the greedy warm start
 
     @property
     def feasible(self) -> bool:
@@ -123,8 +123,8 @@ class Allocation:
                     f" (time limit: proven gap {self.gap:.2%}, lower bound "
                     f"{self.lower_bound:,})")]
         if self.first_feasible:
-            lines.append(f"  the paper's first feasible K = {self.first_feasible[0]} needed "
-                         f"{self.first_feasible[1]:,}")
+            lines.append(f"  warm start (the paper's first feasible K, packed greedily): "
+                         f"K = {self.first_feasible[0]}, {self.first_feasible[1]:,} samples")
         for p in self.partitions:
             lines.append(f"  partition {p.index}: N_k = {p.size:,}, sum eps = {p.epsilon_sum} "
                          f"<= {dec(self.epsilon_g)}, sum delta = {p.delta_sum}")
