@@ -179,3 +179,21 @@ def test_a_larger_budget_that_exhausts_n_max_stops_the_smaller_ones():
     out = profiler.profile_menu(hist_type(), cfg, data, [0.1, 0.5, 1.0], params,
                                 LowerBound(1, 1e9))
     assert [(e.outcome, len(e.steps)) for e in out] == [(profiler.ABOVE_TARGET, 1)] * 3
+
+
+def test_profile_need_is_what_a_registration_reads_and_charges(capsys):
+    from sage_tfx.ptk import StoreConfig
+    from sage_tfx.ptk.service import main
+    cfg = StoreConfig()
+    need = cfg.profile_need(0.1)
+    params = profiler.ProfileParams(cfg.profile_epsilon, cfg.profile_n_max, 0.1)
+    assert need["per_entry"] == params.records_needed() and need["m"] == params.m
+    assert need["profile_records"] == params.records_needed() * len(cfg.menu)
+    assert need["window_records"] * cfg.profile_share >= need["profile_records"]
+    cost, _ = profiler.profile_cost(hist_type(), HS_CONFIG, list(cfg.menu), params)
+    assert Decimal(repr(need["epsilon"])) == cost <= Decimal(repr(cfg.epsilon_g))
+    assert need["window_records"] <= 120_000  # the defaults fit a ~100 K-record window
+    assert main(["records", "--tau", "0.1"]) == 0
+    assert f"{need['window_records']:,} records" in capsys.readouterr().out
+    with pytest.raises(ValueError):
+        cfg.profile_need(0)
