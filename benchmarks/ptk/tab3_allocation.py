@@ -2,7 +2,7 @@
 then one training window through the real store with that plan, showing the ledger charge of
 every partition.
 
-    .venv/bin/python benchmarks/ptk/tab3_allocation.py [--n-max 4096] [--c 0.8] [--tau-min 0.04]
+    .venv/bin/python benchmarks/ptk/tab3_allocation.py [--n-max 8192] [--c 0.8] [--tau-min 0.04]
         [--seed 0] [--out benchmarks/results/ptk]
 
 Writes ``tab3.csv`` (one row per PTK and menu entry) and ``tab3.md`` (the table and the plan;
@@ -57,7 +57,7 @@ def train_one_window(result: dict, cols: dict) -> list[str]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--n-max", type=int, default=4096)
+    ap.add_argument("--n-max", type=int, default=8192)
     ap.add_argument("--c", type=float, default=0.8)
     ap.add_argument("--tau-min", type=float, default=0.04)
     ap.add_argument("--seed", type=int, default=0)

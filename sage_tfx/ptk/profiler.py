@@ -129,8 +129,10 @@ def _slice_index(u: np.ndarray, sizes: Sequence[int], expected_rows: float) -> l
 
 def profile_entry(ptk_type: PTKType, config: dict, data: dict, epsilon_train: float,
                   params: ProfileParams, noise=None, positions: Optional[np.ndarray] = None,
-                  expected_rows: Optional[float] = None) -> MenuEntry:
-    """Runs Fig. 3 for one ε_train on ``data`` (a dict of columns).
+                  expected_rows: Optional[float] = None, start: int = 0) -> MenuEntry:
+    """Runs Fig. 3 for one ε_train on ``data`` (a dict of columns), doubling n from 2^start
+    (:func:`profile_menu` starts where a larger budget's search stopped; a start past T reads
+    nothing and releases nothing).
 
     The samples V_m, S_n and S'_n are not positional slices: each record goes to a slice by its
     own hash position in [0, 1) (``positions``; default a salted SHA-256 of the record's
@@ -155,18 +157,19 @@ def profile_entry(ptk_type: PTKType, config: dict, data: dict, epsilon_train: fl
     sizes = [m]
     for j in range(T + 1):
         sizes += [2 ** j, 2 ** j] if with_erm else [2 ** j]
-    index = iter(_slice_index(u, sizes, expected_rows))
+    index = _slice_index(u, sizes, expected_rows)
     take = lambda idx: {k: np.asarray(v)[idx] for k, v in data.items()}  # noqa: E731
-    val = take(next(index))
+    val = take(index[0])
     steps = []
-    for j in range(T + 1):
+    per_step = 2 if with_erm else 1
+    for j in range(start, T + 1):
         n = 2 ** j
-        s_n = take(next(index))
+        s_n = take(index[1 + per_step * j])
         private = ptk_type.train_dp(batches_of(s_n), epsilon_train, None, None, config=config,
                                     noise=noise)
         lower = None
         if with_erm:
-            s2_n = take(next(index))
+            s2_n = take(index[2 + per_step * j])
             erm_state = ptk_type.erm(batches_of(s2_n), config=config)
             lower = (float(noise.laplace(_risk_sum(ptk_type, s2_n, erm_state, config, n),
                                          1 / (eps * n)))
@@ -185,7 +188,20 @@ def profile_menu(ptk_type: PTKType, config: dict, data: dict, menu_eps: Sequence
                  params: ProfileParams, noise=None) -> list[MenuEntry]:
     """Profiles every ε_j of the menu on its own disjoint share of ``data`` (shares and slices
     by record hash, see :func:`profile_entry`), so the cost is :func:`profile_cost`, the
-    maximum over entries, not the sum."""
+    maximum over entries, not the sum.
+
+    The menu is monotone in ε by construction: a larger budget never needs more samples.
+    Searched independently, each entry is one noisy witness (one DP training run per n that
+    lands under 2τ or not), so a lucky run at a small ε could report fewer samples than an
+    unlucky one at a larger ε (a profiled menu read [(0.1, 4), (0.25, 256), (0.5, 1)]). The
+    budgets are therefore searched from the largest down, each smaller ε doubling n from where
+    the largest found n so far stopped: a smaller budget's answer is at least every larger
+    one's. If a larger budget reaches no n ≤ n_max (EXHAUSTED), no smaller one is searched
+    (EXHAUSTED too, nothing read). An ABOVE_TARGET entry (its ERM lower bound exceeded τ: a
+    noisy claim about R*, false with probability up to about 1/(4T) per step) ends only that
+    entry, as in Fig. 3 per entry; the smaller budgets go on from the same start. Starting
+    later only drops steps (fewer releases on V_m, never more), so the privacy statement and
+    :func:`profile_cost` are unchanged; the released entries stay in the order of ``menu_eps``."""
     if not menu_eps or len(set(menu_eps)) != len(menu_eps):
         raise InvalidRequestError(f"the epsilon menu must be non-empty and distinct: {menu_eps!r}")
     need = params.records_needed(ptk_type.has_erm)
@@ -197,10 +213,20 @@ def profile_menu(ptk_type: PTKType, config: dict, data: dict, menu_eps: Sequence
             f"({need} each), the profile set has {rows}")
     u = hash_positions(record_keys(data), "ptk-profile")
     share = np.minimum((u * J).astype(int), J - 1)
-    out = []
-    for i, eps in enumerate(menu_eps):
+    out: dict = {}
+    start, stop = 0, None
+    for i in sorted(range(J), key=lambda i: -menu_eps[i]):
+        eps = menu_eps[i]
+        if stop is not None:
+            out[i] = MenuEntry(eps, ptk_type.charge(eps, config).delta, None, stop)
+            continue
         mine = np.flatnonzero(share == i)
         part = {k: np.asarray(v)[mine] for k, v in data.items()}
-        out.append(profile_entry(ptk_type, config, part, eps, params, noise,
-                                 positions=u[mine] * J - i, expected_rows=rows / J))
-    return out
+        entry = profile_entry(ptk_type, config, part, eps, params, noise,
+                              positions=u[mine] * J - i, expected_rows=rows / J, start=start)
+        out[i] = entry
+        if entry.outcome == FOUND:
+            start = int(entry.n).bit_length() - 1
+        elif entry.outcome == EXHAUSTED:
+            stop = EXHAUSTED
+    return [out[i] for i in range(J)]

@@ -219,9 +219,13 @@ def serve(url: str, data_root: str, *, host: str = "127.0.0.1", port: int = 8765
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sage_tfx.ptk.service",
-                                 description="The Sage PTK store: serve the API, or print the plan")
-    ap.add_argument("command", choices=("serve", "plan"))
-    ap.add_argument("--url", required=True, help="ledger database URL (sqlite:///... or postgresql://...)")
+                                 description="The Sage PTK store: serve the API, print the plan, "
+                                             "or print the records a profiled registration needs")
+    ap.add_argument("command", choices=("serve", "plan", "records"))
+    ap.add_argument("--url", help="ledger database URL (sqlite:///... or postgresql://...); "
+                                  "serve and plan")
+    ap.add_argument("--tau", type=float, action="append", default=[],
+                    help="records: the performance target(s) (default 0.05, 0.1, 0.2)")
     ap.add_argument("--data-root", default="ptk-data", help="where the open window's blocks live")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8765)
@@ -237,6 +241,11 @@ def main(argv=None) -> int:
     ap.add_argument("--max-window-bytes", type=int, default=MAX_WINDOW_BODY)
     a = ap.parse_args(argv)
     cfg = StoreConfig(stream=a.stream, epsilon_g=a.epsilon_g, n_max=a.n_max)
+    if a.command == "records":
+        print(cfg.describe_profile_need(a.tau or (0.05, 0.1, 0.2)))
+        return 0
+    if not a.url:
+        ap.error(f"{a.command} needs --url")
     if a.command == "serve":
         specs = parse_type_specs(",".join(a.ptk_type))
         serve(a.url, a.data_root, host=a.host, port=a.port, config=cfg,
@@ -256,7 +265,11 @@ def main(argv=None) -> int:
     parts = tuple(Partition(p["index"], p["size"], tuple(Assignment(**m) for m in p["members"]))
                   for p in plan["partitions"])
     print(f"plan {seq}: " + Allocation(parts, plan["epsilon_g"], plan["delta_g"], plan["n_max"],
-                                       plan["solve_seconds"], tuple(plan["tried_k"])).render())
+                                       plan["solve_seconds"], tuple(plan["tried_k"]),
+                                       optimal=plan.get("optimal", True),
+                                       gap=plan.get("gap", 0.0),
+                                       lower_bound=plan.get("lower_bound", 0),
+                                       first_feasible=plan.get("first_feasible")).render())
     return 0
 
 

@@ -62,12 +62,14 @@ class StoreConfig:
     n_max: int = 1_000_000
     train_buckets: int = 64
     profile_buckets: int = 8
-    profile_share: float = 0.25
-    menu: tuple = (0.01, 0.05, 0.1, 0.2, 0.5, 1.0)
+    # profiler defaults sized so one profiled registration at tau = 0.1 fits a window of about
+    # 100 K records (profile_need / describe_profile_need print it for any tau)
+    profile_share: float = 0.4
+    menu: tuple = (0.01, 0.05, 0.1, 0.2, 0.5)
     profile_epsilon: float = 0.05
-    profile_n_max: int = 4096
+    profile_n_max: int = 1024
     k_max: int = 8
-    solve_time_limit: float = 60.0
+    solve_time_limit: float = 25.0  # one budget for the whole allocation (all K)
 
     def __post_init__(self):
         if not 0 < self.profile_share < 1:
@@ -79,6 +81,31 @@ class StoreConfig:
             raise InvalidRequestError(
                 f"the profiler's validation set takes (T + 1) * eps = {t + 1} * "
                 f"{self.profile_epsilon} > epsilon_g = {self.epsilon_g}: lower profile_epsilon")
+
+    def profile_need(self, tau: float, with_erm: bool = True) -> dict:
+        """What one profiled registration with target ``tau`` needs: Fig. 3's records per menu
+        entry (m + S_n and, with an exact ERM, S'_n), the profile set for the whole menu, the
+        window whose profile share holds it, and the ε it charges the profile blocks (for a
+        PTK type that charges its menu ε as ε)."""
+        params = profiler.ProfileParams(self.profile_epsilon, self.profile_n_max, tau)
+        menu = [e for e in self.menu if e <= self.epsilon_g]
+        per_entry = params.records_needed(with_erm)
+        return {"tau": tau, "m": params.m, "T": params.T, "per_entry": per_entry,
+                "profile_records": per_entry * len(menu),
+                "window_records": int(math.ceil(per_entry * len(menu) / self.profile_share)),
+                "epsilon": max(max(menu), self.profile_epsilon * (params.T + 1))}
+
+    def describe_profile_need(self, taus: Sequence[float]) -> str:
+        lines = [f"profiler: n_max = {self.profile_n_max}, epsilon_profile = "
+                 f"{self.profile_epsilon}, menu = {list(self.menu)}, profile share = "
+                 f"{self.profile_share}"]
+        for tau in taus:
+            n = self.profile_need(check_tau(tau))
+            lines.append(f"  tau = {tau:g}: m = {n['m']:,}, {n['per_entry']:,} records per "
+                         f"budget, {n['profile_records']:,} profile records, a window of "
+                         f"{n['window_records']:,} records; charges eps = {n['epsilon']:.3g} "
+                         "to the profile blocks")
+        return "\n".join(lines)
 
 def check_tau(tau) -> float:
     if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not 0 < tau <= 1:

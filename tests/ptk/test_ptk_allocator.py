@@ -9,38 +9,97 @@ from sage_tfx.errors import InvalidRequestError
 from sage_tfx.ptk.allocator import Option, allocate
 
 
-def brute_force(menus, K, E, n_max):
-    """The Fig. 4 optimum by enumeration (tiny instances only)."""
+def brute_force(menus, K, E, n_max, D=0.0):
+    """Fig. 4's optimum with exactly the partitions 0..K-1 available (some may stay empty), by
+    enumeration (tiny instances only); None if infeasible."""
     ids = sorted(menus)
     best = None
     choices = [[(j, k) for j in range(len(menus[i])) for k in range(K)] for i in ids]
     for combo in itertools.product(*choices):
-        sums, sizes = [Decimal(0)] * K, [0] * K
+        sums, dsums, sizes = [Decimal(0)] * K, [Decimal(0)] * K, [0] * K
         for i, (j, k) in zip(ids, combo):
             o = menus[i][j]
             sums[k] += Decimal(repr(o.epsilon))
+            dsums[k] += Decimal(repr(o.delta))
             sizes[k] = max(sizes[k], o.n)
-        if all(s <= Decimal(repr(E)) for s in sums) and sum(sizes) <= n_max:
+        if all(s <= Decimal(repr(E)) for s in sums) and sum(sizes) <= n_max \
+                and all(d <= Decimal(repr(D)) for d in dsums):
             best = sum(sizes) if best is None else min(best, sum(sizes))
     return best
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_matches_brute_force(seed):
-    rng = np.random.default_rng(seed)
+def random_menus(rng, ptks=4, with_delta=False):
     eps = [0.1, 0.2, 0.3, 0.5]
-    menus = {f"p{i}": [Option(e, 0.0, int(rng.integers(50, 5000) / e)) for e in
-                       sorted(rng.choice(eps, size=2, replace=False))] for i in range(4)}
-    plan = allocate(menus, epsilon_g=0.6, n_max=10**9)
-    for K in range(1, 5):
-        bf = brute_force(menus, K, 0.6, 10**9)
-        if bf is not None:
-            assert plan.K == K  # the first feasible K, as in the paper
-            assert plan.total == bf
-            break
+    return {f"p{i}": [Option(e, float(rng.choice([0.0, 2e-7, 5e-7])) if with_delta else 0.0,
+                             int(rng.integers(50, 5000) / e))
+                      for e in sorted(rng.choice(eps, size=int(rng.integers(1, 4)),
+                                                 replace=False))]
+            for i in range(ptks)}
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_all_k_optimum_matches_brute_force_over_k(seed):
+    rng = np.random.default_rng(seed)
+    with_delta = seed % 2 == 1
+    menus = random_menus(rng, with_delta=with_delta)
+    D = 1e-6 if with_delta else 0.0
+    plan = allocate(menus, epsilon_g=0.6, delta_g=D, n_max=10**9)
+    per_k = [brute_force(menus, K, 0.6, 10**9, D) for K in range(1, 5)]
+    feasible = [t for t in per_k if t is not None]
+    assert plan.feasible and plan.optimal and plan.gap == 0.0
+    assert plan.total == min(feasible) == plan.lower_bound
+    first = feasible[0]  # the paper's plan: the optimum at the first feasible K
+    assert plan.total <= first
     for p in plan.partitions:
-        assert p.epsilon_sum <= Decimal("0.6")
+        assert p.epsilon_sum <= Decimal("0.6") and p.delta_sum <= Decimal(repr(D))
+        assert p.size == max(a.n for a in p.members)
     assert sorted(a.ptk_id for p in plan.partitions for a in p.members) == sorted(menus)
+    for pid, opts in menus.items():
+        _k, a = plan.assignment(pid)
+        assert Option(a.epsilon, a.delta, a.n) in opts
+
+
+def test_more_partitions_than_the_first_feasible_k_can_need_fewer_samples():
+    # K = 1 fits only with both PTKs on eps = 0.5 (100,000 samples); two partitions let both
+    # take eps = 1 (1,000 + 1,000)
+    menus = {p: [Option(0.5, 0.0, 100_000), Option(1.0, 0.0, 1_000)] for p in ("a", "b")}
+    assert brute_force(menus, 1, 1.0, 10**9) == 100_000
+    plan = allocate(menus, epsilon_g=1.0, n_max=10**9)
+    assert plan.K == 2 and plan.total == 2_000 and plan.optimal
+    assert plan.first_feasible == (1, 100_000)
+    assert allocate(menus, epsilon_g=1.0, n_max=10**9, k_max=1).total == 100_000
+
+
+def test_time_budget_goes_to_the_solver_and_the_gap_is_proven(monkeypatch):
+    from sage_tfx.ptk import allocator
+    from sage_tfx.ptk.eval.allocbench import hard_menus
+    given = []
+    real = allocator.milp
+
+    def spy(*args, options, **kw):
+        given.append(options["time_limit"])
+        return real(*args, options=options, **kw)
+
+    monkeypatch.setattr(allocator, "milp", spy)
+    menus = hard_menus(60, seed=3)
+    plan = allocate(menus, epsilon_g=1.0, n_max=10**9, k_max=6, time_limit=0.05)
+    assert given and all(0 < t <= 0.05 for t in given)
+    assert plan.feasible  # the warm start at least
+    assert 0 <= plan.lower_bound <= plan.total
+    assert plan.gap == pytest.approx((plan.total - plan.lower_bound) / plan.total)
+    assert plan.optimal == (plan.gap == 0.0)
+    if not plan.optimal:
+        assert "proven gap" in plan.render()
+    for p in plan.partitions:
+        assert p.epsilon_sum <= Decimal(1)
+    given.clear()
+    full = allocate(menus, epsilon_g=1.0, n_max=10**9, k_max=6, time_limit=120)
+    assert all(0 < t <= 120 for t in given)
+    # a bound proven under either budget holds for every plan
+    assert max(plan.lower_bound, full.lower_bound) <= min(plan.total, full.total)
+    assert full.total <= full.first_feasible[1]
+    with pytest.raises(InvalidRequestError):
+        allocate(menus, epsilon_g=1.0, n_max=10**9, time_limit=0)
 
 
 def test_exact_decimal_sums_allow_ten_tenths_and_refuse_more():
@@ -87,4 +146,19 @@ def test_k_max_bounds_the_search():
     menus = {f"p{i}": [Option(1.0, 0.0, 10)] for i in range(5)}
     assert allocate(menus, epsilon_g=1.0, n_max=10**6).K == 5
     plan = allocate(menus, epsilon_g=1.0, n_max=10**6, k_max=4)
-    assert not plan.feasible and plan.tried_k == (1, 2, 3, 4)
+    assert not plan.feasible and "K <= 4" in plan.reason
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_exact_level_model_alone_finds_the_optimum(seed, monkeypatch):
+    """The fallback when the merged-size model's plan does not pack: the exact level model."""
+    from sage_tfx.ptk import allocator
+    monkeypatch.setattr(allocator, "_aggregate", lambda *a: (None, 1, 0.0))
+    rng = np.random.default_rng(100 + seed)
+    menus = random_menus(rng, with_delta=seed % 2 == 1)
+    D = 1e-6 if seed % 2 else 0.0
+    plan = allocate(menus, epsilon_g=0.6, delta_g=D, n_max=10**9)
+    best = min(t for t in (brute_force(menus, K, 0.6, 10**9, D) for K in range(1, 5))
+               if t is not None)
+    assert plan.total == best and plan.optimal and plan.lower_bound == best
+    assert all(p.epsilon_sum <= Decimal("0.6") for p in plan.partitions)

@@ -3,7 +3,8 @@
 * :func:`synthetic_menus` — ``count`` PTKs with the menu shape the profiler produces: for
   ε_j in (0.01, 0.05, 0.1, 0.2, 0.5), n_ij = n0_i · (0.5 / ε_j)^a_i rounded up to a power of two
   (Fig. 3 doubles n), n0_i log-uniform in [16, 4096], a_i uniform in [0.5, 1.5];
-* :func:`solve_times` — Fig. 4 solve time (K = 1, 2, … up to ``k_max``) per workload size;
+* :func:`solve_times` — Fig. 4 solve time (all K ≤ ``k_max`` in one budget) per workload size;
+* :func:`hard_menus` / :func:`hard_run` — 200 PTKs needing K = 3–5, beside the paper's plan;
 * :func:`register_to_notified` — a real store and a real HTTP subscriber on 127.0.0.1: time from
   ``register_ptk`` (DP profiling on the open window, allocation) through the next window's
   training to the subscriber receiving the new version.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Optional
 
 import numpy as np
 from fastapi import FastAPI, Request
@@ -33,7 +35,27 @@ def synthetic_menus(count: int, seed: int = 0) -> dict:
     return menus
 
 
-def solve_times(sizes=(13, 50, 200), *, k_max: int = 8, time_limit: float = 60.0,
+HARD_LOW = (0, 0, 0, 0, 1, 2)  # index of a PTK's smallest budget in HARD_EPS, drawn uniformly
+HARD_EPS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
+
+
+def hard_menus(count: int, seed: int = 0) -> dict:
+    """Harder menus: as :func:`synthetic_menus` on the grid (0.01, 0.02, 0.05, 0.1, 0.2, 0.5),
+    but a third of the PTKs reach τ only from ε = 0.02 or 0.05 on (their smaller budgets are
+    not in the menu), so 200 PTKs need K = 3–5 partitions before any can take a larger ε."""
+    rng = np.random.default_rng(seed)
+    menus = {}
+    for i in range(count):
+        n0 = math.exp(rng.uniform(math.log(16), math.log(4096)))
+        a = rng.uniform(0.5, 1.5)
+        low = int(rng.choice(HARD_LOW))
+        menus[f"ptk{i:03d}"] = [
+            allocator.Option(e, 0.0, 2 ** math.ceil(math.log2(n0 * (0.5 / e) ** a)))
+            for e in HARD_EPS[low:]]
+    return menus
+
+
+def solve_times(sizes=(13, 50, 200), *, k_max: int = 8, time_limit: float = 25.0,
                 seed: int = 0) -> list[dict]:
     out = []
     for n in sizes:
@@ -42,7 +64,8 @@ def solve_times(sizes=(13, 50, 200), *, k_max: int = 8, time_limit: float = 60.0
         plan = allocator.allocate(menus, epsilon_g=1.0, n_max=10**9, k_max=k_max,
                                   time_limit=time_limit)
         out.append({"ptks": n, "seconds": time.perf_counter() - t0, "K": plan.K,
-                    "optimal": plan.optimal,
+                    "optimal": plan.optimal, "gap": plan.gap,
+                    "first_feasible": plan.first_feasible,
                     "total": plan.total, "feasible": plan.feasible, "tried_k": plan.tried_k,
                     "max_partition_eps": max((str(p.epsilon_sum) for p in plan.partitions),
                                              default=None)})
@@ -122,17 +145,41 @@ def register_to_notified(root: str, *, ptks: int = 13, window_records: int = 200
     return out
 
 
-def k_sweep(count: int, *, k_max: int = 8, time_limit: float = 60.0, seed: int = 0) -> list[dict]:
-    """Fig. 4 at each fixed K: the paper stops at the first feasible K, which need not be the K
-    of least total samples (a further partition lets PTKs take larger ε and fewer samples)."""
-    menus = synthetic_menus(count, seed)
+def k_sweep(count: int, *, k_max: int = 8, time_limit: float = 25.0, seed: int = 0,
+            menus: Optional[dict] = None) -> list[dict]:
+    """Fig. 4 with at most K partitions, K = 1 … k_max: the paper stops at the first feasible
+    K, which need not be the K of least total samples (a further partition lets PTKs take
+    larger ε and fewer samples)."""
+    menus = synthetic_menus(count, seed) if menus is None else menus
     out = []
     for K in range(1, k_max + 1):
         t0 = time.perf_counter()
-        plan = allocator.allocate(menus, epsilon_g=1.0, n_max=10**9, k_min=K, k_max=K,
+        plan = allocator.allocate(menus, epsilon_g=1.0, n_max=10**9, k_max=K,
                                   time_limit=time_limit)
         out.append({"ptks": count, "K": K, "feasible": plan.feasible,
                     "total": plan.total if plan.feasible else None,
-                    "partitions_used": plan.K, "optimal": plan.optimal,
+                    "partitions_used": plan.K, "optimal": plan.optimal, "gap": plan.gap,
                     "seconds": time.perf_counter() - t0})
     return out
+
+
+def hard_run(count: int = 200, *, k_max: int = 8, time_limit: float = 25.0,
+             seed: int = 0) -> dict:
+    """One all-K allocation of :func:`hard_menus` beside the paper's plan (the optimum at the
+    first feasible K, found as the all-K optimum with k_max = that K)."""
+    menus = hard_menus(count, seed)
+    t0, c0 = time.perf_counter(), time.process_time()
+    plan = allocator.allocate(menus, epsilon_g=1.0, n_max=10**9, k_max=k_max,
+                              time_limit=time_limit)
+    secs, cpu = time.perf_counter() - t0, time.process_time() - c0
+    paper = None
+    for K in range(1, k_max + 1):
+        p = allocator.allocate(menus, epsilon_g=1.0, n_max=10**9, k_max=K,
+                               time_limit=time_limit)
+        if p.feasible:
+            paper = {"K": K, "total": p.total, "gap": p.gap, "optimal": p.optimal}
+            break
+    return {"ptks": count, "seed": seed, "seconds": secs, "cpu_seconds": cpu, "K": plan.K, "total": plan.total,
+            "gap": plan.gap, "lower_bound": plan.lower_bound, "optimal": plan.optimal,
+            "paper_K": paper and paper["K"], "paper_total": paper and paper["total"],
+            "paper_optimal": paper and paper["optimal"], "paper_gap": paper and paper["gap"]}

