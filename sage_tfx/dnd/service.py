@@ -133,6 +133,7 @@ class DnDService:
         if self.config.private:
             out["noise_scale"] = self.config.noise_scale
             out["update_epsilon"] = self.config.update_epsilon(self.spec.dim)
+            out["update_delta"] = self.config.update_delta(self.spec.dim)
         if self.budget is not None:
             out["run_id"] = self.budget.grant.run_id
         return out
