@@ -19,8 +19,8 @@ Privacy. σ is raised so that the noise multiplier against the *rounded* sensiti
 the one asked for (:func:`sampler_grid`; by construction g√d ≤ Δ/64, so σ grows by at most
 1.6 %). The d-dimensional discrete Gaussian's privacy loss equals the continuous one's up to terms
 of order exp(−2π²s²) (CKS 2020, Thm. 15), i.e. zero in double precision for s ≥ 1024. The table
-holds P(z) as integer counts out of 2¹²⁸ for |z| ≤ τ = ⌈(15 + 1/m)·s⌉ (m = σ/Δ); every P(z) with
-|z| ≤ τ₀ (counts ≥ 2⁴⁰) is stored to a relative precision better than 2⁻³⁹ (float64 exp, then
+holds P(z) as integer counts out of 2¹²⁸ for |z| ≤ τ = ⌈τ₀⌉ (≈ 10 s), where the counts are ≥ 2⁴⁰:
+every P(z) is stored to a relative precision better than 2⁻³⁹ (float64 exp, then
 truncation), so an output's privacy loss is the exact one ± d·2⁻³⁷ (≤ :data:`SAMPLER_EPSILON` =
 10⁻⁵ for d ≤ :data:`MAX_DIM` = 10⁶), and outputs with some |z| beyond τ₀ − Δ/g − √d, for this or
 an adjacent input, have probability at most :func:`sampler_delta`. A caller calibrates the
@@ -84,8 +84,10 @@ def sampler_grid(noise_multiplier: float, l2_sensitivity: float, dim: int) -> Gr
     raise RuntimeError("sampler grid did not converge")  # pragma: no cover
 
 
-def _tau(s: float, m: float) -> int:
-    return int(math.ceil((15.0 + 1.0 / m) * s))
+def _tau(s: float) -> int:
+    """The table's reach: past τ₀ no probability is stored precisely, and reaching there is in
+    :func:`sampler_delta` already."""
+    return int(math.ceil(_tau0(s)))
 
 
 def _tau0(s: float) -> float:
@@ -140,13 +142,16 @@ def discrete_gaussian_noise(n: int, s: float, tau: int) -> np.ndarray:
     todo = np.arange(n)
     while todo.size:
         u_hi, u_lo = _random_words(todo.size)
-        # first index whose cumulative count exceeds u = (u_hi, u_lo)
-        right = np.searchsorted(hi, u_hi, side="right")
-        left = np.searchsorted(hi, u_hi, side="left")
-        idx = right.copy()
-        for i in np.nonzero(left != right)[0]:  # the high word ties: resolve on the low word
-            j = int(left[i])
-            while j < right[i] and not u_lo[i] < lo[j]:
+        # first index whose cumulative count exceeds u = (u_hi, u_lo); the needles are searched
+        # in sorted order (numpy narrows each search from the previous one: cache friendly)
+        order = np.argsort(u_hi)
+        idx = np.empty(todo.size, dtype=np.int64)
+        idx[order] = np.searchsorted(hi, u_hi[order], side="right")
+        before = np.maximum(idx - 1, 0)
+        for i in np.nonzero((idx > 0) & (hi[before] == u_hi))[0]:
+            # the high word ties with some entries: the first of them whose low word exceeds u_lo
+            j = int(np.searchsorted(hi, u_hi[i], side="left"))
+            while j < idx[i] and not u_lo[i] < lo[j]:
                 j += 1
             idx[i] = j
         ok = idx < hi.size  # u ≥ total: outside the table's mass, redraw (exact conditioning)
@@ -179,8 +184,7 @@ def gaussian_vector(values: np.ndarray, noise_multiplier: float, l2_sensitivity:
         raise ValueError("values too large for the noise grid (|x| / g >= 2^50)")
     scaled = x / grid.step  # exact: a power of two
     q = np.rint(scaled).astype(np.int64)
-    z = discrete_gaussian_noise(x.size, grid.discrete_std,
-                                _tau(grid.discrete_std, float(noise_multiplier)))
+    z = discrete_gaussian_noise(x.size, grid.discrete_std, _tau(grid.discrete_std))
     return (q + z).astype(np.float64) * grid.step
 
 
@@ -192,7 +196,7 @@ def noise_std(noise_multiplier: float, l2_sensitivity: float, dim: int) -> float
 def table_size(noise_multiplier: float, l2_sensitivity: float, dim: int) -> int:
     """Entries of the sampler's table for these parameters (for reports)."""
     g = sampler_grid(noise_multiplier, l2_sensitivity, dim)
-    return 2 * _tau(g.discrete_std, float(noise_multiplier)) + 1
+    return 2 * _tau(g.discrete_std) + 1
 
 
 __all__ = ["SAMPLER_EPSILON", "SAMPLER_DELTA_SHARE", "MAX_DIM", "Grid", "sampler_grid", "sampler_delta", "gaussian_vector", "noise_std",

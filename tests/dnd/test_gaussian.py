@@ -186,3 +186,23 @@ def test_rdp_streams_are_charged_the_composed_gaussian_event(sqlite_url):
         RunBudget(d.grant, cfg, 650, passes=2)
         with pytest.raises(MissingGrantError):
             RunBudget(d.grant, cfg, 650, passes=3)
+
+
+def test_table_lookup_is_the_exact_128_bit_inverse_cdf(monkeypatch):
+    """Draws whose high word ties with table entries (the rare path) and random ones: the index
+    is the first whose exact 128-bit cumulative count exceeds u."""
+    import bisect
+    s, tau = 1500.0, vector_noise._tau(1500.0)
+    hi, lo, total = vector_noise._table(s, tau)
+    cum = [(int(h) << 64) | int(l) for h, l in zip(hi, lo)]
+    rng = np.random.default_rng(3)
+    picks = rng.integers(0, hi.size - 1, size=200)  # u below the total: no redraw
+    rand = rng.integers(0, 2**63, size=200, dtype=np.uint64)
+    u_hi = np.concatenate([hi[picks], hi[picks], rand])
+    u_lo = np.concatenate([lo[picks] - np.uint64(1), lo[picks], rand])
+    monkeypatch.setattr(vector_noise, "_random_words", lambda n: (u_hi[:n], u_lo[:n]))
+    z = vector_noise.discrete_gaussian_noise(600, s, tau)
+    for i in range(600):
+        u = (int(u_hi[i]) << 64) | int(u_lo[i])
+        assert u < total
+        assert z[i] == bisect.bisect_right(cum, u) - tau
