@@ -206,3 +206,42 @@ def test_table_lookup_is_the_exact_128_bit_inverse_cdf(monkeypatch):
         u = (int(u_hi[i]) << 64) | int(u_lo[i])
         assert u < total
         assert z[i] == bisect.bisect_right(cum, u) - tau
+
+
+def test_a_served_gaussian_run_states_its_charge_and_passes_honest_updates(sqlite_url):
+    """Over HTTP: the spec and the grant state (ε, δ) per update; real client updates (the
+    secure sampler) pass the spam check; a doubled model does not."""
+    import httpx
+    from dndtest import STREAM, bearer, make_ledger, serving
+
+    from sage_tfx import services
+    from sage_tfx.dnd.server import BINARY, TICKET_HEADER, build_service, create_app, encode
+    from sage_tfx.streams import HashBucketScheme
+
+    clients = [f"c{i}" for i in range(24)]
+    p = make_ledger(sqlite_url, clients=clients)
+    spec = GLMSpec("multinomial", 64, 10)
+    cfg = ClientConfig(0.05, epsilon=8.0, unit="gaussian", delta=1e-7, l2_norm_clip=2.0)
+    service = build_service(ledger_url=p.url, stream=STREAM, run_id="g1", spec=spec, config=cfg,
+                            k=10, passes=1, window_last=4, token=p.server,
+                            block_scheme=HashBucketScheme("client_id", 4, "dnd"))
+    with open_ledger(p.url, p.server) as led:
+        grant = led.grant(service.grant_id)
+        assert grant.epsilon == pytest.approx(8.0) and grant.delta == pytest.approx(1e-7)
+    app = create_app(service, services.Authenticator(p.url, token=p.server, cache_seconds=0))
+    rng = np.random.default_rng(0)
+    accepted = []
+    with serving(app) as base, httpx.Client(base_url=base) as c:
+        doc = c.get("/v1/spec", headers=bearer(p.client("c0"))).json()
+        assert doc["update_epsilon"] == 8.0 and doc["update_delta"] == 1e-7
+        assert doc["client"]["unit"] == "gaussian" and doc["noise_scale"] == cfg.noise_scale
+        for name in clients:
+            who = bearer(p.client(name))
+            r = c.post("/v1/draw", headers={"accept": BINARY, **who})
+            w = np.frombuffer(r.content, "<f8")
+            x, y = rng.uniform(size=(10, 64)), rng.integers(0, 10, size=10)
+            u = client_update(spec, w, x, y, cfg) if name != "c23" else 2 * w + 1
+            ok = c.post(f"/v1/discard/{r.headers[TICKET_HEADER]}", content=encode(u),
+                        headers={"content-type": BINARY, **who}).json()["accepted"]
+            accepted.append(ok)
+    assert sum(accepted[:-1]) >= 22 and not accepted[-1]
