@@ -15,7 +15,7 @@ from sage_tfx.dnd.client import (check_update_matches_ledger_epsilon, clip_gradi
                                  gaussian_noise_multiplier, pld_epsilon)
 from sage_tfx.dp.audit import gaussian_shift_audit
 from sage_tfx.errors import InvalidPrivacyParameterError, MissingGrantError
-from sage_tfx.ledger import BlockSpec, Window, accounting, open_ledger
+from sage_tfx.ledger import Window, accounting, open_ledger
 
 
 def _cfg(epsilon=8.0, delta=1e-6, gamma=0.05, clip=0.5):
@@ -152,40 +152,30 @@ def test_vector_sampler_costs_sixteen_random_bytes_per_weight(monkeypatch):
     assert calls == [50_000]
 
 
-def _ledger(url, mode):
-    led = open_ledger(url)
-    led.create_stream("clients", epsilon_g=100.0, delta_g=1e-4, mode=mode,
-                      granularity="hash:client_id:4:dnd")
-    led.add_blocks("clients", [BlockSpec(f"bucket-{i}", f"/b/{i}") for i in range(4)])
-    return led
-
-
-def test_basic_streams_are_charged_passes_times_epsilon_and_delta(sqlite_url):
-    cfg = _cfg(8.0)
-    with _ledger(sqlite_url, "basic") as led:
-        d = request_run(led, "clients", run_id="g1", config=cfg, dim=650, passes=3,
+@pytest.mark.parametrize("mode", ["basic", "rdp"])
+def test_a_run_is_charged_epsilon_and_delta_per_update(sqlite_url, mode):
+    """basic: passes × (ε, δ); rdp: the composed GaussianDpEvent. A grant short of it is refused."""
+    from dndtest import STREAM, make_ledger
+    cfg = _cfg(8.0, delta=1e-7)
+    p = make_ledger(sqlite_url, mode=mode)
+    with open_ledger(p.url, p.server) as led:
+        d = request_run(led, STREAM, run_id="g1", config=cfg, dim=650, passes=3,
                         window=Window(last=4))
         assert d.granted
-        assert d.grant.epsilon == pytest.approx(24.0) == run_epsilon(cfg, 650, 3)
-        assert d.grant.delta == pytest.approx(3e-6) == run_delta(cfg, 650, 3)
-        assert all(b.delta_spent == pytest.approx(3e-6) for b in led.blocks("clients"))
         RunBudget(d.grant, cfg, 650, passes=3)
-        with pytest.raises(MissingGrantError, match="delta"):
-            RunBudget(d.grant, _cfg(8.0, delta=2e-6), 650, passes=3)
-
-
-def test_rdp_streams_are_charged_the_composed_gaussian_event(sqlite_url):
-    cfg = _cfg(8.0)
-    with _ledger(sqlite_url, "rdp") as led:
-        d = request_run(led, "clients", run_id="g1", config=cfg, dim=650, passes=2,
-                        window=Window(last=4))
-        assert d.granted
-        want = dp_event_lib.SelfComposedDpEvent(dp_event_lib.GaussianDpEvent(cfg.noise_multiplier), 2)
-        assert accounting.event_to_json(d.grant.event) == accounting.event_to_json(want)
-        assert run_event(cfg, 650, 2) == d.grant.event
-        RunBudget(d.grant, cfg, 650, passes=2)
+        if mode == "basic":
+            assert d.grant.epsilon == pytest.approx(24.0) == run_epsilon(cfg, 650, 3)
+            assert d.grant.delta == pytest.approx(3e-7) == run_delta(cfg, 650, 3)
+            assert all(b.delta_spent == pytest.approx(3e-7) for b in led.blocks(STREAM))
+            short = _cfg(8.0, delta=2e-7)  # the run would need 6e-7
+        else:
+            want = dp_event_lib.SelfComposedDpEvent(
+                dp_event_lib.GaussianDpEvent(cfg.noise_multiplier), 3)
+            assert accounting.event_to_json(d.grant.event) == accounting.event_to_json(want)
+            assert run_event(cfg, 650, 3) == d.grant.event
+            short = _cfg(4.0, delta=1e-7)  # another event
         with pytest.raises(MissingGrantError):
-            RunBudget(d.grant, cfg, 650, passes=3)
+            RunBudget(d.grant, short, 650, passes=3)
 
 
 def test_table_lookup_is_the_exact_128_bit_inverse_cdf(monkeypatch):
