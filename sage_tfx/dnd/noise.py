@@ -36,6 +36,7 @@ import dataclasses
 import functools
 import math
 import os
+
 import numpy as np
 from scipy import special
 

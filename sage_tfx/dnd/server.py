@@ -144,6 +144,7 @@ def create_app(service: DnDService, auth: services.Authenticator, *,
         noise_scale: Optional[float] = None
         update_epsilon: Optional[float] = None
         update_delta: Optional[float] = None
+        update_event: Optional[dict] = None  # the dp_accounting event charged per update
         run_id: Optional[str] = None
 
     @contextlib.asynccontextmanager

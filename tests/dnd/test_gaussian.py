@@ -225,6 +225,7 @@ def test_a_served_gaussian_run_states_its_charge_and_passes_honest_updates(sqlit
         doc = c.get("/v1/spec", headers=bearer(p.client("c0"))).json()
         assert doc["update_epsilon"] == 8.0 and doc["update_delta"] == 1e-7
         assert doc["client"]["unit"] == "gaussian" and doc["noise_scale"] == cfg.noise_scale
+        assert accounting.event_from_dict(doc["update_event"]) == cfg.update_event(650)
         for name in clients:
             who = bearer(p.client(name))
             r = c.post("/v1/draw", headers={"accept": BINARY, **who})
