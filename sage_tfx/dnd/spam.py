@@ -10,8 +10,9 @@ comparison).
 distribution *given the current instances*: the number of weights with |z| > ``z`` (catches
 scaled models), max |z| (catches a few wildly changed weights) and the mean z (catches a small
 shift of every weight). Under the null an honest update is
-u = B_j − γ·clip(G) + Laplace(b) with j uniform; ignoring the small gradient step, every weight's
-exceedance probability is a closed-form Laplace tail, so the null is exact: a mixture over j of
+u = B_j − γ·clip(G) + noise with j uniform (Laplace(b), or N(0, σ²) for the gaussian unit);
+ignoring the small gradient step, every weight's exceedance probability is a closed-form Laplace
+or normal tail, so the null is exact: a mixture over j of
 Poisson-binomial counts, bounded by binomials (Hoeffding 1956), a product form for the max and a
 Student-t prediction band (CLT over the d weights) for the mean, widened by the largest honest
 gradient step.
