@@ -7,8 +7,10 @@ windows) must have every one of them granted, and the run's charge lands on each
 
 A run in which every client sends at most ``passes`` updates costs each block
 
-* ``passes × ε_update`` (basic streams), ε_update = :meth:`ClientConfig.update_epsilon`, or
-* ``SelfComposedDpEvent(LaplaceDpEvent(b / Δ₁), passes)`` (rdp streams),
+* ``passes × ε_update`` (basic streams), ε_update = :meth:`ClientConfig.update_epsilon`, and
+  ``passes × δ_update`` for the gaussian unit (basic composition), or
+* ``SelfComposedDpEvent(e, passes)`` (rdp streams) with e = ``LaplaceDpEvent(b / Δ₁)`` or, for the
+  gaussian unit, ``GaussianDpEvent(m)`` (:meth:`ClientConfig.update_event`),
 
 charged *before* the server accepts its first update (:func:`request_run`). The server then admits
 a draw only through :class:`RunBudget`: the client's blocks must be in the grant and still usable,
@@ -38,15 +40,20 @@ def _check_passes(passes: int) -> int:
 
 
 def run_event(config: ClientConfig, dim: int, passes: int) -> dp_event_lib.DpEvent:
-    """The rdp-mode cost of a run: ``passes`` Laplace updates per client, composed."""
+    """The rdp-mode cost of a run: ``passes`` Laplace (or Gaussian) updates per client, composed."""
     event = config.update_event(dim)
     passes = _check_passes(passes)
     return event if passes == 1 else dp_event_lib.SelfComposedDpEvent(event, passes)
 
 
 def run_epsilon(config: ClientConfig, dim: int, passes: int) -> float:
-    """The basic-mode cost of a run: ``passes × ε_update`` (pure DP, δ = 0)."""
+    """The basic-mode ε of a run: ``passes × ε_update``."""
     return _check_passes(passes) * config.update_epsilon(dim)
+
+
+def run_delta(config: ClientConfig, dim: int, passes: int) -> float:
+    """The basic-mode δ of a run: ``passes × δ_update`` (0 for the pure Laplace units)."""
+    return _check_passes(passes) * config.update_delta(dim)
 
 
 def request_run(ledger: Ledger, stream: str, *, run_id: str, config: ClientConfig, dim: int,
@@ -56,7 +63,7 @@ def request_run(ledger: Ledger, stream: str, *, run_id: str, config: ClientConfi
     """Charges a Draw-and-Discard run to its blocks (all or none) before any update is accepted."""
     mode = ledger.stream(stream).mode
     if mode == accounting.BASIC:
-        cost = dict(epsilon=run_epsilon(config, dim, passes), delta=0.0)
+        cost = dict(epsilon=run_epsilon(config, dim, passes), delta=run_delta(config, dim, passes))
     else:
         cost = dict(event=run_event(config, dim, passes))
     return ledger.request(stream, run_id=run_id, window=window, blocks=blocks, context=context,
@@ -81,9 +88,11 @@ class RunBudget:
         self.passes = _check_passes(passes)
         if grant.event is None:
             need = run_epsilon(config, dim, passes)
-            if grant.epsilon is None or grant.epsilon < need:
+            need_delta = run_delta(config, dim, passes)
+            if grant.epsilon is None or grant.epsilon < need or (grant.delta or 0.0) < need_delta:
                 raise MissingGrantError(
-                    f"grant {grant.grant_id} pays epsilon={grant.epsilon}, the run costs {need}")
+                    f"grant {grant.grant_id} pays epsilon={grant.epsilon}, delta={grant.delta}; "
+                    f"the run costs epsilon={need}, delta={need_delta}")
         else:
             need_json = accounting.event_to_json(run_event(config, dim, passes))
             if accounting.event_to_json(grant.event) != need_json:

@@ -1,4 +1,4 @@
-"""The client side of Draw-and-Discard (Alg. 1): one clipped gradient step plus Laplace noise.
+"""The client side of Draw-and-Discard (Alg. 1): one clipped gradient step plus noise.
 
     B^{t+1} = B^t − γ·clip(G) + Laplace(0, 2γC/ε) per weight,   G = (1/N_c) Σ (Ŷᵢ − Yᵢ) X̃ᵢ
 
@@ -12,15 +12,27 @@ model of d weights, so the whole update is (d·ε)-DP. Here:
 * ``unit="feature"``: the paper's mode, every coordinate clipped to [−C, C] (C = 1 in the paper),
   the same per-weight scale 2γC/ε; ε holds per weight only, and what is charged is what it really
   costs, d·ε per update.
+* ``unit="gaussian"``: G is clipped in L2 to C₂ (``l2_norm_clip``), so the update has L2
+  sensitivity Δ₂ = 2γC₂, and N(0, (m·Δ₂)²) is added per weight with the noise multiplier m of
+  ``GaussianDpEvent(m)`` calibrated to (ε, δ) per update (the paper's §IV-B/§VII suggestion;
+  Flower's ``LocalDpMod``). Client gradients are spread over many weights (at MNIST scale L1 ≈ 133
+  but L2 ≈ 3 at 7,850 weights), so the noise per weight is an order of magnitude below the
+  L1/Laplace unit's at the same ε. Charged: (ε, δ) per update (basic streams) or
+  ``GaussianDpEvent(m)`` (rdp streams). m is the analytic Gaussian's (Balle & Wang 2018) at
+  ε − SAMPLER_EPSILON and δ·(1 − SAMPLER_DELTA_SHARE), checked with dp_accounting's PLD accountant;
+  the remainder covers the float-safe sampler (:mod:`sage_tfx.dnd.noise`).
 
 The adjacency is one client's whole local data set (its N_c examples may all change): local DP
 against the channel listener (adversary I). The per-weight noise variance is 2·(2γC/ε)² = 8γ²C²/ε²
-in both modes. Noise comes from OpenDP (:mod:`sage_tfx.dp.noise`), fresh per update; a seeded
-source may be passed for experiments only.
+in the Laplace units and (2γC₂m)² in the Gaussian one. Laplace noise comes from OpenDP
+(:mod:`sage_tfx.dp.noise`), Gaussian noise from :func:`sage_tfx.dnd.noise.gaussian_vector` (a
+float-safe discrete Gaussian, ~1,000× faster per weight), fresh per update; a seeded source may be
+passed for experiments only.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Optional
 
@@ -28,11 +40,42 @@ import numpy as np
 from dp_accounting import dp_event as dp_event_lib
 
 from sage_tfx.dp import noise as noise_lib
+from sage_tfx.dp.mechanisms import analytic_gaussian_sigma
 from sage_tfx.errors import InvalidPrivacyParameterError
+from sage_tfx.dnd import noise as vector_noise
 from sage_tfx.dnd.glm import GLMSpec
 from sage_tfx.ledger import accounting
 
-UNITS = ("model", "feature")
+UNITS = ("model", "feature", "gaussian")
+GAUSSIAN = "gaussian"
+
+
+def pld_epsilon(noise_multiplier: float, delta: float) -> float:
+    """ε at δ of ``GaussianDpEvent(noise_multiplier)`` by dp_accounting's PLD accountant."""
+    from dp_accounting.pld import pld_privacy_accountant
+    acc = pld_privacy_accountant.PLDAccountant()
+    acc.compose(dp_event_lib.GaussianDpEvent(noise_multiplier))
+    return float(acc.get_epsilon(delta))
+
+
+@functools.lru_cache(maxsize=256)
+def gaussian_noise_multiplier(epsilon: float, delta: float) -> float:
+    """m such that one ``GaussianDpEvent(m)`` release, through the float-safe sampler, is (ε, δ)-DP.
+
+    The analytic Gaussian's m at ε − SAMPLER_EPSILON and δ·(1 − SAMPLER_DELTA_SHARE), raised
+    until dp_accounting's PLD accountant agrees (its discretisation is pessimistic).
+    """
+    eps = accounting.check_epsilon(epsilon)
+    dlt = accounting.check_delta(delta, allow_zero=False)
+    eps_m = eps - vector_noise.SAMPLER_EPSILON
+    if eps_m <= 0:
+        raise InvalidPrivacyParameterError(
+            f"epsilon must exceed the sampler's {vector_noise.SAMPLER_EPSILON}, got {epsilon!r}")
+    delta_m = dlt * (1.0 - vector_noise.SAMPLER_DELTA_SHARE)
+    m = analytic_gaussian_sigma(eps_m, delta_m) * (1.0 + 1e-7)
+    while pld_epsilon(m, delta_m) > eps_m:
+        m *= 1.0 + 1e-6
+    return m
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,16 +85,22 @@ class ClientConfig:
     Attributes:
       gamma: learning rate γ > 0.
       l1_norm_clip: C > 0: the L1 bound of the clipped gradient (model unit) or the per-coordinate
-        bound (feature unit; the paper's 1).
-      epsilon: ε per unit (per update for ``model``, per weight for ``feature``); ``None`` runs
-        without noise, for non-private experiments only (such a run cannot be charged or served).
-      unit: ``"model"`` or ``"feature"`` (see the module docstring).
+        bound (feature unit; the paper's 1). Not used by the gaussian unit.
+      epsilon: ε per unit (per update for ``model`` and ``gaussian``, per weight for
+        ``feature``); ``None`` runs without noise, for non-private experiments only (such a run
+        cannot be charged or served).
+      unit: ``"model"``, ``"feature"`` or ``"gaussian"`` (see the module docstring).
+      delta: δ per update, in (0, 1): the gaussian unit only (required there).
+      l2_norm_clip: C₂ > 0, the L2 bound of the clipped gradient: the gaussian unit only
+        (required there).
     """
 
     gamma: float
     l1_norm_clip: float = 1.0
     epsilon: Optional[float] = 1.0
     unit: str = "model"
+    delta: Optional[float] = None
+    l2_norm_clip: Optional[float] = None
 
     def __post_init__(self):
         accounting.check_positive(self.gamma, "gamma")
@@ -60,6 +109,26 @@ class ClientConfig:
             accounting.check_epsilon(self.epsilon)
         if self.unit not in UNITS:
             raise ValueError(f"unit must be one of {UNITS}, got {self.unit!r}")
+        if self.unit == GAUSSIAN:
+            if self.l2_norm_clip is None:
+                raise InvalidPrivacyParameterError("the gaussian unit needs l2_norm_clip")
+            accounting.check_positive(self.l2_norm_clip, "l2_norm_clip")
+            if self.epsilon is not None:
+                if self.delta is None:
+                    raise InvalidPrivacyParameterError("the gaussian unit needs delta per update")
+                accounting.check_delta(self.delta, allow_zero=False)
+        elif self.delta is not None or self.l2_norm_clip is not None:
+            raise InvalidPrivacyParameterError(
+                f"delta and l2_norm_clip belong to the gaussian unit, not {self.unit!r}")
+
+    @property
+    def gaussian(self) -> bool:
+        return self.unit == GAUSSIAN
+
+    @property
+    def clip(self) -> float:
+        """The clip C of the unit: L1 (model), per coordinate (feature) or L2 (gaussian)."""
+        return float(self.l2_norm_clip) if self.gaussian else self.l1_norm_clip
 
     @property
     def private(self) -> bool:
@@ -68,23 +137,52 @@ class ClientConfig:
     @property
     def sensitivity_per_weight(self) -> float:
         """2γC: the largest change of one weight between adjacent clients."""
-        return 2.0 * self.gamma * self.l1_norm_clip
+        return 2.0 * self.gamma * self.clip
 
     def l1_sensitivity(self, dim: int) -> float:
         """L1 sensitivity of the whole update: 2γC (model) or 2γC·d (feature)."""
+        if self.gaussian:
+            raise InvalidPrivacyParameterError("the gaussian unit is calibrated to L2 sensitivity")
         return self.sensitivity_per_weight * (dim if self.unit == "feature" else 1)
 
     @property
+    def l2_sensitivity(self) -> float:
+        """Δ₂ = 2γC₂: L2 sensitivity of the whole update (gaussian unit)."""
+        if not self.gaussian:
+            raise InvalidPrivacyParameterError(f"the {self.unit} unit has no L2 calibration")
+        return self.sensitivity_per_weight
+
+    @property
+    def noise_multiplier(self) -> float:
+        """m of ``GaussianDpEvent(m)`` (gaussian unit): σ = m·Δ₂."""
+        if self.epsilon is None or not self.gaussian:
+            raise InvalidPrivacyParameterError("only a private gaussian unit has a noise multiplier")
+        return gaussian_noise_multiplier(float(self.epsilon), float(self.delta))
+
+    @property
     def noise_scale(self) -> float:
-        """Laplace scale b = 2γC/ε per weight."""
+        """Laplace scale b = 2γC/ε per weight, or the Gaussian's σ = m·2γC₂ (gaussian unit; the
+        float-safe sampler adds at most 1.6 % more, :meth:`sampler_std`)."""
         if self.epsilon is None:
             raise InvalidPrivacyParameterError("a run without noise has no noise scale")
+        if self.gaussian:
+            return self.noise_multiplier * self.l2_sensitivity
         return self.sensitivity_per_weight / self.epsilon
 
     @property
+    def noise_kind(self) -> str:
+        return "gaussian" if self.gaussian else "laplace"
+
+    @property
     def noise_variance(self) -> float:
-        """σ² = 2b² = 8γ²C²/ε², per weight."""
-        return 2.0 * self.noise_scale ** 2
+        """Per weight: 2b² = 8γ²C²/ε² (Laplace units) or σ² (gaussian unit)."""
+        return (1.0 if self.gaussian else 2.0) * self.noise_scale ** 2
+
+    def sampler_std(self, dim: int) -> float:
+        """Per-weight noise std of the secure sampler for a ``dim``-weight model."""
+        if self.gaussian:
+            return vector_noise.noise_std(self.noise_multiplier, self.l2_sensitivity, dim)
+        return math.sqrt(self.noise_variance)
 
     def update_epsilon(self, dim: int) -> float:
         """ε of one whole update against adversary I: what the ledger is charged per update."""
@@ -93,8 +191,16 @@ class ClientConfig:
                 "a run without noise is not differentially private and cannot be charged")
         return self.epsilon * (dim if self.unit == "feature" else 1)
 
-    def update_event(self, dim: int) -> dp_event_lib.LaplaceDpEvent:
-        """One update as a dp_accounting event: Laplace with noise_multiplier = b / Δ₁."""
+    def update_delta(self, dim: int) -> float:
+        """δ of one whole update: the gaussian unit's δ, 0 for the (pure) Laplace units."""
+        self.update_epsilon(dim)
+        return float(self.delta) if self.gaussian else 0.0
+
+    def update_event(self, dim: int) -> dp_event_lib.DpEvent:
+        """One update as a dp_accounting event: ``LaplaceDpEvent(b / Δ₁)`` or
+        ``GaussianDpEvent(m)`` (gaussian unit)."""
+        if self.gaussian:
+            return dp_event_lib.GaussianDpEvent(noise_multiplier=self.noise_multiplier)
         return dp_event_lib.LaplaceDpEvent(
             noise_multiplier=self.noise_scale / self.l1_sensitivity(dim))
 
@@ -103,17 +209,33 @@ class ClientConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "ClientConfig":
-        return cls(float(d["gamma"]), float(d["l1_norm_clip"]),
-                   None if d.get("epsilon") is None else float(d["epsilon"]), d["unit"])
+        def opt(key):
+            return None if d.get(key) is None else float(d[key])
+        return cls(float(d["gamma"]), float(d["l1_norm_clip"]), opt("epsilon"), d["unit"],
+                   opt("delta"), opt("l2_norm_clip"))
 
 
 def clip_gradient(g: np.ndarray, config: ClientConfig) -> np.ndarray:
-    """L1 clipping to C (model unit) or per-coordinate clipping to [−C, C] (feature unit)."""
-    c = config.l1_norm_clip
+    """L1 clipping to C (model unit), per-coordinate clipping to [−C, C] (feature unit) or L2
+    clipping to C₂ (gaussian unit)."""
+    c = config.clip
     if config.unit == "feature":
         return np.clip(g, -c, c)
-    norm = float(np.abs(g).sum())
+    norm = float(np.sqrt(np.dot(g, g))) if config.gaussian else float(np.abs(g).sum())
     return g if norm <= c else g * (c / norm)
+
+
+def add_noise(stepped: np.ndarray, config: ClientConfig,
+              noise: Optional[noise_lib.NoiseSource] = None) -> np.ndarray:
+    """The stepped model plus the unit's noise: the float-safe vector sampler (gaussian unit) or
+    OpenDP's Laplace, unless a seeded source is given for an experiment."""
+    if config.gaussian:
+        if noise is None:
+            return vector_noise.gaussian_vector(
+                stepped, config.noise_multiplier, config.l2_sensitivity,
+                max_extra_delta=float(config.delta) * vector_noise.SAMPLER_DELTA_SHARE)
+        return np.asarray(noise.gaussian(stepped, config.noise_scale))
+    return np.asarray((noise or noise_lib.SECURE).laplace(stepped, config.noise_scale))
 
 
 def client_update(spec: GLMSpec, weights: np.ndarray, x: np.ndarray, y: np.ndarray,
@@ -126,9 +248,9 @@ def client_update(spec: GLMSpec, weights: np.ndarray, x: np.ndarray, y: np.ndarr
       weights: the drawn instance B^t.
       x: the client's features, already normalised to [0, 1] (:class:`~sage_tfx.dnd.glm.FeatureBounds`).
       y: the client's responses (normalised to [0, 1] for linear models).
-      config: γ, C, ε, unit.
-      noise: noise source; OpenDP (:data:`sage_tfx.dp.noise.SECURE`) unless a seeded one is given
-        for an experiment.
+      config: γ, C, ε, unit (and δ, C₂ for the gaussian unit).
+      noise: noise source; the float-safe samplers (OpenDP's Laplace, :mod:`sage_tfx.dnd.noise`'s
+        Gaussian) unless a seeded one is given for an experiment.
     Raises:
       ValueError: no examples (a client with N_c = 0 does not request a model), features outside
         [0, 1], or shapes that do not match the spec.
@@ -143,14 +265,29 @@ def client_update(spec: GLMSpec, weights: np.ndarray, x: np.ndarray, y: np.ndarr
     stepped = w - config.gamma * g
     if not config.private:
         return stepped
-    return np.asarray((noise or noise_lib.SECURE).laplace(stepped, config.noise_scale))
+    return add_noise(stepped, config, noise)
 
 
 def check_update_matches_ledger_epsilon(config: ClientConfig, dim: int) -> float:
-    """ε that OpenDP's privacy map gives for the sampler at this scale and sensitivity.
+    """ε that OpenDP's privacy map (Laplace units) or dp_accounting's PLD accountant plus the
+    sampler's share (gaussian unit) gives for one update at this scale and sensitivity.
 
     Used to assert that the ε charged per update is the ε the sampler delivers.
     """
+    if config.gaussian:
+        delta = float(config.delta)
+        if vector_noise.sampler_delta(config.noise_multiplier, config.l2_sensitivity, dim) \
+                > delta * vector_noise.SAMPLER_DELTA_SHARE:
+            raise InvalidPrivacyParameterError(
+                f"the Gaussian sampler's tails need more than its share of delta={delta} at {dim} "
+                "weights")
+        eps = pld_epsilon(config.noise_multiplier, delta * (1 - vector_noise.SAMPLER_DELTA_SHARE)) \
+            + vector_noise.SAMPLER_EPSILON
+        if eps > float(config.epsilon):
+            raise InvalidPrivacyParameterError(
+                f"dp_accounting gives ε={eps} for this update, the ledger would be charged "
+                f"{config.epsilon}")
+        return eps
     eps = noise_lib.laplace_epsilon(config.noise_scale, config.l1_sensitivity(dim))
     if not math.isclose(eps, config.update_epsilon(dim), rel_tol=1e-9):
         raise InvalidPrivacyParameterError(

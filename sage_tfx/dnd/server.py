@@ -143,6 +143,8 @@ def create_app(service: DnDService, auth: services.Authenticator, *,
         granted: bool
         noise_scale: Optional[float] = None
         update_epsilon: Optional[float] = None
+        update_delta: Optional[float] = None
+        update_event: Optional[dict] = None  # the dp_accounting event charged per update
         run_id: Optional[str] = None
 
     @contextlib.asynccontextmanager
@@ -314,8 +316,8 @@ def build_service(*, ledger_url: str, stream: str, run_id: str, spec: GLMSpec,
     from sage_tfx.ledger import Window, open_ledger
     if not config.private:
         raise ValueError("a served run must add noise (epsilon is None)")
-    # What the ledger will be charged per update must be what OpenDP's privacy map says the
-    # clients' sampler delivers at this scale and sensitivity.
+    # What the ledger will be charged per update must be what OpenDP's privacy map (Laplace) or
+    # dp_accounting (Gaussian) says the clients' sampler delivers at this scale and sensitivity.
     check_update_matches_ledger_epsilon(config, spec.dim)
     check_ticket_ttl(ticket_ttl)
 
@@ -363,7 +365,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gamma", type=float, required=True)
     p.add_argument("--l1-norm-clip", type=float, default=1.0)
     p.add_argument("--epsilon", type=float, required=True, help="epsilon per unit")
-    p.add_argument("--unit", choices=("model", "feature"), default="model")
+    p.add_argument("--unit", choices=("model", "feature", "gaussian"), default="model")
+    p.add_argument("--delta", type=float, help="delta per update (gaussian unit)")
+    p.add_argument("--l2-norm-clip", type=float, help="L2 clip of the gradient (gaussian unit)")
     p.add_argument("--passes", type=int, default=1, help="updates per client in this run")
     p.add_argument("--no-spam-check", action="store_true")
     p.add_argument("--ticket-ttl", type=float, default=DEFAULT_TICKET_TTL,
@@ -385,7 +389,8 @@ def _service_of(a) -> DnDService:
         scheme = scheme_from_spec(a.bucket_scheme)
     return build_service(ledger_url=a.ledger, stream=a.stream, run_id=a.run_id,
                          spec=GLMSpec(a.family, a.features, a.classes),
-                         config=ClientConfig(a.gamma, a.l1_norm_clip, a.epsilon, a.unit),
+                         config=ClientConfig(a.gamma, a.l1_norm_clip, a.epsilon, a.unit,
+                                             a.delta, a.l2_norm_clip),
                          k=a.k, passes=a.passes, window_last=a.window_last, context=a.context,
                          block_scheme=scheme, spam_check=not a.no_spam_check,
                          ticket_ttl=a.ticket_ttl, refresh=a.refresh_seconds > 0)

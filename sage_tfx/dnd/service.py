@@ -34,6 +34,7 @@ from sage_tfx.dnd.runstore import (RunReleasedError, RunStore, UnknownTicketErro
 from sage_tfx.dnd.spam import SpamCheck
 from sage_tfx.dnd.state import DnDState, initial_instances
 from sage_tfx.errors import MissingGrantError
+from sage_tfx.ledger import accounting
 
 __all__ = ["DnDService", "UnknownTicketError", "UpdateRefused", "RunReleasedError",
            "RELEASE_NAME", "DEFAULT_TICKET_TTL"]
@@ -133,6 +134,8 @@ class DnDService:
         if self.config.private:
             out["noise_scale"] = self.config.noise_scale
             out["update_epsilon"] = self.config.update_epsilon(self.spec.dim)
+            out["update_delta"] = self.config.update_delta(self.spec.dim)
+            out["update_event"] = accounting.event_to_dict(self.config.update_event(self.spec.dim))
         if self.budget is not None:
             out["run_id"] = self.budget.grant.run_id
         return out

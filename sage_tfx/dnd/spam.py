@@ -10,8 +10,9 @@ comparison).
 distribution *given the current instances*: the number of weights with |z| > ``z`` (catches
 scaled models), max |z| (catches a few wildly changed weights) and the mean z (catches a small
 shift of every weight). Under the null an honest update is
-u = B_j − γ·clip(G) + Laplace(b) with j uniform; ignoring the small gradient step, every weight's
-exceedance probability is a closed-form Laplace tail, so the null is exact: a mixture over j of
+u = B_j − γ·clip(G) + noise with j uniform (Laplace(b), or N(0, σ²) for the gaussian unit);
+ignoring the small gradient step, every weight's exceedance probability is a closed-form Laplace
+or normal tail, so the null is exact: a mixture over j of
 Poisson-binomial counts, bounded by binomials (Hoeffding 1956), a product form for the max and a
 Student-t prediction band (CLT over the d weights) for the mean, widened by the largest honest
 gradient step.
@@ -45,11 +46,18 @@ def paper_rule(instances: np.ndarray, update: np.ndarray, z: float = 3.0) -> boo
     return bool(np.all(np.abs(z_scores(instances, update)) <= z))
 
 
-def _laplace_two_sided_tail(lo: np.ndarray, hi: np.ndarray, b: float,
-                            terms: int = 1) -> np.ndarray:
+NOISES = ("laplace", "gaussian")
+
+
+def _two_sided_tail(lo: np.ndarray, hi: np.ndarray, b: float, terms: int = 1,
+                    noise: str = "laplace") -> np.ndarray:
     """P(X < lo) + P(X > hi), elementwise (lo < hi), for X the sum of ``terms`` (1, 2 or 3)
-    independent Laplace(0, b): with r = a/b ≥ 0, P(X > a) is e^(−r)/2, e^(−r)(2 + r)/4 and
-    e^(−r)(8 + 5r + r²)/16 (integrating the densities of the sums)."""
+    independent noises of scale ``b``. Laplace(0, b): with r = a/b ≥ 0, P(X > a) is e^(−r)/2,
+    e^(−r)(2 + r)/4 and e^(−r)(8 + 5r + r²)/16 (integrating the densities of the sums).
+    Gaussian N(0, b²): the sum is N(0, terms·b²), P(X > a) = Φ(−a / (b√terms))."""
+    if noise == "gaussian":
+        sd = b * math.sqrt(terms)
+        return np.clip(special.ndtr(-hi / sd) + special.ndtr(lo / sd), 0.0, 1.0)
     poly = {1: lambda r: 0.5, 2: lambda r: 0.25 * (2.0 + r),
             3: lambda r: (8.0 + 5.0 * r + r * r) / 16.0}[terms]
 
@@ -58,6 +66,11 @@ def _laplace_two_sided_tail(lo: np.ndarray, hi: np.ndarray, b: float,
         tail = np.exp(-r) * poly(r)
         return np.where(a >= 0, tail, 1.0 - tail)
     return np.clip(upper(hi) + upper(-lo), 0.0, 1.0)
+
+
+def noise_variance(noise_scale: float, noise: str) -> float:
+    """Variance of one noise draw: 2b² (Laplace) or σ² (Gaussian)."""
+    return (2.0 if noise == "laplace" else 1.0) * noise_scale ** 2
 
 
 CALIBRATION_WEIGHTS = 4096  # weights sampled for the max-|z| calibration of large models
@@ -105,7 +118,7 @@ def _components(offset: np.ndarray, sd: np.ndarray, stale_fraction: float,
 
 def count_limit(offset: np.ndarray, sd: np.ndarray, d: int, noise_scale: float, *, z: float,
                 alpha: float, tail_shift: float = 0.0, stale_fraction: float = 0.0,
-                in_flight_fraction: float = 0.0) -> int:
+                in_flight_fraction: float = 0.0, noise: str = "laplace") -> int:
     """Largest honest count of weights with |z| > ``z`` at level ``alpha``, for instances whose
     offsets from the mean and spreads are ``offset`` (k, m) and ``sd`` (m,), m weights sampled
     out of ``d`` (all of them when m = d).
@@ -119,8 +132,8 @@ def count_limit(offset: np.ndarray, sd: np.ndarray, d: int, noise_scale: float, 
     a = float(tail_shift)
     rates, weights = [], []
     for off, s_, n, w in _components(offset, sd, stale_fraction, in_flight_fraction):
-        rates.append(_laplace_two_sided_tail(-z * s_ - off + a, z * s_ - off - a,
-                                             noise_scale, n).mean(axis=1))
+        rates.append(_two_sided_tail(-z * s_ - off + a, z * s_ - off - a,
+                                     noise_scale, n, noise).mean(axis=1))
         weights.append(np.full(k, w / k))
     q, wt = np.concatenate(rates), np.concatenate(weights)
 
@@ -146,7 +159,7 @@ def count_limit(offset: np.ndarray, sd: np.ndarray, d: int, noise_scale: float, 
 def calibrate(instances: np.ndarray, noise_scale: float, *, z: float = 3.0,
               false_reject: float = 0.005, max_step: float = 0.0,
               tail_shift: float = 0.0, stale_fraction: float = 0.0,
-              in_flight_fraction: float = 0.0) -> Thresholds:
+              in_flight_fraction: float = 0.0, noise: str = "laplace") -> Thresholds:
     """Thresholds with P(reject an honest update) ≤ ``false_reject`` given these instances.
 
     ``max_step`` bounds the drift of the mean z by the honest gradient step; ``tail_shift`` bounds
@@ -154,7 +167,10 @@ def calibrate(instances: np.ndarray, noise_scale: float, *, z: float = 3.0,
     :class:`SpamCheck`). ``stale_fraction`` is the share of instances that may have been replaced
     since this calibration; a replacement is a child B_j + Laplace of a calibrated instance, so an
     update built on it carries two noises: the tails are a mixture of the one- and two-noise cases.
+    ``noise`` is the honest clients' noise, ``"laplace"`` (scale b) or ``"gaussian"`` (std σ).
     """
+    if noise not in NOISES:
+        raise ValueError(f"noise must be one of {NOISES}, got {noise!r}")
     if not 0 <= stale_fraction <= 1:
         raise ValueError("stale_fraction must be in [0, 1]")
     if not 0 < false_reject < 1:
@@ -182,7 +198,7 @@ def calibrate(instances: np.ndarray, noise_scale: float, *, z: float = 3.0,
     a = float(tail_shift)
     f = float(stale_fraction)
     lo = count_limit(sub_off, sub_sd, d, noise_scale, z=z, alpha=alpha, tail_shift=a,
-                     stale_fraction=f, in_flight_fraction=in_flight_fraction)
+                     stale_fraction=f, in_flight_fraction=in_flight_fraction, noise=noise)
 
     # Max statistic: P(max|z| > m) = Σ_bases weight · [1 − Π_i (1 − q_i(m))].
     comps = _components(sub_off, sub_sd, f, in_flight_fraction)
@@ -190,7 +206,7 @@ def calibrate(instances: np.ndarray, noise_scale: float, *, z: float = 3.0,
     def max_tail(m: float) -> float:
         out = 0.0
         for off, s_, n, weight in comps:
-            qm = _laplace_two_sided_tail(-m * s_ - off + a, m * s_ - off - a, noise_scale, n)
+            qm = _two_sided_tail(-m * s_ - off + a, m * s_ - off - a, noise_scale, n, noise)
             with np.errstate(divide="ignore"):  # a weight certain to exceed: log(0) = -inf
                 log_keep = scale_sum * np.sum(np.log1p(-qm), axis=1)
             out += weight * float(np.mean(-np.expm1(log_keep)))
@@ -201,12 +217,12 @@ def calibrate(instances: np.ndarray, noise_scale: float, *, z: float = 3.0,
     m = m_hi if m_hi == z else optimize.brentq(lambda t: max_tail(t) - alpha, z, m_hi, xtol=1e-3)
 
     # Mean z (catches a small shift of every weight): for an update built on instance j it is
-    # m_j + noise, m_j = mean((B_j − μ)/s), noise ≈ N(0, v) by the CLT, v = Σ 2b²/s² / d². The
+    # m_j + noise, m_j = mean((B_j − μ)/s), noise ≈ N(0, v) by the CLT, v = Σ var/s² / d². The
     # drawn instance may have been replaced meanwhile (concurrent clients), so j is treated as a
     # new draw from the instances' population: a Student-t prediction band with k − 1 degrees of
     # freedom around the m_j, widened by the largest honest gradient step ``max_step``.
     mj = (offset / sd).mean(axis=1)
-    v = float(np.sum(2.0 * noise_scale ** 2 / sd ** 2)) / d ** 2
+    v = float(np.sum(noise_variance(noise_scale, noise) / sd ** 2)) / d ** 2
     scale = math.sqrt(float(np.var(mj, ddof=1)) * (1.0 + 1.0 / k) + v)
     half = float(special.stdtrit(k - 1, 1.0 - alpha / 2.0)) * scale
     low, high = float(mj.mean()) - half, float(mj.mean()) + half
@@ -218,7 +234,8 @@ class SpamCheck:
     """The calibrated check, as the ``spam_check`` callable of :class:`~sage_tfx.dnd.state.DnDState`.
 
     Args:
-      noise_scale: the Laplace scale b of honest updates (``ClientConfig.noise_scale``).
+      noise_scale: the Laplace scale b (or Gaussian std σ) of honest updates
+        (``ClientConfig.noise_scale``).
       z: the |z| threshold of the count statistic.
       false_reject: target probability of rejecting an honest update (split over the two tests).
       recalibrate_every: checks between recalibrations against the live instances (default k:
@@ -232,13 +249,19 @@ class SpamCheck:
         γC (up to ε/2 noise scales); for the model unit it uses 0: the whole step is ≤ γC in L1,
         ε/2 noise scales spread over all weights, and the measured honest pass rate is what
         ``tests/dnd/test_spam.py`` checks.
+      step_l2: bound of the honest step in L2 (gaussian unit: γC₂).
+      noise: ``"laplace"`` or ``"gaussian"``, the honest clients' noise.
     """
 
     def __init__(self, noise_scale: float, *, z: float = 3.0, false_reject: float = 0.005,
                  recalibrate_every: Optional[int] = None, step_l1: float = 0.0, step_linf: float = 0.0,
-                 tail_shift: float = 0.0):
+                 tail_shift: float = 0.0, step_l2: float = 0.0, noise: str = "laplace"):
         if not noise_scale > 0 or not math.isfinite(noise_scale):
             raise ValueError("the spam check needs the (finite, > 0) noise scale of honest updates")
+        if noise not in NOISES:
+            raise ValueError(f"noise must be one of {NOISES}, got {noise!r}")
+        self.noise = noise
+        self.step_l2 = float(step_l2)
         if recalibrate_every is not None and (not isinstance(recalibrate_every, int)
                                               or recalibrate_every < 1):
             raise ValueError("recalibrate_every must be an integer >= 1 (or None: every k)")
@@ -272,6 +295,8 @@ class SpamCheck:
                 bounds.append(self.step_l1 / (d * float(sd.min())))
             if self.step_linf > 0:
                 bounds.append(self.step_linf * float(np.mean(1.0 / sd)))
+            if self.step_l2 > 0:  # Cauchy–Schwarz: |Σ Δᵢ/sᵢ| ≤ ‖Δ‖₂ ‖1/s‖₂
+                bounds.append(self.step_l2 * float(np.sqrt(np.sum(1.0 / sd ** 2))) / d)
             step = min(bounds) if len(bounds) > 1 else 0.0
             self._columns = (np.arange(d) if d <= COUNT_WEIGHTS else np.sort(
                 np.random.default_rng().choice(d, COUNT_WEIGHTS, replace=False)))
@@ -279,7 +304,8 @@ class SpamCheck:
                                          false_reject=self.false_reject, max_step=step,
                                          tail_shift=self.tail_shift,
                                          stale_fraction=self.stale_fraction,
-                                         in_flight_fraction=self._in_flight_fraction(len(instances)))
+                                         in_flight_fraction=self._in_flight_fraction(len(instances)),
+                                         noise=self.noise)
             self._since = 0
         return self._thresholds
 
@@ -307,8 +333,9 @@ class SpamCheck:
             t = self._thresholds
             columns = instances.columns(self._columns)
         self._since += 1
-        # A returned model carries fresh Laplace(b) noise on every weight, so it is never almost
-        # equal to an instance: mean |u − B_j| ≈ b (sd ≤ b/√m on the m sampled weights). A copy
+        # A returned model carries fresh noise on every weight, so it is never almost equal to an
+        # instance: mean |u − B_j| ≈ b (Laplace; 0.8σ for Gaussian; sd ≤ b/√m on the m sampled
+        # weights). A copy
         # (or near copy) of an instance adds no noise and would shrink the spread towards
         # Lemma 1's worst case; reject it.
         if columns.shape[1] >= COPY_CHECK_MIN_WEIGHTS:
@@ -321,7 +348,8 @@ class SpamCheck:
         limit = count_limit(columns - mu[self._columns], sd[self._columns], mu.size,
                             self.noise_scale, z=self.z, alpha=self.false_reject / 3.0,
                             tail_shift=self.tail_shift, stale_fraction=self.stale_fraction,
-                            in_flight_fraction=self._in_flight_fraction(columns.shape[0]))
+                            in_flight_fraction=self._in_flight_fraction(columns.shape[0]),
+                            noise=self.noise)
         zs = (u - mu) / sd
         mean_z = float(zs.mean())
         zs = np.abs(zs)
@@ -342,7 +370,13 @@ class SpamCheck:
     @classmethod
     def for_config(cls, config, **kwargs) -> "SpamCheck":
         """The check for honest updates of a :class:`~sage_tfx.dnd.client.ClientConfig`."""
-        step = config.gamma * config.l1_norm_clip
+        step = config.gamma * config.clip
+        if config.gaussian:
+            # The float-safe sampler adds up to 1/GRID_FRACTION more noise than σ: the null
+            # takes the widest (an update with σ exactly is only narrower).
+            from sage_tfx.dnd.noise import GRID_FRACTION
+            return cls(config.noise_scale * (1.0 + 1.0 / GRID_FRACTION), step_l2=step,
+                       step_linf=step, noise="gaussian", **kwargs)
         if config.unit == "feature":
             return cls(config.noise_scale, step_linf=step, tail_shift=step, **kwargs)
         return cls(config.noise_scale, step_l1=step, step_linf=step, **kwargs)

@@ -27,10 +27,11 @@ class Principals:
 
 
 def make_ledger(url: str, *, clients=("alice", "bob"), epsilon_g: float = 2000.0,
-                granularity: str = GRANULARITY, blocks=None) -> Principals:
+                granularity: str = GRANULARITY, blocks=None, mode: str = "basic") -> Principals:
     """A stream of hash-bucket blocks and principals (authentication on)."""
     with open_ledger(url) as led:
-        led.create_stream(STREAM, epsilon_g=epsilon_g, delta_g=1e-6, granularity=granularity)
+        led.create_stream(STREAM, epsilon_g=epsilon_g, delta_g=1e-6, granularity=granularity,
+                          mode=mode)
         led.add_blocks(STREAM, [BlockSpec(b, f"/b/{b}") for b in
                                 (blocks or [f"bucket-{i}" for i in range(4)])])
         admin = led.add_principal("root", ["admin"])

@@ -30,11 +30,18 @@ def digits():
     return x / 16.0, y
 
 
-@pytest.mark.parametrize("unit,epsilon", [("model", 1.0), ("feature", float(np.log(32)))])
+def _config(unit, epsilon, gamma=0.05):
+    if unit == "gaussian":  # L2 clip 3: the gradients' own L2 norm at this scale (no clipping)
+        return ClientConfig(gamma=gamma, epsilon=epsilon, unit=unit, delta=1e-6, l2_norm_clip=3.0)
+    return ClientConfig(gamma=gamma, l1_norm_clip=1.0, epsilon=epsilon, unit=unit)
+
+
+@pytest.mark.parametrize("unit,epsilon", [("model", 1.0), ("feature", float(np.log(32))),
+                                          ("gaussian", 8.0), ("gaussian", 1.0)])
 def test_honest_updates_pass_and_malicious_ones_are_caught(digits, unit, epsilon):
     x, y = digits
     spec = GLMSpec("multinomial", 64, 10)  # 650 weights
-    cfg = ClientConfig(gamma=0.05, l1_norm_clip=1.0, epsilon=epsilon, unit=unit)
+    cfg = _config(unit, epsilon)
     state = _trained_state(spec, cfg, x, y, 300)
     check = SpamCheck.for_config(cfg)
     rng = np.random.default_rng(7)
@@ -50,7 +57,7 @@ def test_honest_updates_pass_and_malicious_ones_are_caught(digits, unit, epsilon
     mu, sd = inst.mean(axis=0), inst.std(axis=0, ddof=1)
     # In the feature unit every weight may honestly move by γC (≈ 1.7 noise scales here), so the
     # max-|z| threshold is wider and a sparse push must be larger to be caught.
-    push = 10 if unit == "model" else 20
+    push = 20 if unit == "feature" else 10
     attacks = {
         "shift every weight by 1 s": lambda u: u + sd,
         "scale the deviation by 3": lambda u: mu + 3 * (u - mu),
