@@ -87,7 +87,7 @@ class LabellingResult:
             "per_query_epsilon": self.per_query_epsilon, "formally_dp": self.formally_dp,
             "not_differentially_private": not self.formally_dp,
             "event": json.loads(event_to_json(self.event)) if self.event is not None else None,
-            "votes": self.votes, "bound": self.bound, "per_query_rho": self.rho,
+            "vote_mechanism": self.votes, "bound": self.bound, "per_query_rho": self.rho,
         }
         if not self.formally_dp:
             out["stopping_rule"] = PAPER_STOPPING_RULE
@@ -102,7 +102,7 @@ class LabellingResult:
         return cls(labels, np.arange(public_start, public_start + len(labels)), len(labels),
                    report["mode"], report["accountant"], report["epsilon"], report["delta"],
                    report["lambda"], report["noise_scale"], report["per_query_epsilon"],
-                   report["formally_dp"], event=event, votes=report.get("votes", "laplace"),
+                   report["formally_dp"], event=event, votes=report.get("vote_mechanism", "laplace"),
                    bound=report.get("bound"), rho=report.get("per_query_rho"))
 
 

@@ -226,7 +226,7 @@ def test_delta_zero_gumbel_purchase_under_a_grant(tmp_path):
     res = fit_dp_bagging(X, y, units, Xp, config=cfg, salt=b"s", public_declared=True,
                          ledger=ledger, grant_id=d.grant.grant_id)
     rep = res.report
-    assert (rep["queries"], rep["votes"], rep["bound"], rep["delta"]) == (10, "gumbel", "pure", 0.0)
+    assert (rep["queries"], rep["vote_mechanism"], rep["bound"], rep["delta"]) == (10, "gumbel", "pure", 0.0)
     assert len(res.labelling.labels) == 10 and rep["noise_scale"] == pytest.approx(30.0)
     assert rep["epsilon"] <= d.grant.epsilon
     again = fit_dp_bagging(X, y, units, Xp, config=cfg, salt=b"s", public_declared=True,
@@ -246,7 +246,7 @@ def test_rdp_grant_binds_the_vote_mechanism(tmp_path, votes):
                          ledger=ledger, grant_id=d.grant.grant_id)
     rep = res.report
     assert rep["queries"] == plan.queries == len(res.labelling.labels)
-    assert rep["votes"] == votes and rep["per_query_rho"] == pytest.approx(0.2 ** 2 / 2)
+    assert rep["vote_mechanism"] == votes and rep["per_query_rho"] == pytest.approx(0.2 ** 2 / 2)
     from sage_tfx.ledger.accounting import event_from_dict
     assert event_from_dict(rep["event"]) == plan.event
     # the same charge does not describe another mechanism: refused before any vote
