@@ -58,9 +58,18 @@ def test_component_refuses_bad_input():
                      (dict(lam=0.0), InvalidPrivacyParameterError),
                      (dict(public_declared=False), InvalidRequestError),
                      (dict(feature_keys=[]), InvalidRequestError),
-                     (dict(mode="other"), InvalidRequestError)):
+                     (dict(mode="other"), InvalidRequestError),
+                     (dict(votes="cauchy"), InvalidRequestError),
+                     (dict(accountant="moments"), InvalidPrivacyParameterError)):
         with pytest.raises(err):
             DPBaggingTrainer(**ch, **{**ok, **bad})
+    DPBaggingTrainer(**ch, **ok, votes="gumbel")
+    from sage_tfx.components.dp_bagging_trainer import spec
+    from sage_tfx.components.dp_bagging_trainer.executor import config_from_exec_properties
+    props = {spec.K_KEY: 2, spec.N_KEY: 3, spec.LAMBDA_KEY: 0.5, spec.MODE_KEY: "fixed_queries",
+             spec.ACCOUNTANT_KEY: "best", spec.TEACHER_KEY: "logistic"}
+    assert config_from_exec_properties(props).votes == "laplace"
+    assert config_from_exec_properties({**props, spec.VOTES_KEY: "gaussian"}).votes == "gaussian"
 
 
 def test_pipeline_charges_every_block_and_exports_a_serving_student(tmp_path):
