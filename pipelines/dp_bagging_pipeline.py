@@ -32,10 +32,11 @@ def create_pipeline(pipeline_name: str, pipeline_root: str, metadata_path: str, 
                     public_size: int, epsilon: float, delta: float, k: int, n: int,
                     label_key: str, unit_key: str, feature_keys: Sequence[str],
                     lam: Optional[float] = None, mode: str = "fixed_queries",
-                    accountant: str = "rdp", rdp_stream: bool = False,
+                    accountant: str = "best", rdp_stream: bool = False,
                     cache_dir: Optional[str] = None, run_id: Optional[str] = None,
                     beam_pipeline_args: Optional[Sequence[str]] = None,
-                    accept_not_differentially_private: bool = False) -> tfx.dsl.Pipeline:
+                    accept_not_differentially_private: bool = False,
+                    votes: str = "laplace") -> tfx.dsl.Pipeline:
     """Builds the DP bagging pipeline (λ defaults to the paper's 2/n).
 
     ``mode="paper"`` is not differentially private and is refused here, before anything is
@@ -43,7 +44,8 @@ def create_pipeline(pipeline_name: str, pipeline_root: str, metadata_path: str, 
     """
     lam = 2.0 / n if lam is None else lam
     config = BaggingConfig(k=k, n=n, lam=lam, mode=mode, accountant=accountant,
-                           accept_not_differentially_private=accept_not_differentially_private)
+                           accept_not_differentially_private=accept_not_differentially_private,
+                           votes=votes)
     cost = bagging_cost(config, epsilon=epsilon, delta=delta, public_size=public_size, rdp=rdp_stream)
     # min_records=n: a window whose ledger block sizes hold fewer than n records cannot give every
     # partition n non-empty chunks (units <= records), so the gate denies it and refunds the
@@ -66,7 +68,8 @@ def create_pipeline(pipeline_name: str, pipeline_root: str, metadata_path: str, 
                                    grant=gate.outputs["grant"], k=k, n=n, lam=lam, mode=mode,
                                    accountant=accountant, label_key=label_key, unit_key=unit_key,
                                    feature_keys=feature_keys, cache_dir=cache_dir,
-                                   accept_not_differentially_private=accept_not_differentially_private)
+                                   accept_not_differentially_private=accept_not_differentially_private,
+                                   votes=votes)
     return tfx.dsl.Pipeline(
         pipeline_name=pipeline_name, pipeline_root=pipeline_root,
         components=[gate, private, public, trainer], enable_cache=False,

@@ -55,3 +55,8 @@ class PermissionDeniedError(SageError, PermissionError):
 
 class LeaseTimeoutError(SageError, TimeoutError):
     """An exclusive lease stayed held by another process past the caller's deadline."""
+
+
+class GrantTooSmallError(InvalidPrivacyParameterError):
+    """The grant buys nothing (e.g. DP bagging: not one noisy label fits its ε, δ): refused
+    rather than run with an empty or constant output."""

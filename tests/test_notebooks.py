@@ -26,7 +26,8 @@ PROMISES = {
          "WindowSealedError", "distinct DP P(late | hour) values in October",
          "audit chain intact: True"), 1),
     "04_dp_bagging.ipynb": (
-        ("labels paid for", "granted: True", "formally DP: True", "student AUROC", "replayed: True",
+        ("labels paid for", "bound)", "buys no label", "granted: True", "formally DP: True",
+         "student AUROC", "replayed: True",
          "teachers reused: True", "not formally DP", "granted: False", "audit chain intact: True"), 1),
     "05_draw_and_discard.ipynb": (
         ("granted: True charged epsilon per block: 3.0", "test accuracy per pass",

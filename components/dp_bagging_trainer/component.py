@@ -33,7 +33,8 @@ class DPBaggingTrainer(base_component.BaseComponent):
     """Teachers on a granted private window, noisy labels on public points, the student.
 
     Component ``outputs`` contains ``model``: the student (``Format-Serving``) and
-    ``privacy_report.json`` (p, ε, δ, mode, accountant, per-block charge), released once per
+    ``privacy_report.json`` (p, ε, δ, votes, noise scale, the bound that won, mode,
+    accountant, per-block charge), released once per
     grant: a re-execution gets the recorded directory back byte for byte.
     """
 
@@ -43,11 +44,11 @@ class DPBaggingTrainer(base_component.BaseComponent):
     def __init__(self, *, examples: types.Channel, public_examples: types.Channel,
                  grant: types.Channel, k: int, n: int, lam: float, label_key: str,
                  unit_key: str, feature_keys: Sequence[str], public_declared: bool = False,
-                 mode: str = "fixed_queries", accountant: str = "rdp", teacher: str = "logistic",
+                 mode: str = "fixed_queries", accountant: str = "best", teacher: str = "logistic",
                  split: str = spec.DEFAULT_SPLIT, public_split: str = spec.DEFAULT_SPLIT,
                  salt: Optional[str] = None, cache_dir: Optional[str] = None,
                  accept_not_differentially_private: bool = False,
-                 max_labels: Optional[int] = None):
+                 max_labels: Optional[int] = None, votes: str = "laplace"):
         """Args: see the module docstring; ``public_declared`` must be True (the user vouches
         that ``public_examples`` is public data); ``mode="paper"`` is not differentially private
         and needs ``accept_not_differentially_private=True`` (recorded on the model, which
@@ -55,7 +56,8 @@ class DPBaggingTrainer(base_component.BaseComponent):
         public points a run reserves, by default all that are left for the window. Raises
         ValueError subclasses on bad input."""
         BaggingConfig(k=k, n=n, lam=lam, mode=mode, accountant=accountant, teacher=teacher,
-                      accept_not_differentially_private=accept_not_differentially_private)
+                      accept_not_differentially_private=accept_not_differentially_private,
+                      votes=votes)
         reservation(None if mode == "paper" else 0, public_size=1, max_labels=max_labels)
         if public_declared is not True:
             raise InvalidRequestError("declare the public examples public (public_declared=True): "
@@ -71,5 +73,5 @@ class DPBaggingTrainer(base_component.BaseComponent):
             label_key=label_key, unit_key=unit_key, feature_keys=keys_json, public_declared=1,
             split=split, public_split=public_split, salt=salt, cache_dir=cache_dir,
             accept_not_differentially_private=int(accept_not_differentially_private),
-            max_labels=max_labels,
+            max_labels=max_labels, votes=votes,
             model=types.Channel(type=standard_artifacts.Model)))

@@ -3,7 +3,8 @@ public points, the student as a serving SavedModel, and a privacy report (DP bag
 
 Privacy. The run spends exactly what the gate charged, re-derived from the grant
 (``sage_tfx.bagging.labels_from_grant``): an rdp grant must be the event
-``SelfComposed(LaplaceDpEvent(1/(2λ)), p)`` and p labels are answered; a basic grant (ε, δ)
+``SelfComposed(query, p)`` of the configured votes (``sage_tfx.bagging.votes``: Laplace,
+Gumbel or Gaussian noisy-max) and p labels are answered; a basic grant (ε, δ)
 answers the largest p whose dp_accounting ε fits it (fixed_queries), or runs the paper's
 data-dependent loop under the whole grant (paper mode: not differentially private, run only with
 the exec property ``accept_not_differentially_private=1``, recorded on the model as the int
@@ -56,7 +57,8 @@ def config_from_exec_properties(props: Dict[str, Any]) -> BaggingConfig:
     return BaggingConfig(k=props.get(spec.K_KEY), n=props.get(spec.N_KEY), lam=props.get(spec.LAMBDA_KEY),
                          mode=props.get(spec.MODE_KEY), accountant=props.get(spec.ACCOUNTANT_KEY),
                          teacher=props.get(spec.TEACHER_KEY),
-                         accept_not_differentially_private=opt_in == 1)
+                         accept_not_differentially_private=opt_in == 1,
+                         votes=props.get(spec.VOTES_KEY) or "laplace")
 
 
 def feature_keys_of(props: Dict[str, Any]) -> list:
@@ -285,7 +287,8 @@ class Executor(base_beam_executor.BaseBeamExecutor):
                     from sage_tfx.bagging import vote_counts
                     counts = vote_counts(ensemble, pool[:plan.queries])
                 return fixed_labels(counts, k=config.k, lam=config.lam, accountant=config.accountant,
-                                    epsilon=plan.epsilon, delta=plan.delta)
+                                    epsilon=plan.epsilon, delta=plan.delta, votes=config.votes,
+                                    bound=plan.bound)
             unit_chunks = chunk_assignment(units_all, k=config.k, n=config.n, salt=salt)
             return label_public(ensemble, pool, epsilon=plan.epsilon, delta=plan.delta, lam=config.lam,
                                 mode="paper", unit_chunks=unit_chunks,

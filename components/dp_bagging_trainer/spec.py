@@ -18,6 +18,7 @@ N_KEY = "n"
 LAMBDA_KEY = "lam"
 MODE_KEY = "mode"
 ACCOUNTANT_KEY = "accountant"
+VOTES_KEY = "votes"                        # laplace (default) / gumbel / gaussian noisy-max
 TEACHER_KEY = "teacher"
 LABEL_KEY = "label_key"
 UNIT_KEY = "unit_key"
@@ -55,6 +56,7 @@ class DPBaggingTrainerSpec(ComponentSpec):
         LAMBDA_KEY: ExecutionParameter(type=float),
         MODE_KEY: ExecutionParameter(type=str),
         ACCOUNTANT_KEY: ExecutionParameter(type=str),
+        VOTES_KEY: ExecutionParameter(type=str, optional=True),
         TEACHER_KEY: ExecutionParameter(type=str),
         LABEL_KEY: ExecutionParameter(type=str),
         UNIT_KEY: ExecutionParameter(type=str),

@@ -13,6 +13,7 @@ from typing import Optional
 import numpy as np
 
 from sage_tfx.bagging import accounting as acc
+from sage_tfx.bagging import votes as votes_lib
 from sage_tfx.bagging.teachers import TeacherEnsemble
 from sage_tfx.errors import InvalidRequestError
 
@@ -66,6 +67,9 @@ class LabellingResult:
     per_query_epsilon: float
     formally_dp: bool
     event: object = None
+    votes: str = "laplace"           # the vote mechanism (sage_tfx.bagging.votes)
+    bound: Optional[str] = None      # fixed_queries: the bound that gave ε (pure / rdp / pld)
+    rho: Optional[float] = None      # per-query zCDP ρ (Gumbel, Gaussian votes)
 
     def report(self) -> dict:
         """JSON-able privacy report: public, data-independent figures only.
@@ -83,6 +87,7 @@ class LabellingResult:
             "per_query_epsilon": self.per_query_epsilon, "formally_dp": self.formally_dp,
             "not_differentially_private": not self.formally_dp,
             "event": json.loads(event_to_json(self.event)) if self.event is not None else None,
+            "vote_mechanism": self.votes, "bound": self.bound, "per_query_rho": self.rho,
         }
         if not self.formally_dp:
             out["stopping_rule"] = PAPER_STOPPING_RULE
@@ -97,7 +102,8 @@ class LabellingResult:
         return cls(labels, np.arange(public_start, public_start + len(labels)), len(labels),
                    report["mode"], report["accountant"], report["epsilon"], report["delta"],
                    report["lambda"], report["noise_scale"], report["per_query_epsilon"],
-                   report["formally_dp"], event=event)
+                   report["formally_dp"], event=event, votes=report.get("vote_mechanism", "laplace"),
+                   bound=report.get("bound"), rho=report.get("per_query_rho"))
 
 
 PAPER_STOPPING_RULE = ("Alg. 1's personalised moments accountant (paper's fixed added unit); a "
@@ -130,7 +136,8 @@ def check_non_dp_opt_in(mode: str, accepted) -> bool:
 
 
 def label_public(ensemble: TeacherEnsemble, X_public: np.ndarray, *, epsilon: float,
-                 delta: float, lam: float, mode: str = "fixed_queries", accountant: str = "rdp",
+                 delta: float, lam: float, mode: str = "fixed_queries", accountant: str = "best",
+                 votes: str = "laplace",
                  unit_chunks: Optional[np.ndarray] = None, noise=None,
                  max_order: int = acc.DEFAULT_MAX_ORDER, max_labels: Optional[int] = None,
                  accept_not_differentially_private: bool = False) -> LabellingResult:
@@ -144,7 +151,10 @@ def label_public(ensemble: TeacherEnsemble, X_public: np.ndarray, *, epsilon: fl
       mode: ``"fixed_queries"`` (p fixed from the grant, formally DP) or ``"paper"`` (Alg. 1's
         data-dependent stopping, before the query that would cross ε; reproduction only, not
         formally DP: needs ``accept_not_differentially_private=True``).
-      accountant: ``"rdp"`` or ``"pld"`` (fixed_queries).
+      accountant: ``"best"``, ``"pure"``, ``"rdp"`` or ``"pld"`` (fixed_queries;
+        ``sage_tfx.bagging.votes``).
+      votes: ``"laplace"``, ``"gumbel"`` or ``"gaussian"`` noisy-max (fixed_queries; paper mode
+        is Laplace only).
       unit_chunks: chunk of each privacy unit [U, k] (paper mode's per-unit accountant).
       max_labels: answer at most this many (a public number); defaults to all public points.
     """
@@ -152,18 +162,24 @@ def label_public(ensemble: TeacherEnsemble, X_public: np.ndarray, *, epsilon: fl
         raise InvalidRequestError(f"mode must be one of {MODES}, got {mode!r}")
     check_non_dp_opt_in(mode, accept_not_differentially_private)
     lam = acc.check_lambda(lam)
-    epsilon, delta = acc._check_eps_delta(epsilon, delta)
+    if mode == "paper":
+        epsilon, delta = acc._check_eps_delta(epsilon, delta)
+        if votes != "laplace":
+            raise InvalidRequestError("paper mode accounts Laplace votes only")
+    else:
+        epsilon, delta = votes_lib.check_eps_delta(epsilon, delta)
     X_public = np.asarray(X_public, dtype=np.float64)
     if X_public.ndim != 2 or len(X_public) == 0:
         raise InvalidRequestError("no public data to label")
     cap = len(X_public) if max_labels is None else min(int(max_labels), len(X_public))
     common = dict(lam=lam, noise_scale=ensemble.k / lam, per_query_epsilon=2 * lam, delta=delta)
     if mode == "fixed_queries":
-        p = min(acc.max_queries(epsilon, delta, lam=lam, accountant=accountant, limit=max(cap, 1)), cap)
+        mech = votes_lib.mechanism(votes, k=ensemble.k, lam=lam)
+        p, eps, bound = votes_lib.max_queries(mech, epsilon, delta, accountant=accountant,
+                                              limit=cap)
         return fixed_labels(_counts(ensemble, X_public[:p]), k=ensemble.k, lam=lam,
-                            accountant=accountant,
-                            epsilon=acc.epsilon_of(p, lam=lam, delta=delta, accountant=accountant),
-                            delta=delta, noise=noise)
+                            accountant=accountant, epsilon=eps, delta=delta, noise=noise,
+                            votes=votes, bound=bound)
     if unit_chunks is None:
         raise InvalidRequestError("paper mode needs the chunk assignment of every privacy unit")
     pma = acc.PersonalisedMomentsAccountant(unit_chunks, n=ensemble.n, lam=lam, delta=delta,
@@ -183,15 +199,19 @@ def label_public(ensemble: TeacherEnsemble, X_public: np.ndarray, *, epsilon: fl
 
 
 def fixed_labels(counts: np.ndarray, *, k: int, lam: float, accountant: str, epsilon: float,
-                 delta: float, noise=None) -> LabellingResult:
+                 delta: float, noise=None, votes: str = "laplace",
+                 bound: Optional[str] = None) -> LabellingResult:
     """fixed_queries: the noisy argmax of every row of ``counts`` (p = its rows, fixed before
-    any vote), reported as the composed event ``SelfComposed(Laplace(1/(2λ)), p)`` at (ε, δ)."""
-    lam = acc.check_lambda(lam)
+    any vote) under the vote mechanism ``votes``, reported as its composed event
+    ``SelfComposed(query, p)`` at (ε, δ) with the bound that gave ε."""
+    mech = votes_lib.mechanism(votes, k=k, lam=lam)
     p = len(counts)
-    labels = noisy_argmax(counts, k=k, lam=lam, noise=noise) if p else np.zeros(0, np.int64)
+    labels = votes_lib.draw_labels(np.asarray(counts).reshape(p, -1), mech, noise=noise) \
+        if p else np.zeros(0, np.int64)
     return LabellingResult(labels, np.arange(p), p, "fixed_queries", accountant, float(epsilon),
-                           float(delta), lam, k / lam, 2 * lam, True,
-                           event=acc.queries_event(lam, p))
+                           float(delta), mech.lam, mech.noise_scale, mech.pure_epsilon, True,
+                           event=votes_lib.queries_event(mech, p), votes=votes, bound=bound,
+                           rho=mech.rho)
 
 
 def _counts(ensemble, X):

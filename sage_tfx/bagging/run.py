@@ -14,12 +14,13 @@ import numpy as np
 
 from sage_tfx.bagging import accounting as acc
 from sage_tfx.bagging import purchase as purchase_lib
+from sage_tfx.bagging import votes as votes_lib
 from sage_tfx.bagging.cache import TeacherCache, cache_key
 from sage_tfx.bagging.labelling import (MODES, LabellingResult, check_non_dp_opt_in, fixed_labels,
                                         label_public, train_student)
 from sage_tfx.bagging.partition import check_shape, chunk_assignment
 from sage_tfx.bagging.teachers import TEACHER_KINDS, train_teachers, vote_counts
-from sage_tfx.errors import GrantStateError, InvalidPrivacyParameterError, InvalidRequestError
+from sage_tfx.errors import GrantStateError, GrantTooSmallError, InvalidRequestError
 from sage_tfx.ledger.values import RELEASED
 
 __all__ = ["BaggingConfig", "BaggingResult", "plan_labels", "labels_from_grant", "fit_dp_bagging",
@@ -28,18 +29,24 @@ __all__ = ["BaggingConfig", "BaggingResult", "plan_labels", "labels_from_grant",
 
 @dataclasses.dataclass(frozen=True)
 class BaggingConfig:
-    """k partitions × n teachers, λ, the accounting mode and the teacher type."""
+    """k partitions × n teachers, λ, the vote mechanism, the accounting mode and the teacher.
+
+    ``votes``: ``laplace`` (Theorem 1), ``gumbel`` (exponential mechanism, bounded range) or
+    ``gaussian`` (GNMax); ``accountant``: ``best`` (the most labels of the pure-DP, RDP and PLD
+    bounds) or one of them (``sage_tfx.bagging.votes``).
+    """
     k: int
     n: int
     lam: float
     mode: str = "fixed_queries"
-    accountant: str = "rdp"
+    accountant: str = "best"
     teacher: str = "logistic"
     l2: float = 1.0
     max_order: int = acc.DEFAULT_MAX_ORDER
     # Paper mode is not differentially private: it runs only with this explicit opt-in, which is
     # recorded on the model (and DPModelValidator refuses to bless such a model).
     accept_not_differentially_private: bool = False
+    votes: str = "laplace"
 
     def __post_init__(self):
         check_shape(self.k, self.n)
@@ -47,8 +54,10 @@ class BaggingConfig:
         if self.mode not in MODES:
             raise InvalidRequestError(f"mode must be one of {MODES}, got {self.mode!r}")
         check_non_dp_opt_in(self.mode, self.accept_not_differentially_private)
-        if self.accountant not in acc.ACCOUNTANTS:
-            raise InvalidPrivacyParameterError(f"accountant must be one of {acc.ACCOUNTANTS}")
+        votes_lib.check_accountant(self.accountant)
+        votes_lib.check_votes(self.votes)
+        if self.mode == "paper" and self.votes != "laplace":
+            raise InvalidRequestError("paper mode (Alg. 1's accountant) accounts Laplace votes only")
         if self.teacher not in TEACHER_KINDS:
             raise InvalidRequestError(f"teacher must be one of {TEACHER_KINDS}")
 
@@ -61,23 +70,45 @@ class LabelPlan:
     delta: float
     event: object                # DpEvent to charge (fixed_queries), None in paper mode
     formally_dp: bool
+    bound: Optional[str] = None  # fixed_queries: the bound that gave ε (pure / rdp / pld)
 
 
 def plan_labels(config: BaggingConfig, *, epsilon: float, delta: float, public_size: int) -> LabelPlan:
     """The charge of a run, from the grant and public facts only (Sage: charge before release).
 
-    fixed_queries: p = min(largest p with ε(p) ≤ ε, public_size) and its composed event; paper
-    mode: the whole (ε, δ) grant (basic streams only: no DpEvent describes a data-dependent stop).
+    fixed_queries: p = min(largest p with ε(p) ≤ ε by the config's accountant, public_size) and
+    its composed event (δ = 0 is a pure-DP grant: only the pure bound counts); paper mode: the
+    whole (ε, δ) grant, δ > 0 (basic streams only: no DpEvent describes a data-dependent stop).
+
+    Raises:
+      GrantTooSmallError: the grant buys not one label (no run with a constant student).
     """
-    epsilon, delta = acc._check_eps_delta(epsilon, delta)
+    if config.mode == "paper":
+        epsilon, delta = acc._check_eps_delta(epsilon, delta)
+    else:
+        epsilon, delta = votes_lib.check_eps_delta(epsilon, delta)
     if public_size < 1:
         raise InvalidRequestError("no public data to label")
     if config.mode == "paper":
         return LabelPlan(None, epsilon, delta, None, False)
-    p = min(acc.max_queries(epsilon, delta, lam=config.lam, accountant=config.accountant,
-                            limit=public_size), public_size)
-    return LabelPlan(p, acc.epsilon_of(p, lam=config.lam, delta=delta, accountant=config.accountant),
-                     delta, acc.queries_event(config.lam, p), True)
+    mech = votes_lib.mechanism(config.votes, k=config.k, lam=config.lam)
+    p, eps, bound = votes_lib.max_queries(mech, epsilon, delta, accountant=config.accountant,
+                                          limit=public_size)
+    if p == 0:
+        _refuse_no_label(config, mech, epsilon, delta)
+    return LabelPlan(p, eps, delta, votes_lib.queries_event(mech, p), True, bound=bound)
+
+
+def _refuse_no_label(config, mech, epsilon, delta):
+    one, bound = votes_lib.best_epsilon(mech, 1, delta, config.accountant)
+    need = (f"one vote costs epsilon = {one:.6g} at delta = {delta:g} ({bound} bound)"
+            if one < float("inf") else f"no bound gives a finite epsilon at delta = {delta:g} "
+            "(Gaussian votes have no pure-DP bound: a delta = 0 grant buys none)")
+    raise GrantTooSmallError(
+        f"a grant of (epsilon = {epsilon:g}, delta = {delta:g}) buys no label with "
+        f"{config.votes} votes at lambda = {config.lam:g} (accountant {config.accountant!r}): "
+        f"{need}. Refusing rather than training a constant student: grant more, lower lambda, "
+        "or choose other votes")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,7 +187,8 @@ def fit_dp_bagging(X: np.ndarray, y: np.ndarray, units: Sequence, X_public: np.n
         if plan.formally_dp:
             return fixed_labels(vote_counts(ensemble, pool), k=config.k, lam=config.lam,
                                 accountant=config.accountant, epsilon=plan.epsilon,
-                                delta=plan.delta, noise=noise)
+                                delta=plan.delta, noise=noise, votes=config.votes,
+                                bound=plan.bound)
         return label_public(ensemble, pool, epsilon=plan.epsilon, delta=plan.delta,
                             lam=config.lam, mode="paper", unit_chunks=unit_chunks, noise=noise,
                             max_order=config.max_order, accept_not_differentially_private=True)
@@ -186,7 +218,6 @@ def _plan_of(config, ledger, grant_id, epsilon, delta, public_size, cache_id):
         raise InvalidRequestError("give both ledger and grant_id (a purchase under a grant), or "
                                   "neither (an experiment that charges and records nothing)")
     if ledger is None:
-        acc._check_eps_delta(epsilon, delta)
         return (plan_labels(config, epsilon=epsilon, delta=delta, public_size=public_size),
                 dict(cache_id or {}))
     if epsilon is not None or delta is not None:
@@ -210,15 +241,17 @@ def labels_from_grant(config: BaggingConfig, *, epsilon: Optional[float], delta:
     """What a granted run may spend, re-derived from the charge itself (never more).
 
     * rdp grant (a DpEvent): fixed_queries only; the event must be exactly
-      ``SelfComposed(Laplace(1/(2λ)), p)`` for this config's λ, and p ≤ public_size. ε is
-      reported at ``report_delta`` (the stream's δ_g).
+      ``SelfComposed(query, p)`` of this config's votes, k and λ (``votes.queries_event``), and
+      p ≤ public_size. ε is reported at ``report_delta`` (the stream's δ_g) by the config's
+      accountant.
     * basic grant (ε, δ): fixed_queries answers p = min(largest p with ε(p) ≤ ε, public_size)
-      (so a grant made from :func:`plan_labels` gives back the same p); paper mode spends the
-      whole grant.
+      (so a grant made from :func:`plan_labels` gives back the same p); δ = 0 grants count the
+      pure-DP bound only; paper mode spends the whole grant.
 
     Raises:
-      InvalidRequestError: the charge does not describe this run (wrong λ, paper mode on an
-        rdp grant, p beyond the public set, no public data).
+      InvalidRequestError: the charge does not describe this run (wrong votes or λ, paper mode
+        on an rdp grant, p beyond the public set, no public data).
+      GrantTooSmallError: the grant buys not one label.
     """
     import dp_accounting
 
@@ -228,19 +261,22 @@ def labels_from_grant(config: BaggingConfig, *, epsilon: Optional[float], delta:
         if config.mode != "fixed_queries":
             raise InvalidRequestError("paper mode has a data-dependent cost that no DpEvent "
                                       "describes: run it on a basic-mode stream")
+        mech = votes_lib.mechanism(config.votes, k=config.k, lam=config.lam)
         ok = (isinstance(event, dp_accounting.SelfComposedDpEvent)
-              and isinstance(event.event, dp_accounting.LaplaceDpEvent)
-              and event == acc.queries_event(config.lam, int(event.count)))
+              and event == votes_lib.queries_event(mech, int(event.count)))
         if not ok:
             raise InvalidRequestError(f"the grant charged {event}, which is not "
-                                      f"SelfComposed(LaplaceDpEvent({1 / (2 * config.lam)}), p) "
-                                      f"for lambda = {config.lam}")
+                                      f"SelfComposed({mech.event}, p): the {config.votes} vote "
+                                      f"for k = {config.k}, lambda = {config.lam}")
         p = int(event.count)
+        if p < 1:
+            raise GrantTooSmallError(f"the grant charged {event}: zero votes buy no label; "
+                                     "refusing rather than training a constant student")
         if p > public_size:
             raise InvalidRequestError(f"the grant pays for {p} labels but only {public_size} "
                                       "public points exist")
         if report_delta is None:
             raise InvalidRequestError("an rdp grant needs the delta to report epsilon at")
-        eps = acc.epsilon_of(p, lam=config.lam, delta=report_delta, accountant=config.accountant)
-        return LabelPlan(p, eps, float(report_delta), event, True)
+        eps, bound = votes_lib.best_epsilon(mech, p, float(report_delta), config.accountant)
+        return LabelPlan(p, eps, float(report_delta), event, True, bound=bound)
     return plan_labels(config, epsilon=epsilon, delta=delta, public_size=public_size)

@@ -35,7 +35,8 @@ from sage_tfx.errors import InvalidPrivacyParameterError
 ArrayLike = Union[np.ndarray, Sequence[Any], float, int]
 
 __all__ = ["laplace", "gaussian", "discrete_laplace", "discrete_gaussian", "laplace_epsilon",
-           "gaussian_rho", "noisy_max", "noisy_max_epsilon", "SeededNoise", "NoiseSource"]
+           "gaussian_rho", "noisy_max", "noisy_max_epsilon", "gumbel_max", "gumbel_max_rho",
+           "SeededNoise", "NoiseSource"]
 
 
 def _dp():
@@ -176,6 +177,40 @@ def noisy_max_epsilon(scale: float, linf_sensitivity: float, *, monotonic: bool 
     return float(_noisy_max_measurement(scale, bool(monotonic)).map(sens))
 
 
+@functools.lru_cache(maxsize=256)
+def _gumbel_max_measurement(scale: float):
+    dp = _dp()
+    return dp.m.make_noisy_max(dp.vector_domain(dp.atom_domain(T=int)), dp.linf_distance(T=int),
+                               dp.zero_concentrated_divergence(), scale=scale)
+
+
+def gumbel_max(counts: ArrayLike, scale: float) -> Union[int, np.ndarray]:
+    """argmax of integer ``counts`` plus i.i.d. Gumbel(0, ``scale``) noise (OpenDP's
+    ``make_noisy_max`` under zero-concentrated divergence: the exponential mechanism, sampled
+    exactly on integer scores, no floating point). A 1-D input gives an index, a 2-D input
+    [P, C] the index of every row. For counts of L∞ sensitivity Δ (not monotonic) it is
+    ``2Δ/scale``-DP and ``(2Δ/scale)²/8``-zCDP (bounded range); :func:`gumbel_max_rho` returns
+    OpenDP's own map."""
+    scale = _check_scale(scale, "scale")
+    arr = _int_values(counts)
+    if arr.ndim not in (1, 2) or arr.shape[-1] == 0:
+        raise ValueError("gumbel_max needs a non-empty vector or a [P, C] matrix of counts")
+    m = _gumbel_max_measurement(scale)
+    if arr.ndim == 1:
+        return int(m(arr.tolist()))
+    return np.fromiter((m(row) for row in arr.tolist()), dtype=np.int64, count=len(arr))
+
+
+def gumbel_max_rho(scale: float, linf_sensitivity: int) -> float:
+    """zCDP ρ that OpenDP's privacy map guarantees for :func:`gumbel_max` at ``scale``."""
+    scale = _check_scale(scale, "scale")
+    sens = _check_scale(linf_sensitivity, "linf_sensitivity")
+    if sens != int(sens):
+        raise InvalidPrivacyParameterError(f"gumbel_max scores are integer counts: the "
+                                           f"sensitivity must be an integer, got {sens}")
+    return float(_gumbel_max_measurement(scale).map(int(sens)))
+
+
 class SeededNoise:
     """Reproducible numpy noise for experiments and tests only: NOT protected against the
     floating-point attack. Same functions as this module; pass it explicitly where an
@@ -212,6 +247,16 @@ class SeededNoise:
             raise ValueError("noisy_max needs at least one score")
         return int(np.argmax(arr + self.rng.exponential(scale, size=arr.shape)))
 
+    def gumbel_max(self, counts: ArrayLike, scale: float):
+        """argmax of counts plus i.i.d. Gumbel noise of ``scale`` per row (the distribution of
+        OpenDP's ``make_noisy_max`` under zCDP)."""
+        scale = _check_scale(scale, "scale")
+        arr = _int_values(counts)
+        if arr.ndim not in (1, 2) or arr.shape[-1] == 0:
+            raise ValueError("gumbel_max needs a non-empty vector or a [P, C] matrix of counts")
+        out = np.argmax(arr + self.rng.gumbel(0.0, scale, size=arr.shape), axis=-1)
+        return int(out) if arr.ndim == 1 else out.astype(np.int64)
+
     def discrete_gaussian(self, counts: ArrayLike, sigma: float):
         """Rounded Gaussian stand-in for experiments (not the exact discrete Gaussian)."""
         sigma = _check_scale(sigma, "sigma")
@@ -228,6 +273,7 @@ class _OpenDPNoise:
     discrete_laplace = staticmethod(discrete_laplace)
     discrete_gaussian = staticmethod(discrete_gaussian)
     noisy_max = staticmethod(noisy_max)
+    gumbel_max = staticmethod(gumbel_max)
 
 
 NoiseSource = Union[SeededNoise, _OpenDPNoise]

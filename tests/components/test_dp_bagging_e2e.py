@@ -58,9 +58,18 @@ def test_component_refuses_bad_input():
                      (dict(lam=0.0), InvalidPrivacyParameterError),
                      (dict(public_declared=False), InvalidRequestError),
                      (dict(feature_keys=[]), InvalidRequestError),
-                     (dict(mode="other"), InvalidRequestError)):
+                     (dict(mode="other"), InvalidRequestError),
+                     (dict(votes="cauchy"), InvalidRequestError),
+                     (dict(accountant="moments"), InvalidPrivacyParameterError)):
         with pytest.raises(err):
             DPBaggingTrainer(**ch, **{**ok, **bad})
+    DPBaggingTrainer(**ch, **ok, votes="gumbel")
+    from sage_tfx.components.dp_bagging_trainer import spec
+    from sage_tfx.components.dp_bagging_trainer.executor import config_from_exec_properties
+    props = {spec.K_KEY: 2, spec.N_KEY: 3, spec.LAMBDA_KEY: 0.5, spec.MODE_KEY: "fixed_queries",
+             spec.ACCOUNTANT_KEY: "best", spec.TEACHER_KEY: "logistic"}
+    assert config_from_exec_properties(props).votes == "laplace"
+    assert config_from_exec_properties({**props, spec.VOTES_KEY: "gaussian"}).votes == "gaussian"
 
 
 def test_pipeline_charges_every_block_and_exports_a_serving_student(tmp_path):
@@ -325,7 +334,8 @@ def test_paper_mode_opt_in_is_on_the_model_and_the_validator_refuses_it(world, c
     # every figure of the report is fixed by public inputs: nothing data-dependent, no epsilon-hat
     stopping = report.pop("stopping_rule")
     assert "not differentially private" in stopping
-    assert report == {"accountant": None, "delta": DELTA, "epsilon": TRAIN_EPS, "event": None,
+    assert report == {"accountant": None, "bound": None, "per_query_rho": None,
+                      "vote_mechanism": "laplace", "delta": DELTA, "epsilon": TRAIN_EPS, "event": None,
                       "formally_dp": False, "grant_id": g, "k": K, "lambda": LAM, "mode": "paper",
                       "n": N, "noise_scale": K / LAM, "not_differentially_private": True,
                       "per_block_charge": {b: {"delta": DELTA, "epsilon": TRAIN_EPS + 1.0}
