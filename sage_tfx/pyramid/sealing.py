@@ -22,7 +22,7 @@ import pandas as pd
 from sage_tfx.errors import InvalidRequestError, MissingGrantError, ReleaseConflictError
 from sage_tfx.ledger import accounting
 from sage_tfx.ledger.releases import MAX_VALUE_BYTES, digest_bytes, release_value_once
-from sage_tfx.pyramid.featurize import CountSpec, group_keys
+from sage_tfx.pyramid.featurize import CountSpec, group_keys, key_kinds
 from sage_tfx.pyramid.weights import select_noise_weights
 
 __all__ = ["release_name", "draw_tables", "read_meta", "release_once", "check_grant",
@@ -53,7 +53,9 @@ def draw_tables(frame: pd.DataFrame, spec: CountSpec, scales: np.ndarray, *, rdp
     """The window's noisy tables (and DP noise weights, if asked) as ``.npz`` bytes.
 
     This is the only place a window's noise is drawn. ``meta`` (window, run id, ε per table,
-    scales) is stored with the tables, with the noise variances and the next weights added.
+    scales) is stored with the tables, with the noise variances, the next weights and the key
+    kinds of every counted column (``int``/``str``/...: schema, treated as public, so that
+    serving refuses keys of another kind instead of silently backing off) added.
     """
     labels = frame[spec.label].to_numpy().astype(np.int64)
     arrays, noise_var = {}, {}
@@ -75,6 +77,7 @@ def draw_tables(frame: pd.DataFrame, spec: CountSpec, scales: np.ndarray, *, rdp
         next_weights = [float(v) for v in select_noise_weights(
             frame, spec, weight_epsilon, quantile=weight_quantile, max_count=max_count)]
     meta = dict(meta, noise_var=noise_var, next_weights=next_weights,
+                kinds=key_kinds(frame, spec.features, spec.hash_family),
                 mechanism="laplace" if rdp else "discrete_laplace")
     buf = io.BytesIO()
     np.savez_compressed(buf, prior=prior, meta=np.array(json.dumps(meta, sort_keys=True)),

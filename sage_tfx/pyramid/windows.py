@@ -66,7 +66,7 @@ from sage_tfx.dp.mechanisms import secure_laplace_scale
 from sage_tfx.errors import InvalidRequestError, RetiredBlockError, SageError
 from sage_tfx.ledger import accounting
 from sage_tfx.pyramid import hot as hot_lib
-from sage_tfx.pyramid.featurize import CountSpec, Featurization, check_frame
+from sage_tfx.pyramid.featurize import CountSpec, Featurization, check_frame, check_max_variance
 from sage_tfx.pyramid.sealing import (PRIOR, check_grant, discrete_laplace_variance, draw_tables,
                                       read_meta, release_name, release_once, retired_is_spent)
 
@@ -150,11 +150,12 @@ class PyramidStore:
             raise InvalidRequestError(f"retention must be an int >= 1 window, got {retention!r}")
         if (ledger is None) != (stream is None):
             raise InvalidRequestError("give both ledger and stream, or neither")
+        max_variance = check_max_variance(max_variance)
         if ledger is not None:
             ledger.stream(stream)  # raises UnknownStreamError
         self.spec, self.retention, self.ledger, self.stream = spec, retention, ledger, stream
         self.noise = noise if noise is not None else dp_noise.SECURE
-        self.max_variance = float(max_variance)
+        self.max_variance = max_variance
         self.state_dir = os.path.abspath(state_dir)
         self._manifest_path = os.path.join(self.state_dir, "manifest.json")
         self._retrain_callbacks: list[Callable[[tuple], Any]] = []
@@ -505,9 +506,15 @@ class PyramidStore:
         cells: dict = {}
         prior = np.zeros(self.spec.n_labels)
         noise_var: dict = {}
+        kinds: Optional[dict] = {}
         for w in live:
             with np.load(self.sealed_path(w), allow_pickle=False) as z:
                 meta = json.loads(str(z["meta"]))
+                if kinds is not None and "kinds" in meta:
+                    for f, v in meta["kinds"].items():
+                        kinds[f] = sorted(set(kinds.get(f, ())) | set(v))
+                else:       # a window sealed before kinds were recorded: not checked
+                    kinds = None
                 for k in z.files:
                     if k.startswith("cells__"):
                         name = k[len("cells__"):]
@@ -518,7 +525,8 @@ class PyramidStore:
         if not cells:
             for g in self.spec.groups:
                 cells[self.spec.group_name(g)] = self.spec.new_sketch(g).cells
-        return Featurization(self.spec, cells, prior, noise_var, live, self.max_variance)
+        return Featurization(self.spec, cells, prior, noise_var, live, self.max_variance,
+                             kinds=kinds or None)
 
     def featurization(self, cache: bool = True) -> Featurization:
         """The sum of the live windows' tables; cached until the live windows change unless
