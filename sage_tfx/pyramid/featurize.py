@@ -25,13 +25,15 @@ import pandas as pd
 
 from sage_tfx.dp.counts import (COUNT_MEDIAN, HASH_BLAKE2B, SKETCH_KINDS, CountSketch,
                                 check_depth, check_hash_family, check_width, key_hashes)
-from sage_tfx.errors import InvalidRequestError
+from sage_tfx.errors import InvalidPrivacyParameterError, InvalidRequestError
 from sage_tfx.ledger.accounting import check_epsilon
 
 __all__ = ["CountSpec", "Featurization", "UnknownFeatureError", "NonCategoricalError",
            "KeyKindError", "group_keys", "check_frame", "check_max_variance", "key_kinds",
-           "MAX_CACHED_KEYS"]
+           "MAX_CACHED_KEYS", "LAPLACE", "GAUSSIAN", "MECHANISMS"]
 
+LAPLACE, GAUSSIAN = "laplace", "gaussian"
+MECHANISMS = (LAPLACE, GAUSSIAN)
 MAX_CACHED_KEYS = 2 ** 15   # default bound of the featurizer's key-hash memo, per table
 
 
@@ -116,6 +118,9 @@ class CountSpec:
       salt: hashing salt, part of the spec so every process hashes alike.
       hash_family: ``"blake2b"`` (default) or ``"tf_siphash"``, which a TF graph computes too:
         needed to featurize inside the graph (:mod:`sage_tfx.pyramid.graph`).
+      mechanism: ``"laplace"`` (default; pure ε-DP, ``delta`` 0) or ``"gaussian"`` (discrete
+        Gaussian noise calibrated to (``epsilon``, ``delta``), :mod:`sage_tfx.pyramid.plan`).
+      delta: δ of one window's tables: 0 for Laplace, in (0, 1) for Gaussian.
     """
 
     groups: tuple
@@ -128,6 +133,8 @@ class CountSpec:
     k: int = 1
     salt: str = "sage-tfx-pyramid"
     hash_family: str = HASH_BLAKE2B
+    mechanism: str = LAPLACE
+    delta: float = 0.0
 
     def __post_init__(self):
         object.__setattr__(self, "groups", _groups(self.groups))
@@ -147,6 +154,17 @@ class CountSpec:
         if not isinstance(self.salt, str) or not self.salt:
             raise InvalidRequestError("salt must be a non-empty string")
         check_hash_family(self.hash_family)
+        if self.mechanism not in MECHANISMS:
+            raise InvalidRequestError(f"mechanism must be one of {MECHANISMS}, got "
+                                      f"{self.mechanism!r}")
+        d = self.delta
+        if isinstance(d, bool) or not isinstance(d, (int, float, np.integer, np.floating)) \
+                or not np.isfinite(float(d)) or \
+                not (float(d) == 0.0 if self.mechanism == LAPLACE else 0.0 < float(d) < 1.0):
+            raise InvalidPrivacyParameterError(
+                f"delta must be 0 for the Laplace tables and in (0, 1) for the Gaussian ones, "
+                f"got {d!r} ({self.mechanism})")
+        object.__setattr__(self, "delta", float(d))
 
     @property
     def features(self) -> tuple[str, ...]:
@@ -169,6 +187,8 @@ class CountSpec:
         d["groups"] = [list(g) for g in self.groups]
         if d["hash_family"] == HASH_BLAKE2B:   # the default is left out: digests, run ids and
             del d["hash_family"]               # stores of earlier specs stay valid
+        if d["mechanism"] == LAPLACE:          # likewise
+            del d["mechanism"], d["delta"]
         return d
 
     @classmethod
