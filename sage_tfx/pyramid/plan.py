@@ -73,18 +73,25 @@ def _rdp_epsilon(event: dp_accounting.DpEvent, delta: float) -> float:
     return float(RdpAccountant().compose(event).get_epsilon(delta))
 
 
-def gaussian_sigmas(spec: CountSpec, weights: Optional[Sequence[float]] = None) -> np.ndarray:
+def _repeated(event: dp_accounting.DpEvent, repeat: int) -> dp_accounting.DpEvent:
+    return event if repeat == 1 else dp_accounting.SelfComposedDpEvent(event, repeat)
+
+
+def gaussian_sigmas(spec: CountSpec, weights: Optional[Sequence[float]] = None,
+                    repeat: int = 1) -> np.ndarray:
     """The charged σ of every table (before OpenDP's ulps): ``c · w_i``, ``c`` calibrated with
-    dp_accounting's RDP accountant to the spec's (ε, δ)."""
+    dp_accounting's RDP accountant so that ``repeat`` releases of the tables (an observation in
+    ``repeat`` tree nodes, :mod:`sage_tfx.pyramid.tree`) together meet the spec's (ε, δ)."""
     if spec.mechanism != GAUSSIAN:
         raise InvalidPrivacyParameterError(f"spec {spec.digest()} is not a Gaussian spec")
     w = _weights(spec, weights)
     depths = table_depths(spec)
     c = dp_accounting.calibrate_dp_mechanism(
-        RdpAccountant, lambda c: gaussian_event(c * w, depths, spec.k), spec.epsilon, spec.delta,
-        dp_accounting.LowerEndpointAndGuess(1e-9, 1.0), tol=1e-9)
+        RdpAccountant, lambda c: _repeated(gaussian_event(c * w, depths, spec.k), repeat),
+        spec.epsilon, spec.delta, dp_accounting.LowerEndpointAndGuess(1e-9, 1.0), tol=1e-9)
     sigmas = c * w
-    if _rdp_epsilon(gaussian_event(sigmas, depths, spec.k), spec.delta) > spec.epsilon * (1 + 1e-9):
+    if _rdp_epsilon(_repeated(gaussian_event(sigmas, depths, spec.k), repeat),
+                    spec.delta) > spec.epsilon * (1 + 1e-9):
         raise AssertionError("calibrated Gaussian noise exceeds the spec's epsilon")
     return sigmas
 
@@ -133,22 +140,29 @@ class NoisePlan:
 
 
 def plan_window(spec: CountSpec, weights: Optional[Sequence[float]] = None, *,
-                rdp: bool = False) -> NoisePlan:
+                rdp: bool = False, repeat: int = 1) -> NoisePlan:
     """The noise of a window's tables under ``spec`` at noise ``weights``, on a basic stream
-    or (``rdp``) an rdp one. See the module docstring."""
+    or (``rdp``) an rdp one. See the module docstring. With ``repeat`` > 1 the tables are
+    released ``repeat`` times with independent noise (a window in ``repeat`` tree nodes): the
+    scales are those for which the ``repeat`` releases *together* cost the spec's (ε, δ), and
+    :attr:`NoisePlan.event` is the composition of all of them."""
+    if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
+        raise InvalidPrivacyParameterError(f"repeat must be an int >= 1, got {repeat!r}")
     depths = table_depths(spec)
     if spec.mechanism == GAUSSIAN:
-        sig = gaussian_sigmas(spec, weights)
+        sig = gaussian_sigmas(spec, weights, repeat)
         rhos = np.array([d * spec.k ** 2 / (2.0 * s * s) for s, d in zip(sig, depths)])
         scales = np.array([_opendp_sigma(float(s), spec.k) for s in sig])
-        return NoisePlan(DISCRETE_GAUSSIAN, scales, spec.epsilon * rhos / rhos.sum(),
-                         spec.epsilon, spec.delta, gaussian_event(sig, depths, spec.k), rhos)
-    eps = table_epsilons(spec.epsilon, weights, n_tables=spec.n_tables)
+        return NoisePlan(DISCRETE_GAUSSIAN, scales, spec.epsilon * rhos / rhos.sum() / repeat,
+                         spec.epsilon, spec.delta,
+                         _repeated(gaussian_event(sig, depths, spec.k), repeat), rhos)
+    eps = table_epsilons(spec.epsilon / repeat, weights, n_tables=spec.n_tables)
     if rdp:
         event = dp_accounting.ComposedDpEvent(
             [table_event(float(e), d) for e, d in zip(eps, depths)])
         scales = np.array([secure_laplace_scale(float(e) / d, spec.k) for e, d in zip(eps, depths)])
-        return NoisePlan(CONTINUOUS_LAPLACE, scales, eps, spec.epsilon, 0.0, event)
+        return NoisePlan(CONTINUOUS_LAPLACE, scales, eps, spec.epsilon, 0.0,
+                         _repeated(event, repeat))
     scales = np.append(noise_scales(eps[:-1], spec.depth, spec.k), noise_scales(eps[-1:], 1, spec.k))
     return NoisePlan(DISCRETE_LAPLACE, scales, eps, spec.epsilon, 0.0, None)
 
