@@ -164,13 +164,17 @@ def ledger(sqlite_url):
     led.close()
 
 
-def test_seal_charges_epsilon_delta_and_replays(tmp_path, ledger):
-    spec = gspec()
-    s = PyramidStore(spec, str(tmp_path / "a"), retention=2, ledger=ledger, stream="obs",
+def seal_one(path, ledger, spec, stream):
+    s = PyramidStore(spec, str(path), retention=2, ledger=ledger, stream=stream,
                      noise=SeededNoise(0))
     s.open_window(0, ["w0"])
     s.observe(frame())
-    r = s.seal()
+    return s, s.seal()
+
+
+def test_seal_charges_epsilon_delta_and_replays(tmp_path, ledger):
+    spec = gspec()
+    s, r = seal_one(tmp_path / "a", ledger, spec, "obs")
     g = ledger.grant_for_run("obs", r.run_id)
     assert (g.epsilon, g.delta) == (1.0, 1e-6)
     assert ledger.remaining("obs", "w0")["epsilon"] == pytest.approx(4.0)
@@ -187,11 +191,7 @@ def test_seal_charges_epsilon_delta_and_replays(tmp_path, ledger):
 def test_seal_on_rdp_stream_charges_the_gaussian_event(tmp_path, ledger):
     from sage_tfx.ledger import accounting
     spec = gspec(delta=1e-5)
-    s = PyramidStore(spec, str(tmp_path / "r"), retention=2, ledger=ledger, stream="rdp",
-                     noise=SeededNoise(1))
-    s.open_window(0, ["w0"])
-    s.observe(frame())
-    r = s.seal()
+    _, r = seal_one(tmp_path / "r", ledger, spec, "rdp")
     g = ledger.grant_for_run("rdp", r.run_id)
     assert accounting.event_to_json(g.event) == accounting.event_to_json(window_event(spec))
     assert RdpAccountant().compose(g.event).get_epsilon(1e-5) <= 1.0 + 1e-9
