@@ -68,14 +68,14 @@ def fig7(train, test, hot, base, windows, seeds, log):
     return rows
 
 
-def fig6(train, test, hot, base, seeds, log):
+def fig6(train, test, hot, base, seeds, log, epsilons=(0.33, 1.0)):
     months = E.history_months(train, hot)
     rows = []
     lap = (("none", COUNT_MEDIAN), ("exact", COUNT_MEDIAN), ("dp", COUNT_MEDIAN),
            ("none", COUNT_MIN), ("dp", COUNT_MIN))
     gau = (("none", COUNT_MEDIAN), ("dp", COUNT_MEDIAN), ("none", COUNT_MIN))
     configs = [(eps, w, kind, mech) for mech, cfg in (("laplace", lap), ("gaussian", gau))
-               for eps in (0.33, 1.0) for w, kind in cfg]
+               for eps in epsilons for w, kind in cfg]
     for eps, wmode, kind, mech in configs:
         for seed in seeds:
             spec = spec_for(eps, mech, kind)
@@ -121,6 +121,7 @@ def main():
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--windows", default="4,16,64,256")
     ap.add_argument("--only", choices=("6", "7", "analytic"), default=None)
+    ap.add_argument("--eps", default="0.33,1", help="Fig. 6's ε values")
     a = ap.parse_args()
     if a.only == "analytic":
         print(analytic().pivot(index="windows", columns="mechanism").round(1).to_markdown())
@@ -142,7 +143,8 @@ def main():
         print(f7.groupby(["mechanism", "scheme", "windows"])[["cell_std", "nodes"]].first()
               .unstack("windows").to_markdown())
     if a.only != "7":
-        f6 = pd.DataFrame(fig6(train, test, hot, base, seeds, log))
+        f6 = pd.DataFrame(fig6(train, test, hot, base, seeds, log,
+                               [float(e) for e in a.eps.split(",")]))
         f6.insert(0, "baseline", base)
         f6.to_csv(os.path.join(OUT, "many_windows_fig6.csv"), index=False)
         print(f6.groupby(["model", "mechanism", "sketch", "weights", "epsilon"])["normalized"]
