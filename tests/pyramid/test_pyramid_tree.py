@@ -129,3 +129,42 @@ def test_opendp_noise_path_runs():
     for w in range(4):
         tree.add_window(w, exact_tables(frame(seed=w), GSPEC))
     assert tree.range_tables(1, 3)[2] == 2
+
+
+def test_audit_of_a_windows_nodes_passes_and_catches_half_the_noise():
+    """All L+1 nodes one window enters, as stored, audited against the spec's (ε, δ)."""
+    from sage_tfx.dp import audit
+    spec = CountSpec(groups=("user",), label="y", width=8, depth=3, epsilon=2.0,
+                     mechanism="gaussian", delta=1e-5)
+    tabs_b = exact_tables(pd.DataFrame({"user": ["t"], "y": [1]}), spec)
+    tabs_a = {k: np.zeros_like(v) for k, v in tabs_b.items()}
+    b, s = spec.new_sketch(("user",))._hash(["t"])
+
+    # Seeded sampler (the same distribution; OpenDP's path runs in test_opendp_noise_path_runs
+    # and the Gaussian tables' own audit): deterministic and fast enough at load.
+    tree = DyadicTree(spec, 8, SeededNoise(7))
+    plan = tree.plan
+
+    def release_with(factor):
+        def release(x, n):
+            tree.plan = plan.__class__(plan.mechanism, plan.scales * factor, plan.shares,
+                                       plan.epsilon, plan.delta, plan.event, plan.rhos)
+            out = []
+            for _ in range(n):
+                tree.nodes, tree.newest = {}, None
+                tree.add_window(0, tabs_b if x == "b" else tabs_a)
+                sig = tree.plan.scales / factor
+                t = 0.0
+                for node in tree.nodes.values():           # the 4 nodes window 0 is in
+                    cells = node["tables"]["user"]
+                    t += float(np.sum(cells[np.arange(3), b[0], 1] * s[0])) / sig[0] ** 2
+                    t += float(node["tables"]["__prior__"][1]) / sig[1] ** 2
+                out.append(t)
+            return np.array(out)
+        return release
+
+    kw = dict(claimed_epsilon=2.0, delta=1e-5, runs=1000)
+    good = audit.gaussian_shift_audit(release_with(1.0), "a", "b", **kw)
+    assert good.epsilon_lower_bound <= 2.0, good
+    broken = audit.gaussian_shift_audit(release_with(0.5), "a", "b", **kw)
+    assert broken.epsilon_lower_bound > 2.0, broken
