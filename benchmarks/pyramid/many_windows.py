@@ -122,6 +122,8 @@ def main():
     ap.add_argument("--windows", default="4,16,64,256")
     ap.add_argument("--only", choices=("6", "7", "analytic"), default=None)
     ap.add_argument("--eps", default="0.33,1", help="Fig. 6's ε values")
+    ap.add_argument("--first-seed", type=int, default=0,
+                    help="seeds first..first+seeds-1; CSVs of first > 0 get a _s<first> suffix")
     a = ap.parse_args()
     if a.only == "analytic":
         print(analytic().pivot(index="windows", columns="mechanism").round(1).to_markdown())
@@ -131,13 +133,14 @@ def main():
     train, test = time_split(M.load_movielens())
     hot = E.hot_window(train, FRACTION)
     base = E.raw_lr_loss(train, test, M.FEATURES)
-    seeds = list(range(a.seeds))
+    seeds = list(range(a.first_seed, a.first_seed + a.seeds))
+    sfx = f"_s{a.first_seed}" if a.first_seed else ""
     log(f"baseline raw LR on all {len(train)} rows: {base:.4f}; hot window {len(hot)} rows")
     if a.only != "6":
         rows = fig7(train, test, hot, base, [int(w) for w in a.windows.split(",")], seeds, log)
         f7 = pd.DataFrame(rows)
         f7.insert(0, "baseline", base)
-        f7.to_csv(os.path.join(OUT, "many_windows_fig7.csv"), index=False)
+        f7.to_csv(os.path.join(OUT, f"many_windows_fig7{sfx}.csv"), index=False)
         print(f7.groupby(["model", "mechanism", "scheme", "windows"])["normalized"].apply(pm)
               .unstack("windows").to_markdown())
         print(f7.groupby(["mechanism", "scheme", "windows"])[["cell_std", "nodes"]].first()
@@ -146,7 +149,7 @@ def main():
         f6 = pd.DataFrame(fig6(train, test, hot, base, seeds, log,
                                [float(e) for e in a.eps.split(",")]))
         f6.insert(0, "baseline", base)
-        f6.to_csv(os.path.join(OUT, "many_windows_fig6.csv"), index=False)
+        f6.to_csv(os.path.join(OUT, f"many_windows_fig6{sfx}.csv"), index=False)
         print(f6.groupby(["model", "mechanism", "sketch", "weights", "epsilon"])["normalized"]
               .apply(pm).unstack("epsilon").to_markdown())
     print(f"done in {time.time() - t0:.0f}s")
