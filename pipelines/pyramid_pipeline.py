@@ -63,7 +63,7 @@ def create_pipeline(pipeline_name: str, pipeline_root: str, metadata_path: str, 
     # The count window's cost: (ε, 0) on a basic stream; on an rdp stream (rdp=True) the
     # composed Laplace event of its tables, which the sealing component runs and verifies.
     cost = ({"event_json": accounting.event_to_json(window_event(spec))} if rdp
-            else {"epsilon": spec.epsilon})
+            else {"epsilon": spec.epsilon, "delta": spec.delta})
     count_gate = SageGate(ledger_url=ledger_url, stream=stream, blocks=list(count_blocks),
                           run_id=pyramid_run_id(stream, spec, count_window), **cost
                           ).with_id("SageGate.counts")

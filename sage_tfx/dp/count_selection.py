@@ -7,7 +7,9 @@ under add/remove of one observation:
   weights, §III.B.2 / App. A.2), by OpenDP's exponential-mechanism quantile
   (``make_private_quantile``) over a public geometric grid of candidates. One observation moves
   one key's total by 1 or adds a key with total 1: the multiset of totals changes by at most
-  two elements (symmetric distance 2), which is the ``d_in`` given to OpenDP's privacy map.
+  two elements (symmetric distance 2); neighbours that differ in ``k`` observations (group
+  privacy, Pyramid's ``k``) change it by at most ``2k`` elements. ``d_in = 2k`` is what is given
+  to OpenDP's privacy map, both to calibrate the scale and to check the ε charged.
 * :func:`private_top_k` — the ``k`` best of a vector of scores (Pyramid's count selection,
   §III.B.4 / App. A.3) by OpenDP's noisy top-k, for scores of a stated L∞ sensitivity.
 
@@ -34,10 +36,15 @@ from sage_tfx.dp.counts import encode_key
 from sage_tfx.errors import InvalidRequestError
 from sage_tfx.ledger.accounting import check_epsilon
 
-__all__ = ["quantile_candidates", "private_count_quantile", "mi_score", "mi_score_sensitivity",
+__all__ = ["quantile_candidates", "quantile_d_in", "quantile_epsilon", "private_count_quantile", "mi_score", "mi_score_sensitivity",
            "private_top_k"]
 
-_QUANTILE_D_IN = 2   # one observation changes the multiset of key totals by <= 2 elements
+
+
+def quantile_d_in(k: int = 1) -> int:
+    """Symmetric distance of the multiset of key totals between neighbours differing in ``k``
+    observations: each observation moves one key's total (one element out, one in), so ``2k``."""
+    return 2 * _check_int("k", k, 1)
 
 
 def _dp():
@@ -68,27 +75,38 @@ def _quantile_meas(candidates: tuple, alpha: float, scale: float):
 
 
 @functools.lru_cache(maxsize=64)
-def _quantile_scale(candidates: tuple, alpha: float, epsilon: float) -> float:
+def _quantile_scale(candidates: tuple, alpha: float, epsilon: float, d_in: int) -> float:
     dp = _dp()
     return dp.binary_search_param(lambda s: _quantile_meas(candidates, alpha, s),
-                                  d_in=_QUANTILE_D_IN, d_out=epsilon, T=float)
+                                  d_in=d_in, d_out=epsilon, T=float)
+
+
+def quantile_epsilon(alpha: float, epsilon: float, max_count: int, k: int = 1) -> float:
+    """ε that OpenDP's own privacy map gives the quantile :func:`private_count_quantile` runs
+    for (``alpha``, ``epsilon``, ``max_count``, ``k``), at neighbour distance ``2k``."""
+    cands = quantile_candidates(max_count)
+    d_in = quantile_d_in(k)
+    scale = _quantile_scale(cands, float(alpha), check_epsilon(epsilon), d_in)
+    return float(_quantile_meas(cands, float(alpha), scale).map(d_in))
 
 
 def private_count_quantile(key_totals: Sequence[int], alpha: float, epsilon: float,
-                           max_count: int) -> float:
-    """ε-DP ``alpha``-quantile of a table's per-key totals, on a public grid up to ``max_count``.
+                           max_count: int, k: int = 1) -> float:
+    """ε-DP ``alpha``-quantile of a table's per-key totals, on a public grid up to ``max_count``,
+    for neighbours that differ in ``k`` observations (OpenDP's map at ``d_in = 2k``).
 
     Raises:
       InvalidPrivacyParameterError: ε not finite and > 0.
-      InvalidRequestError: ``alpha`` outside (0, 1), ``max_count`` < 1.
+      InvalidRequestError: ``alpha`` outside (0, 1), ``max_count`` < 1, ``k`` < 1.
     """
     epsilon = check_epsilon(epsilon)
     if not isinstance(alpha, (float, int)) or not 0.0 < float(alpha) < 1.0:
         raise InvalidRequestError(f"alpha must lie in (0, 1), got {alpha!r}")
+    d_in = quantile_d_in(k)
     cands = quantile_candidates(max_count)
-    scale = _quantile_scale(cands, float(alpha), epsilon)
+    scale = _quantile_scale(cands, float(alpha), epsilon, d_in)
     meas = _quantile_meas(cands, float(alpha), scale)
-    if meas.map(_QUANTILE_D_IN) > epsilon * (1 + 1e-9):
+    if meas.map(d_in) > epsilon * (1 + 1e-9):
         raise AssertionError("OpenDP quantile map exceeds the requested epsilon")
     data = np.asarray(key_totals, dtype=np.float64).ravel().tolist()
     return float(meas(data))

@@ -17,8 +17,8 @@
 The count-table and sketch kernel is the shared :mod:`sage_tfx.dp.counts`. No TensorFlow at
 import time.
 """
-from sage_tfx.pyramid.featurize import (CountSpec, Featurization, NonCategoricalError,
-                                        UnknownFeatureError)
+from sage_tfx.pyramid.featurize import (CountSpec, Featurization, KeyKindError,
+                                        NonCategoricalError, UnknownFeatureError)
 from sage_tfx.pyramid.selection import select_groups
 from sage_tfx.pyramid.weights import exact_noise_weights, select_noise_weights
 from sage_tfx.pyramid.windows import (BudgetDeniedError, PyramidStore, RetentionError, SealResult,
@@ -27,5 +27,6 @@ from sage_tfx.pyramid.windows import (BudgetDeniedError, PyramidStore, Retention
 
 __all__ = ["CountSpec", "Featurization", "PyramidStore", "SealResult", "WindowSealedError",
            "RetentionError", "BudgetDeniedError", "UnknownFeatureError", "NonCategoricalError",
+           "KeyKindError",
            "select_groups", "pyramid_run_id", "select_noise_weights", "exact_noise_weights",
            "window_event", "release_name"]

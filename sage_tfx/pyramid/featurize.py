@@ -25,11 +25,16 @@ import pandas as pd
 
 from sage_tfx.dp.counts import (COUNT_MEDIAN, HASH_BLAKE2B, SKETCH_KINDS, CountSketch,
                                 check_depth, check_hash_family, check_width, key_hashes)
-from sage_tfx.errors import InvalidRequestError
+from sage_tfx.errors import InvalidPrivacyParameterError, InvalidRequestError
 from sage_tfx.ledger.accounting import check_epsilon
 
 __all__ = ["CountSpec", "Featurization", "UnknownFeatureError", "NonCategoricalError",
-           "group_keys", "check_frame"]
+           "KeyKindError", "group_keys", "check_frame", "check_max_variance", "key_kinds",
+           "MAX_CACHED_KEYS", "LAPLACE", "GAUSSIAN", "MECHANISMS"]
+
+LAPLACE, GAUSSIAN = "laplace", "gaussian"
+MECHANISMS = (LAPLACE, GAUSSIAN)
+MAX_CACHED_KEYS = 2 ** 15   # default bound of the featurizer's key-hash memo, per table
 
 
 class UnknownFeatureError(InvalidRequestError):
@@ -38,6 +43,52 @@ class UnknownFeatureError(InvalidRequestError):
 
 class NonCategoricalError(InvalidRequestError):
     """A counted column is not categorical (floats must be binned before counting)."""
+
+
+class KeyKindError(InvalidRequestError):
+    """Keys served are of another kind than the keys counted (e.g. ``"7"`` against ``7``):
+    they hash to other cells, so every one of them would fall back to the prior."""
+
+
+def check_max_variance(v: Any) -> float:
+    """``v`` as a float if it is a finite number >= 0, else InvalidRequestError."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) \
+            or not np.isfinite(float(v)) or float(v) < 0:
+        raise InvalidRequestError(f"max_variance must be a finite number >= 0, got {v!r}")
+    return float(v)
+
+
+def _kind(v: Any, family: str) -> Optional[str]:
+    """The kind of a key value as the hash family encodes it (None: a missing value)."""
+    if v is None or (isinstance(v, (float, np.floating)) and v != v):
+        return None
+    if isinstance(v, (bool, np.bool_)):
+        return "bool" if family == HASH_BLAKE2B else "int"
+    if isinstance(v, (int, np.integer)):
+        return "int"
+    if isinstance(v, (float, np.floating)):
+        return "int" if float(v).is_integer() else "float"
+    if isinstance(v, (bytes, np.bytes_)):
+        return "bytes" if family == HASH_BLAKE2B else "str"
+    return "str"
+
+
+def key_kinds(frame: pd.DataFrame, features: Sequence[str], family: str = HASH_BLAKE2B
+              ) -> dict[str, list[str]]:
+    """Per feature, the sorted kinds of its values (``int``, ``str``, ...; missing values none):
+    keys of different kinds encode, so hash, differently (:func:`~sage_tfx.dp.counts.encode_key`).
+    """
+    out = {}
+    for f in features:
+        col = frame[f]
+        if col.dtype.kind in "iu":
+            kinds = {"int"} if len(col) else set()
+        elif col.dtype.kind == "b":
+            kinds = {_kind(True, family)} if len(col) else set()
+        else:
+            kinds = {_kind(v, family) for v in col.values} - {None}
+        out[f] = sorted(kinds)
+    return out
 
 
 def _groups(groups: Any) -> tuple[tuple[str, ...], ...]:
@@ -67,6 +118,9 @@ class CountSpec:
       salt: hashing salt, part of the spec so every process hashes alike.
       hash_family: ``"blake2b"`` (default) or ``"tf_siphash"``, which a TF graph computes too:
         needed to featurize inside the graph (:mod:`sage_tfx.pyramid.graph`).
+      mechanism: ``"laplace"`` (default; pure ε-DP, ``delta`` 0) or ``"gaussian"`` (discrete
+        Gaussian noise calibrated to (``epsilon``, ``delta``), :mod:`sage_tfx.pyramid.plan`).
+      delta: δ of one window's tables: 0 for Laplace, in (0, 1) for Gaussian.
     """
 
     groups: tuple
@@ -79,6 +133,8 @@ class CountSpec:
     k: int = 1
     salt: str = "sage-tfx-pyramid"
     hash_family: str = HASH_BLAKE2B
+    mechanism: str = LAPLACE
+    delta: float = 0.0
 
     def __post_init__(self):
         object.__setattr__(self, "groups", _groups(self.groups))
@@ -98,6 +154,17 @@ class CountSpec:
         if not isinstance(self.salt, str) or not self.salt:
             raise InvalidRequestError("salt must be a non-empty string")
         check_hash_family(self.hash_family)
+        if self.mechanism not in MECHANISMS:
+            raise InvalidRequestError(f"mechanism must be one of {MECHANISMS}, got "
+                                      f"{self.mechanism!r}")
+        d = self.delta
+        if isinstance(d, bool) or not isinstance(d, (int, float, np.integer, np.floating)) \
+                or not np.isfinite(float(d)) or \
+                not (float(d) == 0.0 if self.mechanism == LAPLACE else 0.0 < float(d) < 1.0):
+            raise InvalidPrivacyParameterError(
+                f"delta must be 0 for the Laplace tables and in (0, 1) for the Gaussian ones, "
+                f"got {d!r} ({self.mechanism})")
+        object.__setattr__(self, "delta", float(d))
 
     @property
     def features(self) -> tuple[str, ...]:
@@ -120,6 +187,8 @@ class CountSpec:
         d["groups"] = [list(g) for g in self.groups]
         if d["hash_family"] == HASH_BLAKE2B:   # the default is left out: digests, run ids and
             del d["hash_family"]               # stores of earlier specs stay valid
+        if d["mechanism"] == LAPLACE:          # likewise
+            del d["mechanism"], d["delta"]
         return d
 
     @classmethod
@@ -184,17 +253,27 @@ class Featurization:
       prior: summed noisy label counts (length ``n_labels``).
       noise_var: group name → summed noise variance of one cell (σ² above); ``"__prior__"`` too.
       windows: ids of the windows summed.
-      max_variance: back-off threshold on the estimated variance of a rate.
+      max_variance: back-off threshold on the estimated variance of a rate (finite, >= 0).
+      kinds: feature → kinds of the keys counted (:func:`key_kinds`, summed windows); serving
+        keys of another kind raise :class:`KeyKindError` instead of silently backing off.
+        None (or a feature absent): not checked.
+      max_cached_keys: bound of the key-hash memo per table (it is emptied when full).
     """
 
     def __init__(self, spec: CountSpec, cells: dict, prior: np.ndarray, noise_var: dict,
-                 windows: Sequence[int] = (), max_variance: float = 0.01):
+                 windows: Sequence[int] = (), max_variance: float = 0.01,
+                 kinds: Optional[dict] = None, max_cached_keys: int = MAX_CACHED_KEYS):
+        self.max_variance = check_max_variance(max_variance)
+        if isinstance(max_cached_keys, bool) or not isinstance(max_cached_keys, int) \
+                or max_cached_keys < 0:
+            raise InvalidRequestError(f"max_cached_keys must be an int >= 0, got {max_cached_keys!r}")
+        self.max_cached_keys = max_cached_keys
+        self.kinds = None if kinds is None else {f: sorted(v) for f, v in kinds.items()}
         self.spec = spec
         self.cells = cells
         self.prior_counts = np.asarray(prior, dtype=np.float64)
         self.noise_var = dict(noise_var)
         self.windows = tuple(windows)
-        self.max_variance = float(max_variance)
         self._hash_cache: dict[str, dict] = {}
 
     @property
@@ -218,6 +297,11 @@ class Featurization:
         mkeys = [_memo_key(k) for k in keys]
         first = dict(zip(mkeys, keys))
         miss = [m for m in first if m not in memo]
+        if len(memo) + len(miss) > self.max_cached_keys:
+            memo.clear()                  # bounded: emptied when full
+            if len(first) > self.max_cached_keys:
+                return key_hashes(keys, salt, self.spec.depth, self.spec.width, fam)
+            miss = list(first)
         if miss:
             b, s = key_hashes([first[m] for m in miss], salt, self.spec.depth, self.spec.width,
                               fam)
@@ -250,9 +334,27 @@ class Featurization:
         p[bad] = prior
         return p, n
 
+    def check_kinds(self, frame: pd.DataFrame) -> None:
+        """Raises :class:`KeyKindError` if a feature's keys are of a kind never counted."""
+        if not self.kinds:
+            return
+        served = key_kinds(frame, [f for f in self.spec.features if self.kinds.get(f)],
+                           self.spec.hash_family)
+        bad = {f: (self.kinds[f], sorted(set(k) - set(self.kinds[f])))
+               for f, k in served.items() if set(k) - set(self.kinds[f])}
+        if bad:
+            raise KeyKindError("keys of another kind than counted (they would all fall back to "
+                               "the prior; cast them): " + "; ".join(
+                                   f"{f!r} counted {c}, served {s}" for f, (c, s) in bad.items()))
+
     def featurize(self, frame: pd.DataFrame, cache: bool = True) -> np.ndarray:
-        """``len(frame) × len(feature_names())`` float32 count features."""
+        """``len(frame) × len(feature_names())`` float32 count features.
+
+        Raises:
+          KeyKindError: a feature's keys are of another kind than the keys counted.
+        """
         check_frame(frame, self.spec.features)
+        self.check_kinds(frame)
         cols = []
         for g in self.spec.groups:
             est = self.counts(g, group_keys(frame, g), cache)
@@ -265,7 +367,8 @@ class Featurization:
     def save(self, path: str) -> None:
         arrays = {f"cells__{k}": v for k, v in self.cells.items()}
         meta = {"spec": self.spec.to_json(), "noise_var": self.noise_var,
-                "windows": list(self.windows), "max_variance": self.max_variance}
+                "windows": list(self.windows), "max_variance": self.max_variance,
+                "kinds": self.kinds}
         np.savez_compressed(path, prior=self.prior_counts, meta=np.array(json.dumps(meta)), **arrays)
 
     @classmethod
@@ -275,4 +378,4 @@ class Featurization:
             cells = {k[len("cells__"):]: z[k] for k in z.files if k.startswith("cells__")}
             prior = z["prior"]
         return cls(CountSpec.from_json(meta["spec"]), cells, prior, meta["noise_var"],
-                   meta["windows"], meta["max_variance"])
+                   meta["windows"], meta["max_variance"], kinds=meta.get("kinds"))

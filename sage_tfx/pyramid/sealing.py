@@ -22,7 +22,8 @@ import pandas as pd
 from sage_tfx.errors import InvalidRequestError, MissingGrantError, ReleaseConflictError
 from sage_tfx.ledger import accounting
 from sage_tfx.ledger.releases import MAX_VALUE_BYTES, digest_bytes, release_value_once
-from sage_tfx.pyramid.featurize import CountSpec, group_keys
+from sage_tfx.pyramid.featurize import CountSpec, group_keys, key_kinds
+from sage_tfx.pyramid.plan import CONTINUOUS_LAPLACE, DISCRETE_GAUSSIAN, NoisePlan
 from sage_tfx.pyramid.weights import select_noise_weights
 
 __all__ = ["release_name", "draw_tables", "read_meta", "release_once", "check_grant",
@@ -42,40 +43,42 @@ def discrete_laplace_variance(scale: float) -> float:
     return 2.0 * q / (1.0 - q) ** 2
 
 
-def _variance(scale: float, continuous: bool) -> float:
-    """Noise variance of one cell: Laplace 2 s², or the discrete Laplace's."""
-    return 2.0 * scale ** 2 if continuous else discrete_laplace_variance(scale)
+def _noised(values: np.ndarray, plan: NoisePlan, i: int, noise) -> np.ndarray:
+    s = float(plan.scales[i])
+    if plan.mechanism == DISCRETE_GAUSSIAN:
+        return np.asarray(noise.discrete_gaussian(values, s), dtype=np.int64)
+    if plan.mechanism == CONTINUOUS_LAPLACE:
+        return np.asarray(noise.laplace(values, s), dtype=np.float64)
+    return np.asarray(noise.discrete_laplace(values, s), dtype=np.int64)
 
 
-def draw_tables(frame: pd.DataFrame, spec: CountSpec, scales: np.ndarray, *, rdp: bool, noise,
+def draw_tables(frame: pd.DataFrame, spec: CountSpec, plan: NoisePlan, *, noise,
                 meta: dict, weight_epsilon: Optional[float] = None, weight_quantile: float = 0.1,
                 max_count: Optional[int] = None) -> bytes:
     """The window's noisy tables (and DP noise weights, if asked) as ``.npz`` bytes.
 
     This is the only place a window's noise is drawn. ``meta`` (window, run id, ε per table,
-    scales) is stored with the tables, with the noise variances and the next weights added.
+    scales) is stored with the tables, with the noise variances, the next weights and the key
+    kinds of every counted column (``int``/``str``/...: schema, treated as public, so that
+    serving refuses keys of another kind instead of silently backing off) added.
     """
     labels = frame[spec.label].to_numpy().astype(np.int64)
     arrays, noise_var = {}, {}
-    for g, scale in zip(spec.groups, scales[:-1]):
+    for i, g in enumerate(spec.groups):
         sketch = spec.new_sketch(g)
         sketch.add(group_keys(frame, g), labels)
-        if rdp:
-            sketch.add_laplace_noise(float(scale), noise)
-        else:
-            sketch.add_noise(float(scale), noise)
-        arrays[f"cells__{spec.group_name(g)}"] = sketch.cells
-        noise_var[spec.group_name(g)] = _variance(float(scale), rdp)
+        arrays[f"cells__{spec.group_name(g)}"] = _noised(sketch.cells, plan, i, noise)
+        noise_var[spec.group_name(g)] = plan.variance(i)
     counts = np.bincount(labels, minlength=spec.n_labels)
-    prior = np.asarray(noise.laplace(counts, float(scales[-1])) if rdp else
-                       noise.discrete_laplace(counts, float(scales[-1])))
-    noise_var[PRIOR] = _variance(float(scales[-1]), rdp)
+    prior = _noised(counts, plan, len(spec.groups), noise)
+    noise_var[PRIOR] = plan.variance(len(spec.groups))
     next_weights = None
     if weight_epsilon is not None:
         next_weights = [float(v) for v in select_noise_weights(
             frame, spec, weight_epsilon, quantile=weight_quantile, max_count=max_count)]
     meta = dict(meta, noise_var=noise_var, next_weights=next_weights,
-                mechanism="laplace" if rdp else "discrete_laplace")
+                kinds=key_kinds(frame, spec.features, spec.hash_family),
+                mechanism=plan.mechanism)
     buf = io.BytesIO()
     np.savez_compressed(buf, prior=prior, meta=np.array(json.dumps(meta, sort_keys=True)),
                         **arrays)
@@ -147,7 +150,7 @@ def release_once(ledger, grant_id: str, name: str, produce: Callable[[], bytes],
 
 
 def check_grant(ledger, grant, *, run_id: str, stream: str, blocks: Optional[Sequence[str]],
-                epsilon: Optional[float], event=None) -> str:
+                epsilon: Optional[float], event=None, delta: float = 0.0) -> str:
     """The id of a released grant that pays for exactly this window, else InvalidRequestError.
 
     ``blocks=None`` / ``epsilon=None`` skip those checks (a replay of a recorded release).
@@ -169,8 +172,8 @@ def check_grant(ledger, grant, *, run_id: str, stream: str, blocks: Optional[Seq
             problems.append(f"event {recorded.event} is not the tables' {event}")
     elif epsilon is not None and (
             recorded.epsilon is None or not math.isclose(recorded.epsilon, epsilon, rel_tol=1e-12)
-            or (recorded.delta or 0.0) != 0.0):
-        problems.append(f"cost ({recorded.epsilon}, {recorded.delta}) is not ({epsilon}, 0)")
+            or not math.isclose(recorded.delta or 0.0, delta, rel_tol=1e-12, abs_tol=0.0)):
+        problems.append(f"cost ({recorded.epsilon}, {recorded.delta}) is not ({epsilon}, {delta})")
     if problems:
         raise InvalidRequestError(f"grant {grant.grant_id} does not pay for this window: "
                                   + "; ".join(problems))

@@ -14,8 +14,9 @@ The weights themselves read the data, so they are released under DP too. The pap
 sensitivity with Cauchy noise (J-List); we use OpenDP's exponential-mechanism quantile instead
 (:func:`sage_tfx.dp.count_selection.private_count_quantile`: a maintained, pure ε-DP
 implementation). One observation changes every group's key totals, so the ``n`` quantiles are
-composed sequentially: each gets ``ε_w / n``; the whole weight release is ``ε_w``-DP and is
-charged to the window it reads (:meth:`sage_tfx.pyramid.windows.PyramidStore.seal`).
+composed sequentially: each gets ``ε_w / n``, calibrated by OpenDP's map at the spec's
+neighbour distance (``2k`` key totals for groups of ``k`` observations); the whole weight
+release is ``ε_w``-DP for such groups and is charged to the window it reads (:meth:`sage_tfx.pyramid.windows.PyramidStore.seal`).
 The label prior (one key, counted by every observation) keeps the even share ``ε / n_tables``:
 weighting it by its single huge count would drown the back-off rates in noise.
 """
@@ -72,7 +73,7 @@ def select_noise_weights(frame: pd.DataFrame, spec: CountSpec, epsilon: float, *
         raise InvalidRequestError(f"max_ratio must be >= 1, got {max_ratio!r}")
     totals = key_totals(frame, spec)
     per = epsilon / len(spec.groups)
-    q = [private_count_quantile(totals[spec.group_name(g)], quantile, per, max_count)
+    q = [private_count_quantile(totals[spec.group_name(g)], quantile, per, max_count, k=spec.k)
          for g in spec.groups]
     return _finish(q, max_ratio)
 

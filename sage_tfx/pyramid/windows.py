@@ -31,6 +31,11 @@ draws new noise; :meth:`PyramidStore.restore` re-materializes a window from the 
 re-reads the manifest under it, so several processes share one store: part files have unique
 names and retention drops windows whichever process sealed them.
 
+**Mechanism.** A spec with ``mechanism="gaussian"`` gets OpenDP discrete Gaussian noise
+calibrated with dp_accounting to its (ε, δ) instead (:mod:`sage_tfx.pyramid.plan`), charged
+``(ε, δ)`` on a basic stream and its Gaussian DpEvent on an rdp stream. What follows describes
+the Laplace tables (the default).
+
 **Accounting mode.** On a basic stream the charge is ``(ε, 0)`` and the cells get OpenDP discrete
 Laplace noise. On an rdp stream the charge is the DpEvent of the mechanism that runs:
 ``ComposedDpEvent`` of one :func:`~sage_tfx.dp.counts.table_event` per table (each row of a
@@ -61,12 +66,12 @@ import numpy as np
 import pandas as pd
 
 from sage_tfx.dp import noise as dp_noise
-from sage_tfx.dp.counts import noise_scales, table_epsilons, table_event
-from sage_tfx.dp.mechanisms import secure_laplace_scale
+from sage_tfx.dp.counts import table_epsilons
 from sage_tfx.errors import InvalidRequestError, RetiredBlockError, SageError
 from sage_tfx.ledger import accounting
 from sage_tfx.pyramid import hot as hot_lib
-from sage_tfx.pyramid.featurize import CountSpec, Featurization, check_frame
+from sage_tfx.pyramid.featurize import CountSpec, Featurization, check_frame, check_max_variance
+from sage_tfx.pyramid.plan import plan_window, window_event
 from sage_tfx.pyramid.sealing import (PRIOR, check_grant, discrete_laplace_variance, draw_tables,
                                       read_meta, release_name, release_once, retired_is_spent)
 
@@ -92,17 +97,6 @@ class BudgetDeniedError(SageError):
 def pyramid_run_id(stream: str, spec: CountSpec, window: int) -> str:
     """The idempotent ledger run id of one window's tables: (stream, count spec, window)."""
     return f"pyramid-{stream}-{spec.digest()}-w{int(window)}"
-
-
-def window_event(spec: CountSpec, weights: Optional[Sequence[float]] = None
-                 ) -> dp_accounting.DpEvent:
-    """The DpEvent one window's tables cost on an rdp stream (what :meth:`PyramidStore.seal`
-    charges there, and what a pipeline's gate must charge): one
-    :func:`~sage_tfx.dp.counts.table_event` per group table (depth rows) and one for the label
-    prior (one row), at the ε shares of ``weights`` (even split if None)."""
-    eps = table_epsilons(spec.epsilon, weights, n_tables=spec.n_tables)
-    depths = [spec.depth] * len(spec.groups) + [1]
-    return dp_accounting.ComposedDpEvent([table_event(float(e), d) for e, d in zip(eps, depths)])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,11 +144,12 @@ class PyramidStore:
             raise InvalidRequestError(f"retention must be an int >= 1 window, got {retention!r}")
         if (ledger is None) != (stream is None):
             raise InvalidRequestError("give both ledger and stream, or neither")
+        max_variance = check_max_variance(max_variance)
         if ledger is not None:
             ledger.stream(stream)  # raises UnknownStreamError
         self.spec, self.retention, self.ledger, self.stream = spec, retention, ledger, stream
         self.noise = noise if noise is not None else dp_noise.SECURE
-        self.max_variance = float(max_variance)
+        self.max_variance = max_variance
         self.state_dir = os.path.abspath(state_dir)
         self._manifest_path = os.path.join(self.state_dir, "manifest.json")
         self._retrain_callbacks: list[Callable[[tuple], Any]] = []
@@ -359,41 +354,37 @@ class PyramidStore:
             window = int(hot["window"])
             if weights is None and m["next_weights"] is not None:
                 weights = m["next_weights"]
-            eps_tables = table_epsilons(self.spec.epsilon, weights, n_tables=self.spec.n_tables)
             if weight_epsilon is not None and (max_count is None or not 0 < weight_quantile < 1):
                 raise InvalidRequestError(
                     "weight selection needs max_count (a public bound) and a quantile in (0, 1), "
                     f"got {max_count!r}, {weight_quantile!r}")
-            eps_total = self.spec.epsilon + (0.0 if weight_epsilon is None else
-                                             float(table_epsilons(weight_epsilon, n_tables=1)[0]))
             rdp = self._rdp_mode()
-            depths = [self.spec.depth] * len(self.spec.groups) + [1]   # groups, then the prior
-            event = None
-            if rdp:
-                if weight_epsilon is not None:
-                    raise InvalidRequestError(
-                        "noise-weight selection has no dp_accounting event: not available on an "
-                        "rdp stream (give weights, or use a basic stream)")
-                event = window_event(self.spec, weights)
-                scales = np.array([secure_laplace_scale(float(e) / d, self.spec.k)
-                                   for e, d in zip(eps_tables, depths)])
-            else:
-                scales = np.append(noise_scales(eps_tables[:-1], self.spec.depth, self.spec.k),
-                                   noise_scales(eps_tables[-1:], 1, self.spec.k))
+            if rdp and weight_epsilon is not None:
+                raise InvalidRequestError(
+                    "noise-weight selection has no dp_accounting event: not available on an "
+                    "rdp stream (give weights, or use a basic stream)")
+            plan = plan_window(self.spec, weights, rdp=rdp)
+            eps_total = plan.epsilon + (0.0 if weight_epsilon is None else
+                                        float(table_epsilons(weight_epsilon, n_tables=1)[0]))
+            event = plan.event if rdp else None
             run_id = self.run_id(window)
             grant_id = None
             if grant is not None:
                 if self.ledger is None:
                     raise InvalidRequestError("a grant can only be used by a store on a ledger")
                 grant_id = check_grant(self.ledger, grant, run_id=run_id, stream=self.stream,
-                                       blocks=hot["blocks"], epsilon=eps_total, event=event)
+                                       blocks=hot["blocks"], epsilon=eps_total, event=event,
+                                       delta=plan.delta)
             elif self.ledger is not None:
-                grant_id = self._charge(window, run_id, hot["blocks"], eps_total, event)
+                grant_id = self._charge(window, run_id, hot["blocks"], eps_total, event,
+                                        plan.delta)
             meta = {"window": window, "run_id": run_id, "epsilon": eps_total,
-                    "epsilons": eps_tables.tolist(), "scales": scales.tolist()}
+                    "epsilons": plan.shares.tolist(), "scales": plan.scales.tolist()}
+            if plan.delta:
+                meta["delta"] = plan.delta
 
             def produce() -> bytes:        # the only place this window's noise is drawn
-                return draw_tables(self._read_hot(hot), self.spec, scales, rdp=rdp,
+                return draw_tables(self._read_hot(hot), self.spec, plan,
                                    noise=self.noise, meta=meta, weight_epsilon=weight_epsilon,
                                    weight_quantile=weight_quantile, max_count=max_count)
 
@@ -405,8 +396,8 @@ class PyramidStore:
             return self._publish(m, window, data, grant_id, replayed, event)
 
     def _charge(self, window: int, run_id: str, blocks: Sequence[str], eps_total: float,
-                event) -> str:
-        cost = {"event": event} if event is not None else {"epsilon": eps_total, "delta": 0.0}
+                event, delta: float = 0.0) -> str:
+        cost = {"event": event} if event is not None else {"epsilon": eps_total, "delta": delta}
         try:
             decision = self.ledger.request(self.stream, run_id=run_id, blocks=list(blocks),
                                            **cost)
@@ -505,9 +496,15 @@ class PyramidStore:
         cells: dict = {}
         prior = np.zeros(self.spec.n_labels)
         noise_var: dict = {}
+        kinds: Optional[dict] = {}
         for w in live:
             with np.load(self.sealed_path(w), allow_pickle=False) as z:
                 meta = json.loads(str(z["meta"]))
+                if kinds is not None and "kinds" in meta:
+                    for f, v in meta["kinds"].items():
+                        kinds[f] = sorted(set(kinds.get(f, ())) | set(v))
+                else:       # a window sealed before kinds were recorded: not checked
+                    kinds = None
                 for k in z.files:
                     if k.startswith("cells__"):
                         name = k[len("cells__"):]
@@ -518,7 +515,8 @@ class PyramidStore:
         if not cells:
             for g in self.spec.groups:
                 cells[self.spec.group_name(g)] = self.spec.new_sketch(g).cells
-        return Featurization(self.spec, cells, prior, noise_var, live, self.max_variance)
+        return Featurization(self.spec, cells, prior, noise_var, live, self.max_variance,
+                             kinds=kinds or None)
 
     def featurization(self, cache: bool = True) -> Featurization:
         """The sum of the live windows' tables; cached until the live windows change unless
