@@ -108,7 +108,9 @@ PUBLIC_API: dict[str, tuple[str, ...]] = {
     "sage_tfx.cli": ("main",),
     "sage_tfx.components": (
         "SageGate", "BlockExampleGen", "DPTransform", "DPTrainer", "DPModelValidator",
-        "SageGrant"),
+        "SageGrant", "PTKTrainer", "PTKFeaturizer", "PTKState", "DnDTrainer", "DnDExporter",
+        "DPBaggingTrainer", "PyramidCountTable", "PyramidSnapshot", "PyramidTransform",
+        "PyramidWindowTable", "PyramidFeaturization"),
     "sage_tfx.components.dp_transform.analyzers": (
         "DPPreprocessingFn", "dp_mean", "dp_scale_to_0_1", "dp_group_by_mean", "dp_count",
         "dp_quantiles"),

@@ -35,7 +35,7 @@ from fastapi.responses import JSONResponse
 
 from sage_tfx import services
 from sage_tfx.errors import LeaseTimeoutError
-from sage_tfx.ledger import DEFAULT_CONTEXT, access
+from sage_tfx.ledger import DEFAULT_CONTEXT, access, flags
 from sage_tfx.ptk import api
 from sage_tfx.ptk.abstraction import UnknownPTKError
 from sage_tfx.ptk.registry import TypeRegistry, parse_type_specs, registry_from
@@ -221,7 +221,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sage_tfx.ptk.service",
                                  description="The Sage PTK store: serve the API, or print the plan")
     ap.add_argument("command", choices=("serve", "plan"))
-    ap.add_argument("--url", required=True, help="ledger database URL (sqlite:///... or postgresql://...)")
+    flags.add_ledger_argument(ap, required=True, deprecated=("--url",),
+                              help="ledger URL (sqlite:///... or postgresql://..., or env:NAME / "
+                                   "file:/path)")
     ap.add_argument("--data-root", default="ptk-data", help="where the open window's blocks live")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8765)
@@ -239,13 +241,13 @@ def main(argv=None) -> int:
     cfg = StoreConfig(stream=a.stream, epsilon_g=a.epsilon_g, n_max=a.n_max)
     if a.command == "serve":
         specs = parse_type_specs(",".join(a.ptk_type))
-        serve(a.url, a.data_root, host=a.host, port=a.port, config=cfg,
+        serve(a.ledger, a.data_root, host=a.host, port=a.port, config=cfg,
               registry=registry_from(specs), token_file=a.token_file,
               max_window_body=a.max_window_bytes)
         return 0
     from sage_tfx.ptk.lake import Lake
     from sage_tfx.ptk.allocator import Allocation, Assignment, Partition
-    lake = Lake(a.url)
+    lake = Lake(a.ledger)
     try:
         seq, plan = lake.plan()
     finally:
