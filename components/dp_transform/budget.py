@@ -122,10 +122,6 @@ class DPBudget:
         spends.append(record)
         return record
 
-    def trace_spent(self, trace: Any) -> float:
-        """ε spent so far in ``trace``."""
-        return float(self._total(self._trace(trace)))
-
     def trace_spends(self, trace: Any) -> tuple[DPSpend, ...]:
         """The spends recorded so far in ``trace`` (the graph being traced), in order."""
         return tuple(self._trace(trace))

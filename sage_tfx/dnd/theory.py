@@ -22,11 +22,6 @@ import random
 from typing import Optional
 
 
-def theorem1_spread(k: int, noise_variance: float) -> float:
-    """Theorem 1: stationary expected across-instance variance (ddof = 1), (k/2)·σ²."""
-    return k / 2.0 * noise_variance
-
-
 def lemma1_expected_epsilon(epsilon: float, k: int) -> float:
     """Lemma 1: expected privacy loss against adversary II, (k − 1)/k · ε/2 (over server coins)."""
     return (k - 1) / k * epsilon / 2.0

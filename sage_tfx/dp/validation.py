@@ -279,9 +279,6 @@ class MeanMetricValidator:
             return 1.0 - correct
         return _as_values(values, self._loss_bound, "losses")
 
-    def _loss_target(self) -> float:
-        return 1.0 - self._target if self._metric == ACCURACY else self._target
-
     def _bounds(self, n_dp: float, sum_dp: float, epsilon: float) -> tuple[float, float, dict]:
         """(upper, lower) bounds on the expected loss, plus details. Overridden per SLA."""
         raise NotImplementedError

@@ -341,10 +341,3 @@ class PTKStore:
                        window_index: Optional[int] = None) -> dict:
         """Closes the open window, ingests the next one and trains every due PTK on it."""
         return self.windows.advance(columns, user_key=user_key, window_index=window_index)
-
-    def recommended_window_records(self) -> Optional[int]:
-        """The window size whose train share holds the plan's 𝒩 (§5.1's recommendation)."""
-        plan = self.plan()
-        if not plan:
-            return None
-        return int(math.ceil(plan["total"] / (1 - self.cfg.profile_share)))
