@@ -27,7 +27,6 @@ every Beam-backed component.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Optional, Sequence

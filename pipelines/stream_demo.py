@@ -29,7 +29,7 @@ import time
 from typing import Optional
 
 from sage_tfx.cli import format_blocks
-from sage_tfx.ledger import BlockSpec, Window, open_ledger
+from sage_tfx.ledger import Window, open_ledger
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,7 +2,6 @@
 import os
 import stat
 
-import pytest
 from fastapi import Depends, FastAPI
 from fastapi.testclient import TestClient
 

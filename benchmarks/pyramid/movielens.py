@@ -9,7 +9,6 @@ import argparse
 import os
 import time
 
-import pandas as pd
 
 from sage_tfx.pyramid.eval import experiments as E
 from sage_tfx.pyramid.eval import movielens as M

@@ -55,7 +55,6 @@ do the following:
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import numpy as np
 

@@ -7,7 +7,6 @@ returned in a report: nothing pays for them.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Optional
 
 import numpy as np

@@ -15,7 +15,7 @@ raw data. No TensorFlow here.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence
+from typing import Sequence
 
 import numpy as np
 

@@ -12,7 +12,6 @@ import math
 from typing import Any, ClassVar
 
 import dp_accounting
-import numpy as np
 from numpy.typing import ArrayLike
 
 from sage_tfx.dp.sla_bounds import np_loss_upper_bound, uc_dp_loss_upper_bound

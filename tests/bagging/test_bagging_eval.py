@@ -1,6 +1,5 @@
 """The reproduction library on tiny configurations (the full runs are benchmarks/bagging/)."""
 import numpy as np
-import pytest
 
 from sage_tfx.bagging import PersonalisedMomentsAccountant, chunk_assignment, train_teachers
 from sage_tfx.bagging.eval.grid import GridConfig, paper_answer_count, run_grid

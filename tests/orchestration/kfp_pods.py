@@ -17,7 +17,6 @@ missing Secret or key fails the task, as Kubernetes refuses to start such a cont
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
