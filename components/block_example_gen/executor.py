@@ -19,7 +19,8 @@ machine (runs vary ~2x with load): this read 1.0-4.1 s; ``ReadAllFromTFRecord`` 
 checks record CRCs in pure Python); a Flatten of one ``ReadFromTFRecord`` per file 557 s; the whole
 ``Do()`` (ledger check, read, 2:1 split, write) 12-16 s (before encryption;
 ``benchmarks/sage/bench_block_crypto.py`` measures the encrypted read). One ExampleGen split per
-block does not scale either (/work/shared/reference/README.md). Records are split into the output
+block does not scale either (100 day-splits: 79 s and 3.3 GB, against 4.7 s for one split listing
+1,000 day-blocks' files). Records are split into the output
 splits by TFX's own deterministic hash partition (``BaseExampleGenExecutor``), and written in the
 standard ExampleGen layout (``Split-<name>/data_tfrecord-*.gz``, ``split_names``, payload
 format), so StatisticsGen, Transform and Trainer read them unchanged.
