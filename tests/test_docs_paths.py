@@ -1,5 +1,6 @@
-"""No tracked file points outside the repository: no development machine's paths, no
-``../shared`` papers; the papers are cited from ``docs/papers.md``, and every link to it resolves.
+"""No tracked file points outside the repository: no development machine's paths, no papers
+beside the repository; the papers are cited from ``docs/papers.md``, and every link to it
+resolves.
 """
 from __future__ import annotations
 
