@@ -1,4 +1,5 @@
-"""SageGate -> BlockExampleGen (private window) + CsvExampleGen (declared public) -> DPBaggingTrainer.
+"""SageGate -> BlockExampleGen (private window) + CsvExampleGen (declared public) ->
+DPBaggingTrainer.
 
 The gate charges the bagging run's cost, fixed from the grant size and public facts before any
 private data is read (``bagging_cost``: ε(p) of p noisy-argmax queries on basic streams, the
@@ -44,7 +45,8 @@ def create_pipeline(pipeline_name: str, pipeline_root: str, metadata_path: str, 
     lam = 2.0 / n if lam is None else lam
     config = BaggingConfig(k=k, n=n, lam=lam, mode=mode, accountant=accountant,
                            accept_not_differentially_private=accept_not_differentially_private)
-    cost = bagging_cost(config, epsilon=epsilon, delta=delta, public_size=public_size, rdp=rdp_stream)
+    cost = bagging_cost(config, epsilon=epsilon, delta=delta,
+                        public_size=public_size, rdp=rdp_stream)
     # min_records=n: a window whose ledger block sizes hold fewer than n records cannot give every
     # partition n non-empty chunks (units <= records), so the gate denies it and refunds the
     # reservation before any data is read, instead of the trainer failing after the charge. A
@@ -54,8 +56,11 @@ def create_pipeline(pipeline_name: str, pipeline_root: str, metadata_path: str, 
                     min_records=n, **cost)
     with tfx.dsl.Cond(gate.outputs["grant"].future()[0].custom_property("granted") == 1):
         private = BlockExampleGen(grant=gate.outputs["grant"], ledger_url=ledger_url,
-                                  output_config=example_gen_pb2.Output(split_config=example_gen_pb2.SplitConfig(
-                                      splits=[example_gen_pb2.SplitConfig.Split(name="train", hash_buckets=1)])))
+                                  output_config=example_gen_pb2.Output(
+                                      split_config=example_gen_pb2.SplitConfig(
+                                      splits=[
+                                          example_gen_pb2.SplitConfig.Split(name="train",
+                                                                            hash_buckets=1)])))
         public = tfx.components.CsvExampleGen(
             input_base=public_csv_dir,
             output_config=example_gen_pb2.Output(split_config=example_gen_pb2.SplitConfig(
@@ -66,9 +71,11 @@ def create_pipeline(pipeline_name: str, pipeline_root: str, metadata_path: str, 
                                    grant=gate.outputs["grant"], k=k, n=n, lam=lam, mode=mode,
                                    accountant=accountant, label_key=label_key, unit_key=unit_key,
                                    feature_keys=feature_keys, cache_dir=cache_dir,
-                                   accept_not_differentially_private=accept_not_differentially_private)
+                                   accept_not_differentially_private=(
+                                       accept_not_differentially_private))
     return tfx.dsl.Pipeline(
         pipeline_name=pipeline_name, pipeline_root=pipeline_root,
         components=[gate, private, public, trainer], enable_cache=False,
-        metadata_connection_config=tfx.orchestration.metadata.sqlite_metadata_connection_config(metadata_path),
+        metadata_connection_config=tfx.orchestration.metadata.sqlite_metadata_connection_config(
+            metadata_path),
         beam_pipeline_args=list(beam_pipeline_args or ["--direct_num_workers=1"]))

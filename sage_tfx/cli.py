@@ -20,10 +20,10 @@ Examples::
     sage-tfx ptk plan --ledger sqlite:///ledger.db                    # the PTK store's plan
     sage-tfx dnd serve --ledger sqlite:///ledger.db --stream s ...    # a Draw-and-Discard server
 
-The ledger URL comes from ``--ledger`` (on every command, ``sage_tfx.ledger.flags``), else ``$SAGE_LEDGER_URL``, else
-``sqlite:///sage-ledger.db`` in the working directory (either may be a reference,
-``env:NAME`` or ``file:/path``). Once the ledger has principals, the caller's token comes from
-``--token`` (``env:NAME`` / ``file:/path``), else ``$SAGE_LEDGER_TOKEN`` or the file
+The ledger URL comes from ``--ledger`` (on every command, ``sage_tfx.ledger.flags``), else
+``$SAGE_LEDGER_URL``, else ``sqlite:///sage-ledger.db`` in the working directory (either may be a
+reference, ``env:NAME`` or ``file:/path``). Once the ledger has principals, the caller's token comes
+from ``--token`` (``env:NAME`` / ``file:/path``), else ``$SAGE_LEDGER_TOKEN`` or the file
 ``$SAGE_LEDGER_TOKEN_FILE`` (``sage-tfx principal --help``).
 """
 from __future__ import annotations
@@ -268,7 +268,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--epsilon-g", type=float, required=True)
     c.add_argument("--delta-g", type=float, required=True)
     c.add_argument("--mode", choices=accounting.MODES, default=accounting.BASIC)
-    c.add_argument("--granularity", help="block scheme, e.g. time:timestamp:day or hash:user:64:salt")
+    c.add_argument("--granularity",
+                   help="block scheme, e.g. time:timestamp:day or hash:user:64:salt")
     c.add_argument("--contexts", default=DEFAULT_CONTEXT,
                    help="comma-separated non-colluding contexts, each with its own budgets")
     c.add_argument("--retire-epsilon", type=float)
@@ -286,10 +287,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--records", type=int)
     c.set_defaults(fn=_cmd_add_block)
 
-    c = sub.add_parser("import", help="split CSV/TFRecord data into blocks (Beam) and register them")
+    c = sub.add_parser("import",
+                       help="split CSV/TFRecord data into blocks (Beam) and register them")
     c.add_argument("stream")
     c.add_argument("source", nargs="+", help="files or globs (CSV with header, or TFRecord)")
-    c.add_argument("--scheme", required=True, help="e.g. time:timestamp:day or hash:user_id:64:salt")
+    c.add_argument("--scheme", required=True,
+                   help="e.g. time:timestamp:day or hash:user_id:64:salt")
     c.add_argument("--block-root", required=True, help="root directory of block storage")
     c.add_argument("--on-malformed", choices=("error", "skip"), default="error")
     c.add_argument("--beam-arg", action="append", default=[], metavar="FLAG",
@@ -328,7 +331,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--epsilon", type=float)
     c.add_argument("--delta", type=float)
     c.add_argument("--event-json", help="rdp streams: a DpEvent as JSON "
-                                        '(e.g. \'{"class": "GaussianDpEvent", "noise_multiplier": 5}\')')
+                                        '(e.g. \'{"class": "GaussianDpEvent", "noise_multiplier": '
+                                        '5}\')')
     c.add_argument("--context", default=DEFAULT_CONTEXT)
     c.add_argument("--reserve", action="store_true", help="reserve without releasing data")
     c.set_defaults(fn=_cmd_request)

@@ -77,11 +77,13 @@ def verify_grant(grant: Grant, ledger: Ledger, ledger_url: str) -> Grant:
         recorded = ledger.grant(grant.grant_id)
     except InvalidRequestError as e:
         raise MissingGrantError(
-            f"grant {grant.grant_id!r} is not in ledger {secrets.redact(ledger_url)}: no block data may be read "
+            f"grant {grant.grant_id!r} is not in ledger {secrets.redact(ledger_url)}: no block "
+            "data may be read "
             "without a grant the ledger issued") from e
     if recorded.status != RELEASED:
         raise MissingGrantError(
-            f"grant {grant.grant_id} in ledger {secrets.redact(ledger_url)} is {recorded.status}, not "
+            f"grant {grant.grant_id} in ledger {secrets.redact(ledger_url)} is {recorded.status}, "
+            "not "
             f"{RELEASED}: its blocks' data was not released")
     mismatches = []
     for field in ("stream", "run_id", "context", "mode", "epsilon", "delta", "status"):
@@ -101,7 +103,8 @@ def verify_grant(grant: Grant, ledger: Ledger, ledger_url: str) -> Grant:
             mismatches.append(f"locations of block(s) {moved[:10]} differ from the ledger's")
     if mismatches:
         raise MissingGrantError(
-            f"grant.json of grant {grant.grant_id} does not match ledger {secrets.redact(ledger_url)} "
+            f"grant.json of grant {grant.grant_id} does not match ledger "
+            f"{secrets.redact(ledger_url)} "
             f"({'; '.join(mismatches)}): the grant file was altered; refusing to read any block")
     return recorded
 

@@ -1,7 +1,9 @@
 """The Beam flow of DPBaggingTrainer: teachers and their votes.
 
-    private tf.Examples ──parse──> (unit, x, y) ──emit k times──> ((partition i, chunk H(salt,i,unit) mod n), (x, y))
-        ──GroupByKey──> one teacher per (i, chunk) ──votes on the first p public points──> one int count matrix
+    private tf.Examples ──parse──> (unit, x, y)
+        ──emit k times──> ((partition i, chunk H(salt,i,unit) mod n), (x, y))
+        ──GroupByKey──> one teacher per (i, chunk)
+        ──votes on the first p public points──> one int count matrix
 
 Teachers are written to a private scratch directory (never into an output artifact) so the
 driver can cache them per window; the count matrix is the only thing the noisy argmax sees.
@@ -35,7 +37,8 @@ def parse_examples(serialized: Sequence[bytes], keys: Sequence[str]) -> list[lis
     out = []
     for record in serialized:
         ex = tf.train.Example.FromString(record)
-        out.append([_value(ex.features.feature[k]) if k in ex.features.feature else None for k in keys])
+        out.append(
+            [_value(ex.features.feature[k]) if k in ex.features.feature else None for k in keys])
     return out
 
 
@@ -60,7 +63,8 @@ def _train_one(item, *, kind, l2, n_classes, max_depth):
     y = np.array([r[1] for r in rows])
     if kind == "logistic":
         X1 = np.hstack([X, np.ones((len(X), 1))])
-        return key, _fit_logistic_partition(X1, y.astype(float), np.zeros(len(X), np.int64), 1, l2)[0]
+        return key, _fit_logistic_partition(X1, y.astype(float),
+                                            np.zeros(len(X), np.int64), 1, l2)[0]
     labels = np.unique(y)
     if len(labels) <= 1:
         return key, int(labels[0])
@@ -114,7 +118,8 @@ def run_teacher_flow(files: Sequence[str], *, read_records, feature_keys, label_
              | "SaveUnits" >> beam.Map(_save, os.path.join(scratch, "units.pkl")))
         if X_vote is not None and len(X_vote):
             _ = (teachers | "Votes" >> beam.Map(_votes, X_vote, n_classes)
-                 | "CountMatrix" >> beam.CombineGlobally(lambda cs: sum(cs, np.zeros((len(X_vote), n_classes), np.int64)))
+                 | "CountMatrix" >> beam.CombineGlobally(
+                     lambda cs: sum(cs, np.zeros((len(X_vote), n_classes), np.int64)))
                  | "SaveCounts" >> beam.Map(_save, os.path.join(scratch, "counts.pkl")))
 
     def load(name, default=None):

@@ -100,7 +100,8 @@ class AnalyzerUse:
 
 
 def bind_epsilon(preprocessing_fn: Callable[..., Any], epsilon: float) -> Callable[..., Any]:
-    """Binds ``epsilon`` if the function takes it (List. 1: ``preprocessing_fn(inputs, epsilon)``)."""
+    """Binds ``epsilon`` if the function takes it (List. 1: ``preprocessing_fn(inputs, epsilon)``).
+    """
     try:
         parameters = inspect.signature(preprocessing_fn).parameters
     except (TypeError, ValueError):

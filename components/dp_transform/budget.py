@@ -212,8 +212,8 @@ def dp_budget(epsilon: float, *, require_full_spend: bool = True) -> Iterator[DP
     """Runs the enclosed code under a fresh :class:`DPBudget` (this thread only; see module doc).
 
     For a Transform run prefer :class:`DPPreprocessingFn`, whose budget travels with the
-    pickled ``preprocessing_fn`` to wherever tf.Transform traces it. On a normal exit, checks that all traces spent the same and, if ``require_full_spend``,
-    that each spent the whole grant.
+    pickled ``preprocessing_fn`` to wherever tf.Transform traces it. On a normal exit, checks that
+    all traces spent the same and, if ``require_full_spend``, that each spent the whole grant.
 
     Args:
       epsilon: ε granted to the run.

@@ -92,7 +92,8 @@ class SageGate(base_component.BaseComponent):
           stream: the stream to read.
           epsilon: basic-mode cost ε (> 0, finite) charged to every granted block.
           delta: basic-mode cost δ in [0, 1) (default 0).
-          event_json: rdp-mode cost: ``sage_tfx.ledger.accounting.event_to_json(dp_event)``; instead of
+          event_json: rdp-mode cost: ``sage_tfx.ledger.accounting.event_to_json(dp_event)``; instead
+          of
             epsilon / delta.
           blocks: explicit block ids (instead of a window).
           window_last: request the ``window_last`` most recent blocks with budget left for the

@@ -115,7 +115,8 @@ def build_request(*, blocks: Optional[Sequence[str]] = None, window_last: Option
                 "serialized dp_accounting DpEvent) for an rdp-mode stream, not both")
         if not isinstance(event_json, str):
             raise InvalidRequestError(
-                "event_json must be the text of sage_tfx.ledger.accounting.event_to_json(event), got "
+                "event_json must be the text of sage_tfx.ledger.accounting.event_to_json(event), "
+                "got "
                 f"{type(event_json).__name__}")
         try:
             event = accounting.event_from_json(event_json)
@@ -148,7 +149,8 @@ def plan_cost(plan: Any) -> tuple:
         except (ValueError, KeyError, TypeError) as e:
             raise InvalidRequestError(f"plan is not a serialized PrivacyPlan: {e}") from e
     if not isinstance(plan, plan_lib.PrivacyPlan):
-        raise InvalidRequestError(f"plan must be a sage_tfx.adaptive.plan.PrivacyPlan, got {plan!r}")
+        raise InvalidRequestError(
+            f"plan must be a sage_tfx.adaptive.plan.PrivacyPlan, got {plan!r}")
     cost = plan.cost()
     if "event" in cost:
         return plan.to_json(), {"epsilon": None, "delta": None,

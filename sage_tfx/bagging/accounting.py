@@ -70,7 +70,8 @@ DEFAULT_MAX_ORDER = 32
 def check_lambda(lam) -> float:
     if isinstance(lam, bool) or not isinstance(lam, (int, float, np.integer, np.floating)) \
             or not math.isfinite(float(lam)) or float(lam) <= 0:
-        raise InvalidPrivacyParameterError(f"noise parameter lambda must be finite and > 0, got {lam!r}")
+        raise InvalidPrivacyParameterError(
+            f"noise parameter lambda must be finite and > 0, got {lam!r}")
     return float(lam)
 
 
@@ -79,7 +80,8 @@ def _check_eps_delta(epsilon, delta):
     check_epsilon(epsilon)
     check_delta(delta)
     if not 0 < float(epsilon) < math.inf or not 0 < float(delta) < 1:
-        raise InvalidPrivacyParameterError(f"need 0 < epsilon < inf and 0 < delta < 1, got ({epsilon}, {delta})")
+        raise InvalidPrivacyParameterError(
+            f"need 0 < epsilon < inf and 0 < delta < 1, got ({epsilon}, {delta})")
     return float(epsilon), float(delta)
 
 
@@ -124,7 +126,8 @@ def max_queries(epsilon: float, delta: float, *, lam: float, accountant: str = "
     """Largest p ≤ limit with ε(p) ≤ ``epsilon`` (data-independent: the grant decides p)."""
     epsilon, delta = _check_eps_delta(epsilon, delta)
     lam = check_lambda(lam)
-    fits = lambda p: epsilon_of(p, lam=lam, delta=delta, accountant=accountant) <= epsilon  # noqa: E731
+    # noqa: E731
+    fits = lambda p: epsilon_of(p, lam=lam, delta=delta, accountant=accountant) <= epsilon
     if not fits(1):
         return 0
     lo, hi = 1, 2
@@ -190,7 +193,8 @@ class PersonalisedMomentsAccountant:
 
     def epsilon_hat(self, S_max=None) -> float:
         S_max = max(self.S.max(initial=0.0), self.S_star) if S_max is None else S_max
-        return float(moments_epsilon(S_max, lam=self.lam, delta=self.delta, max_order=self.max_order))
+        return float(
+            moments_epsilon(S_max, lam=self.lam, delta=self.delta, max_order=self.max_order))
 
     def epsilon_hat_worst_star(self) -> float:
         return self.epsilon_hat(max(self.S.max(initial=0.0), self.S_star_worst))

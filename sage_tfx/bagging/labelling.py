@@ -22,7 +22,8 @@ MODES = ("fixed_queries", "paper")
 
 
 def noisy_counts(counts: np.ndarray, *, k: int, lam: float, noise=None) -> np.ndarray:
-    """n_c(x) + Y_c with Y_c i.i.d. Lap(k/λ), per row of ``counts`` [P, C] (never returned to users).
+    """n_c(x) + Y_c with Y_c i.i.d. Lap(k/λ), per row of ``counts`` [P, C] (never returned to
+    users).
 
     ``noise`` defaults to OpenDP's continuous Laplace (``sage_tfx.dp.noise.laplace``), which is
     what ``LaplaceDpEvent`` accounts for; a ``SeededNoise`` is for experiments only.
@@ -158,7 +159,8 @@ def label_public(ensemble: TeacherEnsemble, X_public: np.ndarray, *, epsilon: fl
     cap = len(X_public) if max_labels is None else min(int(max_labels), len(X_public))
     common = dict(lam=lam, noise_scale=ensemble.k / lam, per_query_epsilon=2 * lam, delta=delta)
     if mode == "fixed_queries":
-        p = min(acc.max_queries(epsilon, delta, lam=lam, accountant=accountant, limit=max(cap, 1)), cap)
+        p = min(
+            acc.max_queries(epsilon, delta, lam=lam, accountant=accountant, limit=max(cap, 1)), cap)
         return fixed_labels(_counts(ensemble, X_public[:p]), k=ensemble.k, lam=lam,
                             accountant=accountant,
                             epsilon=acc.epsilon_of(p, lam=lam, delta=delta, accountant=accountant),
@@ -171,7 +173,8 @@ def label_public(ensemble: TeacherEnsemble, X_public: np.ndarray, *, epsilon: fl
     for start, pred in ensemble.predict_batches(X_public[:cap]):
         a = pma.answer(pred, epsilon, ensemble.n_classes)
         if a:
-            counts = np.stack([(pred[:a] == c).sum(axis=(1, 2)) for c in range(ensemble.n_classes)], 1)
+            counts = np.stack(
+                [(pred[:a] == c).sum(axis=(1, 2)) for c in range(ensemble.n_classes)], 1)
             labels.append(noisy_argmax(counts, k=ensemble.k, lam=lam, noise=noise))
             answered += a
         if a < len(pred):

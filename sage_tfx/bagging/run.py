@@ -63,7 +63,8 @@ class LabelPlan:
     formally_dp: bool
 
 
-def plan_labels(config: BaggingConfig, *, epsilon: float, delta: float, public_size: int) -> LabelPlan:
+def plan_labels(config: BaggingConfig, *, epsilon: float, delta: float,
+                public_size: int) -> LabelPlan:
     """The charge of a run, from the grant and public facts only (Sage: charge before release).
 
     fixed_queries: p = min(largest p with ε(p) ≤ ε, public_size) and its composed event; paper
@@ -76,7 +77,8 @@ def plan_labels(config: BaggingConfig, *, epsilon: float, delta: float, public_s
         return LabelPlan(None, epsilon, delta, None, False)
     p = min(acc.max_queries(epsilon, delta, lam=config.lam, accountant=config.accountant,
                             limit=public_size), public_size)
-    return LabelPlan(p, acc.epsilon_of(p, lam=config.lam, delta=delta, accountant=config.accountant),
+    return LabelPlan(p,
+                     acc.epsilon_of(p, lam=config.lam, delta=delta, accountant=config.accountant),
                      delta, acc.queries_event(config.lam, p), True)
 
 
@@ -194,7 +196,8 @@ def _plan_of(config, ledger, grant_id, epsilon, delta, public_size, cache_id):
                                   "do not pass epsilon or delta")
     grant = ledger.grant(grant_id)
     if grant.status != RELEASED:
-        raise GrantStateError(f"grant {grant_id} is {grant.status}: only a released grant buys labels")
+        raise GrantStateError(
+            f"grant {grant_id} is {grant.status}: only a released grant buys labels")
     window = {"stream": grant.stream, "blocks": sorted(grant.block_ids)}
     if cache_id is not None and {"stream": cache_id.get("stream"),
                                  "blocks": sorted(cache_id.get("blocks", []))} != window:

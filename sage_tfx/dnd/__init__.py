@@ -1,4 +1,5 @@
-"""Draw-and-Discard machine learning (Pihur et al.): k model instances on a server, local-DP updates.
+"""Draw-and-Discard machine learning (Pihur et al.): k model instances on a server, local-DP
+updates.
 
 ``docs/papers.md`` (Draw and Discard). No TensorFlow at import. Modules:
 :mod:`~sage_tfx.dnd.glm` (GLMs as flat vectors), :mod:`~sage_tfx.dnd.client` (Alg. 1 and the

@@ -30,7 +30,8 @@ class AuditResult:
     samples: int
 
 
-def audit_epsilon(mechanism_d: Callable[[], np.ndarray], mechanism_d_prime: Callable[[], np.ndarray],
+def audit_epsilon(mechanism_d: Callable[[], np.ndarray],
+                  mechanism_d_prime: Callable[[], np.ndarray],
                   test: Callable[[np.ndarray], np.ndarray], *, samples: int,
                   alpha: float = 0.025) -> AuditResult:
     """ε̂ for the event ``test`` (vectorised over a batch of outputs, returns booleans).

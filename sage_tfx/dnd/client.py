@@ -124,9 +124,9 @@ def client_update(spec: GLMSpec, weights: np.ndarray, x: np.ndarray, y: np.ndarr
     Args:
       spec: the model.
       weights: the drawn instance B^t.
-      x: the client's features, already normalised to [0, 1] (:class:`~sage_tfx.dnd.glm.FeatureBounds`).
-      y: the client's responses (normalised to [0, 1] for linear models).
-      config: γ, C, ε, unit.
+      x: the client's features, already normalised to [0, 1]
+      (:class:`~sage_tfx.dnd.glm.FeatureBounds`). y: the client's responses (normalised to [0, 1]
+      for linear models). config: γ, C, ε, unit.
       noise: noise source; OpenDP (:data:`sage_tfx.dp.noise.SECURE`) unless a seeded one is given
         for an experiment.
     Raises:

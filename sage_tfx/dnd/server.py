@@ -349,7 +349,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sage-tfx dnd serve",
                                 description="Serve a Draw-and-Discard run charged to a ledger.")
     flags.add_ledger_argument(
-        p, required=True, help="ledger URL (sqlite:///… or postgresql://…, or env:NAME / file:PATH)")
+        p, required=True,
+        help="ledger URL (sqlite:///… or postgresql://…, or env:NAME / file:PATH)")
     p.add_argument("--stream", required=True)
     p.add_argument("--run-id", required=True, help="the run; a restart with it resumes the run")
     p.add_argument("--window-last", type=int, default=1, help="granted window: last N blocks")
@@ -397,7 +398,8 @@ def _app_of(a, service: DnDService):
 
 
 def worker_app():
-    """The application of one ``--workers`` process (its arguments come in ``$SAGE_DND_SERVE_ARGS``)."""
+    """The application of one ``--workers`` process (its arguments come in
+    ``$SAGE_DND_SERVE_ARGS``)."""
     a = build_parser().parse_args(json.loads(os.environ[SERVE_ENV]))
     return _app_of(a, _service_of(a))[0]
 

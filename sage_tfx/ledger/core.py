@@ -127,7 +127,8 @@ class Ledger(AccessMixin, ReleaseMixin, LeaseMixin, AuditMixin, BlockKeyMixin):
         retire_epsilon = accounting.check_epsilon(
             epsilon_g / 1000.0 if retire_epsilon is None else retire_epsilon, "retire_epsilon")
         if retire_epsilon > epsilon_g:
-            raise InvalidRequestError(f"retire_epsilon {retire_epsilon} exceeds epsilon_g {epsilon_g}")
+            raise InvalidRequestError(
+                f"retire_epsilon {retire_epsilon} exceeds epsilon_g {epsilon_g}")
         orders = accounting.check_orders(orders)
         stream = Stream(name, epsilon_g, delta_g, mode, str(granularity), contexts,
                         retire_epsilon, orders if mode == accounting.RDP else (), now())
@@ -199,7 +200,8 @@ class Ledger(AccessMixin, ReleaseMixin, LeaseMixin, AuditMixin, BlockKeyMixin):
             if not isinstance(spec.location, str) or not spec.location:
                 raise InvalidRequestError(f"block {spec.block_id!r} needs a storage location")
             if spec.records is not None and (not isinstance(spec.records, int) or spec.records < 0):
-                raise InvalidRequestError(f"block {spec.block_id!r}: bad record count {spec.records!r}")
+                raise InvalidRequestError(
+                    f"block {spec.block_id!r}: bad record count {spec.records!r}")
 
         def txn():
             next_seq = self._q("SELECT next_seq FROM streams WHERE stream = ?" + self._for_update,
@@ -215,7 +217,8 @@ class Ledger(AccessMixin, ReleaseMixin, LeaseMixin, AuditMixin, BlockKeyMixin):
                   ts) for k, sp in enumerate(specs)])
             self._store.add_budgets(stream, s.contexts, next_seq, len(specs),
                                     budget.zero_curve(s))
-            self._q("UPDATE streams SET next_seq = ? WHERE stream = ?", (next_seq + len(specs), stream))
+            self._q("UPDATE streams SET next_seq = ? WHERE stream = ?",
+                    (next_seq + len(specs), stream))
             self._insert_block_keys(stream, specs, ts)  # encrypted blocks' keys, with the blocks
             digest = hashlib.sha256(json.dumps(
                 [[sp.block_id, sp.location, sp.start, sp.end, sp.records] for sp in specs]
@@ -294,7 +297,8 @@ class Ledger(AccessMixin, ReleaseMixin, LeaseMixin, AuditMixin, BlockKeyMixin):
         if s.mode == accounting.BASIC:
             if event is not None:
                 raise AccountingModeError(
-                    f"stream {s.name!r} uses basic accounting: charge (epsilon, delta), not a DpEvent")
+                    f"stream {s.name!r} uses basic accounting: charge (epsilon, delta), not a "
+                    "DpEvent")
             if epsilon is None:
                 raise InvalidRequestError("a basic-mode request needs epsilon (and delta)")
             eps = accounting.check_epsilon(epsilon)
@@ -303,7 +307,8 @@ class Ledger(AccessMixin, ReleaseMixin, LeaseMixin, AuditMixin, BlockKeyMixin):
         if epsilon is not None or delta is not None:
             raise AccountingModeError(
                 f"stream {s.name!r} uses rdp accounting: charge a dp_accounting DpEvent "
-                "(e.g. GaussianDpEvent, LaplaceDpEvent, PoissonSampledDpEvent), not (epsilon, delta)")
+                "(e.g. GaussianDpEvent, LaplaceDpEvent, PoissonSampledDpEvent), not (epsilon, "
+                "delta)")
         if event is None:
             raise InvalidRequestError("an rdp-mode request needs a DpEvent")
         accounting.check_event(event)
@@ -356,7 +361,8 @@ class Ledger(AccessMixin, ReleaseMixin, LeaseMixin, AuditMixin, BlockKeyMixin):
             "context": context}, sort_keys=True)
         charge = accounting.rdp_curve(event, s.orders) if event is not None else None
         # Basic-mode sums run on exact decimals of the values the caller gave.
-        dec_e, dec_d = (accounting.exact(eps), accounting.exact(dlt)) if eps is not None else (None, None)
+        dec_e, dec_d = (accounting.exact(eps),
+                        accounting.exact(dlt)) if eps is not None else (None, None)
 
         if self._store.kind == "postgresql" and event is None:  # one server-side call
             made = pgrequest.request(self._store, s, run_id, context, blocks, window, (eps, dlt),
@@ -430,7 +436,8 @@ class Ledger(AccessMixin, ReleaseMixin, LeaseMixin, AuditMixin, BlockKeyMixin):
     def _fits(s: Stream, row: rows.BudgetRow, eps, dlt, charge) -> bool:
         return budget.fits(s, row.eps_spent, row.delta_spent, row.rdp, eps, dlt, charge)
 
-    def _deny(self, s: Stream, run_id: str, context: str, request_text: str, reason: str) -> Decision:
+    def _deny(self, s: Stream, run_id: str, context: str, request_text: str,
+              reason: str) -> Decision:
         self._audit(s.name, "deny", {"run_id": run_id, "context": context,
                                      "request": json.loads(request_text), "reason": reason})
         return Decision(False, None, reason)

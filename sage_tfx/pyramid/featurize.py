@@ -45,7 +45,8 @@ def _groups(groups: Any) -> tuple[tuple[str, ...], ...]:
     for g in groups:
         g = (g,) if isinstance(g, str) else tuple(g)
         if not g or not all(isinstance(f, str) and f for f in g) or len(set(g)) != len(g):
-            raise InvalidRequestError(f"a feature group is a non-empty tuple of distinct names: {g!r}")
+            raise InvalidRequestError(
+                f"a feature group is a non-empty tuple of distinct names: {g!r}")
         out.append(g)
     if not out or len(set(out)) != len(out):
         raise InvalidRequestError(f"need distinct, non-empty feature groups, got {groups!r}")
@@ -93,7 +94,8 @@ class CountSpec:
         object.__setattr__(self, "epsilon", check_epsilon(self.epsilon))
         if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
             raise InvalidRequestError(f"k must be an int >= 1, got {self.k!r}")
-        if isinstance(self.n_labels, bool) or not isinstance(self.n_labels, int) or self.n_labels < 2:
+        if isinstance(self.n_labels, bool) or not isinstance(self.n_labels,
+                                                             int) or self.n_labels < 2:
             raise InvalidRequestError(f"n_labels must be an int >= 2, got {self.n_labels!r}")
         if not isinstance(self.salt, str) or not self.salt:
             raise InvalidRequestError("salt must be a non-empty string")
@@ -157,7 +159,8 @@ def check_frame(frame: Any, features: Sequence[str], label: Optional[str] = None
             raise UnknownFeatureError(f"unknown label column {label!r}")
         lab = frame[label].to_numpy()
         if lab.dtype.kind not in "iub" or (len(lab) and (lab.min() < 0 or lab.max() >= n_labels)):
-            raise InvalidRequestError(f"label {label!r} must hold integer classes in [0, {n_labels})")
+            raise InvalidRequestError(
+                f"label {label!r} must hold integer classes in [0, {n_labels})")
 
 
 def group_keys(frame: pd.DataFrame, group: tuple[str, ...]) -> list:
@@ -266,7 +269,8 @@ class Featurization:
         arrays = {f"cells__{k}": v for k, v in self.cells.items()}
         meta = {"spec": self.spec.to_json(), "noise_var": self.noise_var,
                 "windows": list(self.windows), "max_variance": self.max_variance}
-        np.savez_compressed(path, prior=self.prior_counts, meta=np.array(json.dumps(meta)), **arrays)
+        np.savez_compressed(path, prior=self.prior_counts,
+                            meta=np.array(json.dumps(meta)), **arrays)
 
     @classmethod
     def load(cls, path: str) -> "Featurization":

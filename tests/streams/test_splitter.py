@@ -234,7 +234,8 @@ def test_place_blocks_refuses_blocks_older_than_the_newest(tmp_path):
         splitter._place_blocks(staging, written, "s", day, root, (), "2013-01-11T00:00:00+00:00")
     assert not os.path.exists(block_location(root, "s", "2013-01-12"))
     # The newest block's end is a valid start (half-open windows); offsets are compared as times.
-    moved = splitter._place_blocks(staging, written, "s", day, root, (), "2013-01-04T19:00:00-05:00")
+    moved = splitter._place_blocks(staging, written, "s", day, root, (),
+                                   "2013-01-04T19:00:00-05:00")
     assert [m.block_id for m in moved] == ["2013-01-05", "2013-01-12"]
 
 

@@ -108,7 +108,8 @@ def _tables(batches, config) -> dict:
 
 
 def noise_plan(epsilon_train: float, config: dict) -> dict:
-    """``{column: (l1_sensitivity, epsilon_share, discrete_laplace_scale)}`` for ``epsilon_train``."""
+    """``{column: (l1_sensitivity, epsilon_share, discrete_laplace_scale)}`` for ``epsilon_train``.
+    """
     _, n_labels, features, _, _ = check_config(config)
     shares = dp_counts.table_epsilons(epsilon_train, n_tables=len(features))
     plan = {}

@@ -36,7 +36,8 @@ def check_config(config: dict) -> tuple:
         scale = np.asarray(config["scale"], dtype=float)
         k, delta = int(config["k"]), float(config["delta"])
     except (KeyError, TypeError, ValueError) as exc:
-        raise InvalidRequestError(f"covariance config needs columns, center, scale, k, delta: {exc}")
+        raise InvalidRequestError(
+            f"covariance config needs columns, center, scale, k, delta: {exc}")
     if not cols or center.shape != (len(cols),) or scale.shape != (len(cols),) \
             or not np.all(scale > 0) or not 1 <= k <= len(cols) or not 0 < delta < 1:
         raise InvalidRequestError(f"bad covariance config {config!r}")

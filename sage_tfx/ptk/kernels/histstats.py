@@ -86,7 +86,8 @@ def train_dp(trainset_iter, epsilon_train, prev_state, prev_config, *, config, n
     noisy_sums = np.asarray(noise.laplace(sums, (upper - lower) / epsilon_train), dtype=float)
     denom = np.maximum(noisy_counts, 1.0)
     means = np.clip(centre + noisy_sums / denom, lower, upper)
-    if prev_state is not None and carry > 0 and prev_state.get("domain") == [str(d) for d in domain]:
+    if prev_state is not None and carry > 0 and prev_state.get("domain") == [
+        str(d) for d in domain]:
         means = carry * np.asarray(prev_state["means"]) + (1 - carry) * means
         noisy_counts = carry * np.asarray(prev_state["counts"]) + (1 - carry) * noisy_counts
     return {"domain": [str(d) for d in domain], "counts": noisy_counts.tolist(),

@@ -65,7 +65,8 @@ def check_config(config: dict) -> dict:
             or not np.all(np.isfinite(lower)) or not np.all(np.isfinite(upper)) \
             or not np.all(lower < upper):
         raise InvalidRequestError(
-            f"lloyd: declare distinct columns and finite per-column bounds lower < upper: {config!r}")
+            "lloyd: declare distinct columns and finite per-column bounds lower < upper: "
+            f"{config!r}")
     for name, v in (("k", k), ("iterations", iterations), ("seed", seed)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < (0 if name == "seed"
                                                                                 else 1):
@@ -73,7 +74,8 @@ def check_config(config: dict) -> dict:
                 f"lloyd: {name} must be an integer >= {0 if name == 'seed' else 1}, got {v!r}")
     if not 0.0 < share < 1.0 or not np.isfinite(min_count) or min_count < 0:
         raise InvalidRequestError(
-            f"lloyd: count_share must lie in (0, 1) and min_count be >= 0, got {share}, {min_count}")
+            f"lloyd: count_share must lie in (0, 1) and min_count be >= 0, got {share}, "
+            f"{min_count}")
     init = None
     if config.get("init") is not None:
         init = np.asarray(config["init"], dtype=float)

@@ -78,7 +78,8 @@ def check_config(config: dict) -> dict:
         t = np.asarray(thr, dtype=float) if isinstance(thr, (list, tuple)) else np.zeros(0)
         if t.size == 0 or not np.all(np.isfinite(t)) or np.any(np.diff(t) <= 0):
             raise InvalidRequestError(
-                f"numeric feature {col!r}: thresholds must be a non-empty increasing list of finite "
+                f"numeric feature {col!r}: thresholds must be a non-empty increasing list of "
+                "finite "
                 f"numbers (declared, public), got {thr!r}")
     for col, dom in categorical.items():
         if not isinstance(dom, (list, tuple)) or not dom or len(set(map(str, dom))) != len(dom):
