@@ -6,6 +6,8 @@ list it is built from the fields (``*_SELECT``), so the two cannot drift apart.
 """
 from __future__ import annotations
 
+import collections
+import dataclasses
 import json
 from typing import NamedTuple, Optional, Sequence
 
@@ -59,21 +61,9 @@ class BudgetRow(NamedTuple):
     id: int
 
 
-class GrantRow(NamedTuple):
-    """A ``grants`` row as a :class:`~sage_tfx.ledger.values.Grant` is built from it (``blocks``
-    is a JSON list of block ids, ``event`` a DpEvent's JSON or None)."""
-
-    grant_id: str
-    run_id: str
-    stream: str
-    context: str
-    mode: str
-    epsilon: Optional[float]
-    delta: Optional[float]
-    event: Optional[str]
-    blocks: str
-    status: str
-    created_at: str
+# A ``grants`` row as a Grant is built from it: the columns are named and ordered as Grant's
+# fields (``blocks`` holds a JSON list of block ids, ``event`` a DpEvent's JSON or None).
+GrantRow = collections.namedtuple("GrantRow", [f.name for f in dataclasses.fields(Grant)])
 
 
 STREAM_SELECT = f"SELECT {', '.join(StreamRow._fields)} FROM streams "
