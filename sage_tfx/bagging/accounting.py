@@ -97,6 +97,11 @@ def query_event(lam: float):
 
 
 def queries_event(lam: float, queries: int):
+    """dp_accounting event of ``queries`` noisy-argmax queries: :func:`query_event` self-composed.
+
+    Raises:
+      InvalidPrivacyParameterError: ``queries`` is not an integer >= 0, or λ is invalid.
+    """
     import dp_accounting
     if isinstance(queries, bool) or not isinstance(queries, (int, np.integer)) or queries < 0:
         raise InvalidPrivacyParameterError(f"queries must be an integer >= 0, got {queries!r}")
@@ -192,11 +197,14 @@ class PersonalisedMomentsAccountant:
         return m * m, m_star ** 2, m_worst ** 2
 
     def epsilon_hat(self, S_max=None) -> float:
+        """ε at the accountant's δ from the largest accumulated S (every unit and the fixed ∗
+        unit), or from ``S_max`` when given (Alg. 1's moments bound, ``moments_epsilon``)."""
         S_max = max(self.S.max(initial=0.0), self.S_star) if S_max is None else S_max
         return float(
             moments_epsilon(S_max, lam=self.lam, delta=self.delta, max_order=self.max_order))
 
     def epsilon_hat_worst_star(self) -> float:
+        """:meth:`epsilon_hat` with the added unit ∗ in the worst chunks it could join."""
         return self.epsilon_hat(max(self.S.max(initial=0.0), self.S_star_worst))
 
     def _advance(self, pred: np.ndarray, n_classes: int):

@@ -35,6 +35,9 @@ def cache_key(*, stream: str, blocks, k: int, n: int, salt: bytes, kind: str,
 
 
 class TeacherCache:
+    """A window's teachers by :func:`cache_key`: in memory, and pickled under ``directory``
+    (private to the component's process) when one is given."""
+
     def __init__(self, directory: Optional[str] = None):
         self.directory = directory
         self._mem: dict[str, dict] = {}
@@ -71,6 +74,7 @@ class TeacherCache:
                 raise
 
     def get_or_train(self, key: str, train: Callable[[], TeacherEnsemble]) -> TeacherEnsemble:
+        """The cached teachers of ``key``, or ``train()``'s, cached (``trained`` counts calls)."""
         with self._lock:
             entry = self._load(key)
             if entry is None:

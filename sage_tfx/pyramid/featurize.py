@@ -103,6 +103,7 @@ class CountSpec:
 
     @property
     def features(self) -> tuple[str, ...]:
+        """Every feature some group counts, each once, in order of first use."""
         return tuple(dict.fromkeys(f for g in self.groups for f in g))
 
     @property
@@ -111,13 +112,16 @@ class CountSpec:
         return len(self.groups) + 1
 
     def group_name(self, group: tuple[str, ...]) -> str:
+        """The group's table name: its features joined by ``*`` (e.g. ``origin*dest``)."""
         return "*".join(group)
 
     def group_salt(self, group: tuple[str, ...]) -> bytes:
+        """The 32-byte hash salt of the group's sketch, derived from the spec's salt and name."""
         return hashlib.blake2b(f"{self.salt}\0{self.group_name(group)}".encode(),
                                digest_size=32).digest()
 
     def to_json(self) -> dict:
+        """The spec as JSON-able data (:meth:`from_json` reads it back)."""
         d = dataclasses.asdict(self)
         d["groups"] = [list(g) for g in self.groups]
         if d["hash_family"] == HASH_BLAKE2B:   # the default is left out: digests, run ids and
@@ -134,6 +138,7 @@ class CountSpec:
         return hashlib.blake2b(text.encode(), digest_size=6).hexdigest()
 
     def new_sketch(self, group: tuple[str, ...]) -> CountSketch:
+        """An empty count sketch of the group, with the spec's shape, labels and hashing."""
         return CountSketch(self.kind, self.depth, self.width, self.n_labels, self.group_salt(group),
                            self.hash_family)
 
@@ -207,6 +212,8 @@ class Featurization:
         return c / c.sum() if c.sum() > 0 else np.full(self.spec.n_labels, 1.0 / self.spec.n_labels)
 
     def feature_names(self) -> list[str]:
+        """Names of the count features, per group: ``<group>__p<l>`` for each label l >= 1, then
+        ``<group>__logn``."""
         names = []
         for g in self.spec.groups:
             name = self.spec.group_name(g)
@@ -266,6 +273,8 @@ class Featurization:
     # -- persistence (the snapshot artifact) --
 
     def save(self, path: str) -> None:
+        """Writes the featurization (noisy cells, prior, spec, noise variances) as a ``.npz``
+        that :meth:`load` reads."""
         arrays = {f"cells__{k}": v for k, v in self.cells.items()}
         meta = {"spec": self.spec.to_json(), "noise_var": self.noise_var,
                 "windows": list(self.windows), "max_variance": self.max_variance}
