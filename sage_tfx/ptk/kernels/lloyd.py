@@ -101,6 +101,8 @@ def noise_multipliers(epsilon_train: float, config: dict) -> tuple[float, float]
 
 
 def dp_event(epsilon_train: float, config: dict) -> PrivacyCharge:
+    """The :class:`PrivacyCharge` of :func:`train_dp` at ``epsilon_train``: per iteration a Laplace
+    count and a Laplace sum, self-composed over the iterations."""
     m_c, m_s = noise_multipliers(epsilon_train, config)
     per_iteration = dp_event_lib.ComposedDpEvent([dp_event_lib.LaplaceDpEvent(m_c),
                                                  dp_event_lib.LaplaceDpEvent(m_s)])
@@ -166,6 +168,8 @@ def _state(cent: np.ndarray, counts: np.ndarray, c: dict) -> dict:
 
 
 def train_dp(trainset_iter, epsilon_train, prev_state, prev_config, *, config, noise=None):
+    """A new DP state from the window's training batches at ``epsilon_train`` (noise from
+    ``noise``, OpenDP by default; ``prev_state`` / ``prev_config``: the previous version's)."""
     noise = noise or dp_noise.SECURE
     m_c, m_s = noise_multipliers(epsilon_train, config)
     c = check_config(config)
@@ -187,6 +191,7 @@ def train_nonprivate(trainset_iter, *, config, prev_state=None) -> dict:
 
 
 def eval(testset_iter, state, *, config):  # noqa: A001 - the paper's name
+    """Per-example losses in [0, 1] of ``state`` on the test batches (the profiler's metric)."""
     c = check_config(config)
     u = _unit_rows(testset_iter, c)
     if not len(u):
