@@ -68,6 +68,11 @@ DEFAULT_MAX_ORDER = 32
 
 
 def check_lambda(lam) -> float:
+    """λ (the noisy argmax's noise parameter) as a float.
+
+    Raises:
+      InvalidPrivacyParameterError: λ is not a finite number > 0.
+    """
     if isinstance(lam, bool) or not isinstance(lam, (int, float, np.integer, np.floating)) \
             or not math.isfinite(float(lam)) or float(lam) <= 0:
         raise InvalidPrivacyParameterError(

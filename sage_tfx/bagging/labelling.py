@@ -218,17 +218,22 @@ def train_student(X_labelled: np.ndarray, labels: np.ndarray, *, l2: float = 1.0
 
 @dataclasses.dataclass(frozen=True)
 class ConstantStudent:
+    """The student when the private labels hold fewer than two classes: always ``label``."""
+
     label: int
     n_classes: int
 
     def predict(self, X):
+        """``label`` for every row of ``X``."""
         return np.full(len(X), self.label, dtype=np.int64)
 
     def predict_proba(self, X):
+        """Probability 1 on ``label`` for every row of ``X`` (``n_classes`` columns)."""
         out = np.zeros((len(X), self.n_classes))
         out[:, self.label] = 1.0
         return out
 
     @property
     def coef_(self):
+        """None: a constant student has no coefficients (scikit-learn's attribute name)."""
         return None

@@ -130,6 +130,7 @@ class CountSpec:
 
     @classmethod
     def from_json(cls, d: dict) -> "CountSpec":
+        """The spec :meth:`to_json` wrote."""
         return cls(**{**d, "groups": tuple(tuple(g) for g in d["groups"])})
 
     def digest(self) -> str:
@@ -283,6 +284,7 @@ class Featurization:
 
     @classmethod
     def load(cls, path: str) -> "Featurization":
+        """The featurization :meth:`save` wrote to ``path`` (no pickled objects are read)."""
         with np.load(path, allow_pickle=False) as z:
             meta = json.loads(str(z["meta"]))
             cells = {k[len("cells__"):]: z[k] for k in z.files if k.startswith("cells__")}
