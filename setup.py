@@ -4,7 +4,8 @@ import setuptools
 setuptools.setup(
     name="sage-tfx",
     version="0.1.0",
-    description="Differentially private TFX pipelines under block-composition access control (Sage).",
+    description="Differentially private TFX pipelines under block-composition access control "
+                "(Sage).",
     python_requires=">=3.10,<3.11",
     # The TFX components and runnable pipelines sit at the top of the repository but install as
     # sub-packages of sage_tfx, so `from sage_tfx.components import SageGate` works.

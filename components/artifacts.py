@@ -94,8 +94,8 @@ class SageGrant(Artifact):
         - ``grant_id``, ``num_blocks``, ``block_ids`` (JSON list of the granted block ids, in
           ledger order), ``mode`` (``basic`` | ``rdp``): the grant (grants only).
         - ``epsilon``, ``delta``: the charged cost (basic-mode grants).
-        - ``event_json``: the charged dp_accounting DpEvent, ``sage_tfx.ledger.accounting.event_to_json``
-          (rdp-mode grants).
+        - ``event_json``: the charged dp_accounting DpEvent,
+          ``sage_tfx.ledger.accounting.event_to_json`` (rdp-mode grants).
 
     These make every ledger decision visible in ML Metadata: the lineage of a Model leads to its
     SageGrant, which answers "which blocks trained this model, at what privacy cost"

@@ -1,7 +1,7 @@
 """The privacy plan inside a SageGrant artifact: written by SageGate, read by every DP component.
 
-* File: ``{grant uri}/plan.json`` — ``sage_tfx.adaptive.plan.PrivacyPlan.to_json()``, present when the
-  gate was given a plan. Its composed cost equals what the ledger charged (checked on read).
+* File: ``{grant uri}/plan.json`` — ``sage_tfx.adaptive.plan.PrivacyPlan.to_json()``, present when
+  the gate was given a plan. Its composed cost equals what the ledger charged (checked on read).
 """
 from __future__ import annotations
 

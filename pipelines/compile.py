@@ -12,13 +12,13 @@
     #    out/flights-dp.yaml (the KFP package: pipeline spec + kfp-kubernetes platform spec
     #    mapping the Secrets to $SAGE_LEDGER_URL / $SAGE_LEDGER_TOKEN in every pod)
 
-    sage-tfx compile --target airflow gate-stats --ledger-url postgresql://... --stream flights \\
+    sage-tfx compile --target airflow gate-stats --ledger postgresql://... --stream flights \\
         --window-last 3 --epsilon 0.5 --pipeline-root /data/tfx --metadata-path /data/mlmd.db \\
         --output-dir $AIRFLOW_HOME/dags
     # -> $AIRFLOW_HOME/dags/gate_stats_dag.py
 
 The ledger URL defaults to ``$SAGE_LEDGER_URL``; with several pods or workers it must be a
-shared PostgreSQL ledger. It is never embedded with a password: ``--ledger-url`` with one is
+shared PostgreSQL ledger. It is never embedded with a password: ``--ledger`` with one is
 refused; a password-bearing ``$SAGE_LEDGER_URL`` becomes the reference ``env:SAGE_LEDGER_URL``,
 which Airflow workers resolve from their environment and Kubeflow pods from the Secret given by
 ``--ledger-secret``. ``--beam-arg`` (repeatable) passes one standard Beam pipeline option to
@@ -27,13 +27,12 @@ every Beam-backed component.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Optional, Sequence
 
 from sage_tfx.errors import InvalidRequestError
-from sage_tfx.ledger import secrets
+from sage_tfx.ledger import flags, secrets
 from sage_tfx.pipelines import orchestration
 
 
@@ -50,8 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pipeline-root", required=True)
     p.add_argument("--metadata-path", help="ML Metadata SQLite file (Airflow; unused by KFP, "
                                            "which keeps its own)")
-    p.add_argument("--ledger-url", default=None,
-                   help="the shared block ledger, without a password (default $SAGE_LEDGER_URL, "
+    flags.add_ledger_argument(
+        p, default=None, dest="ledger_url", deprecated=("--ledger-url",),
+        help="the shared block ledger, without a password (default $SAGE_LEDGER_URL, "
                         "as the reference env:SAGE_LEDGER_URL if it holds a password)")
     p.add_argument("--ledger-secret", metavar="NAME:KEY",
                    help="kubeflow: a Kubernetes Secret key holding the ledger URL, set as "
@@ -78,7 +78,7 @@ def ledger_url_of(args: argparse.Namespace, environ=os.environ) -> Optional[str]
     """The ledger URL the compiled pipeline holds: never one with a password.
 
     Raises:
-      InvalidRequestError: ``--ledger-url`` holds a password, or conflicts with
+      InvalidRequestError: ``--ledger`` holds a password, or conflicts with
         ``--ledger-secret``; a Secret for Airflow.
     """
     kfp = args.target == orchestration.KUBEFLOW
@@ -90,7 +90,7 @@ def ledger_url_of(args: argparse.Namespace, environ=os.environ) -> Optional[str]
         if args.ledger_url not in (None, orchestration.LEDGER_URL_REF):
             raise InvalidRequestError(
                 f"--ledger-secret sets $SAGE_LEDGER_URL in every pod, and the pipeline refers to "
-                f"it as {orchestration.LEDGER_URL_REF}: leave out --ledger-url")
+                f"it as {orchestration.LEDGER_URL_REF}: leave out --ledger")
         return orchestration.LEDGER_URL_REF
     if args.ledger_url:
         try:

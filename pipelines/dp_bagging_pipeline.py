@@ -1,4 +1,5 @@
-"""SageGate -> BlockExampleGen (private window) + CsvExampleGen (declared public) -> DPBaggingTrainer.
+"""SageGate -> BlockExampleGen (private window) + CsvExampleGen (declared public) ->
+DPBaggingTrainer.
 
 The gate charges the bagging run's cost, fixed from the grant size and public facts before any
 private data is read (``bagging_cost``: ε(p) of p noisy-argmax queries on basic streams, the
@@ -56,8 +57,11 @@ def create_pipeline(pipeline_name: str, pipeline_root: str, metadata_path: str, 
                     min_records=n, **cost)
     with tfx.dsl.Cond(gate.outputs["grant"].future()[0].custom_property("granted") == 1):
         private = BlockExampleGen(grant=gate.outputs["grant"], ledger_url=ledger_url,
-                                  output_config=example_gen_pb2.Output(split_config=example_gen_pb2.SplitConfig(
-                                      splits=[example_gen_pb2.SplitConfig.Split(name="train", hash_buckets=1)])))
+                                  output_config=example_gen_pb2.Output(
+                                      split_config=example_gen_pb2.SplitConfig(
+                                      splits=[
+                                          example_gen_pb2.SplitConfig.Split(name="train",
+                                                                            hash_buckets=1)])))
         public = tfx.components.CsvExampleGen(
             input_base=public_csv_dir,
             output_config=example_gen_pb2.Output(split_config=example_gen_pb2.SplitConfig(
@@ -73,5 +77,6 @@ def create_pipeline(pipeline_name: str, pipeline_root: str, metadata_path: str, 
     return tfx.dsl.Pipeline(
         pipeline_name=pipeline_name, pipeline_root=pipeline_root,
         components=[gate, private, public, trainer], enable_cache=False,
-        metadata_connection_config=tfx.orchestration.metadata.sqlite_metadata_connection_config(metadata_path),
+        metadata_connection_config=tfx.orchestration.metadata.sqlite_metadata_connection_config(
+            metadata_path),
         beam_pipeline_args=list(beam_pipeline_args or ["--direct_num_workers=1"]))

@@ -66,7 +66,8 @@ def create_pipeline(*, pipeline_name: str, pipeline_root: str, metadata_path: st
                     ledger_url: str, stream: str, plan: PrivacyPlan,
                     blocks: Optional[Sequence[str]] = None, window_last: Optional[int] = None,
                     run_id: Optional[str] = None, algorithm: str = DPSGD,
-                    trainer_config: Optional[dict] = None, metric: str = "loss",
+                    trainer_config: Optional[dict] = None,  # noqa: F811 (shadows the re-export)
+                    metric: str = "loss",
                     target: float, loss_bound: Optional[float] = None,
                     eta: float = DEFAULT_ETA, serving_model_dir: str,
                     use_transform: bool = True,

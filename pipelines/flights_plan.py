@@ -11,9 +11,10 @@ charges the *composition* of the three parts once, before any block is read::
     plan = make_plan(1.0, 1e-6)                 # transform 0.1, train 0.6 (δ 1e-6), validate 0.3
     plan.cost() == {"epsilon": 1.0, "delta": 1e-6}
 
-In basic mode the composition is the exact decimal sum of the parts (``sage_tfx.ledger.accounting.exact``,
-the ledger's arithmetic), so :func:`make_plan` splits ε with ``Decimal`` and refuses a split whose
-shares are not exactly representable as floats (it never rounds a privacy parameter).
+In basic mode the composition is the exact decimal sum of the parts
+(``sage_tfx.ledger.accounting.exact``, the ledger's arithmetic), so :func:`make_plan` splits ε with
+``Decimal`` and refuses a split whose shares are not exactly representable as floats (it never
+rounds a privacy parameter).
 
 Defaults of the pipeline (documented here, used by ``flights_dp_pipeline.create_pipeline``):
 
@@ -156,9 +157,9 @@ def make_plan(epsilon: float, delta: float, *, transform_share: float = DEFAULT_
 
     Parts (in this order): ``transform`` = ε·transform_share (pure ε), ``train`` = the rest of ε
     with all of δ, ``validate`` = ε·validate_share (pure ε). The parts' exact decimal sums
-    (``sage_tfx.ledger.accounting.exact``, as the ledger sums) are exactly ``epsilon`` and ``delta``, so
-    ``plan.cost() == {"epsilon": epsilon, "delta": delta}``. ``transform_share=0`` leaves the
-    transform part out (a pipeline with ``use_transform=False``).
+    (``sage_tfx.ledger.accounting.exact``, as the ledger sums) are exactly ``epsilon`` and
+    ``delta``, so ``plan.cost() == {"epsilon": epsilon, "delta": delta}``. ``transform_share=0``
+    leaves the transform part out (a pipeline with ``use_transform=False``).
 
     Args:
       epsilon: the run's total ε (finite, > 0).
@@ -212,7 +213,8 @@ def check_plan(plan: PrivacyPlan, *, use_transform: bool) -> None:
       TypeError: not a PrivacyPlan. ValueError: missing or superfluous parts.
     """
     if not isinstance(plan, PrivacyPlan):
-        raise TypeError(f"plan must be a sage_tfx.adaptive.plan.PrivacyPlan, got {type(plan).__name__}")
+        raise TypeError(
+            f"plan must be a sage_tfx.adaptive.plan.PrivacyPlan, got {type(plan).__name__}")
     names = [p.name for p in plan.parts]
     expected = ([plan_lib.TRANSFORM] if use_transform else []) + [plan_lib.TRAIN,
                                                                     plan_lib.VALIDATE]

@@ -240,7 +240,8 @@ def airflow_dag_file(name: str, config: Mapping[str, Any]) -> str:
     return AIRFLOW_DAG_TEMPLATE.format(name=name, config=json.dumps(dict(config)))
 
 
-AIRFLOW_DAG_TEMPLATE = '''"""Airflow DAG: sage-tfx pipeline {name!r} (written by `sage-tfx compile --target airflow`).
+AIRFLOW_DAG_TEMPLATE = ('''"""Airflow DAG: sage-tfx pipeline {name!r} '''  # one line in the DAG
+                        '''(written by `sage-tfx compile --target airflow`).
 
 The ledger URL is read where the DAG runs: ``env:SAGE_LEDGER_URL`` resolves in each task from
 the worker's environment (a password-bearing $SAGE_LEDGER_URL stays there, never in this file,
@@ -253,7 +254,7 @@ from sage_tfx.pipelines import orchestration
 CONFIG = json.loads({config!r})
 CONFIG.update(orchestration.config_from_env())  # $SAGE_LEDGER_URL, $SAGE_BEAM_ARGS override
 DAG = orchestration.airflow_dag(orchestration.build({name!r}, CONFIG, "airflow"))
-'''
+''')
 
 
 # --- secrets: referenced, never embedded ---------------------------------------------------------
@@ -371,7 +372,8 @@ def token_env_secret(token_secret: Optional[str]) -> Dict[str, Tuple[str, str]]:
 
 
 def parse_beam_args(values: Optional[Sequence[str]]) -> list:
-    """``--beam-arg`` values as Beam flags (each value one flag, e.g. ``--runner=PortableRunner``)."""
+    """``--beam-arg`` values as Beam flags (each value one flag, e.g. ``--runner=PortableRunner``).
+    """
     flags = []
     for v in values or []:
         if not v.startswith("--"):

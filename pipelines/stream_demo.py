@@ -29,7 +29,7 @@ import time
 from typing import Optional
 
 from sage_tfx.cli import format_blocks
-from sage_tfx.ledger import BlockSpec, Window, open_ledger
+from sage_tfx.ledger import Window, open_ledger
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +70,8 @@ def split_stream(out: str, days: int) -> list:
 
 
 def run_stream(ledger, blocks: list, pipelines=PIPELINES) -> list[dict]:
-    """Blocks arrive one per day; due pipelines request their window. Returns one row per request."""
+    """Blocks arrive one per day; due pipelines request their window. Returns one row per request.
+    """
     history = []
     _log(f"[2/4] streaming {len(blocks)} days through the gate "
          f"({', '.join(p.name for p in pipelines)})")

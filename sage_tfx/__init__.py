@@ -13,7 +13,7 @@ ones listed before it (``tests/test_layout.py`` enforces the rules; ``docs/desig
 ``sage_tfx.adaptive``
     Privacy plans, the per-block allocator and the privacy-adaptive search.
 ``sage_tfx.ptk``, ``sage_tfx.pyramid``, ``sage_tfx.bagging``, ``sage_tfx.dnd``
-    The systems of ``../shared/papers/`` (as they arrive): each depends on the shared layers
+    The systems of ``docs/papers.md`` (as they arrive): each depends on the shared layers
     above and never on a sibling system; its paper reproduction lives in its own ``eval/``.
 ``sage_tfx.eval``
     Sage's own §5 reproduction (the library behind ``benchmarks/sage/``).
@@ -108,13 +108,15 @@ PUBLIC_API: dict[str, tuple[str, ...]] = {
     "sage_tfx.cli": ("main",),
     "sage_tfx.components": (
         "SageGate", "BlockExampleGen", "DPTransform", "DPTrainer", "DPModelValidator",
-        "SageGrant"),
+        "SageGrant", "PTKTrainer", "PTKFeaturizer", "PTKState", "DnDTrainer", "DnDExporter",
+        "DPBaggingTrainer", "PyramidCountTable", "PyramidSnapshot", "PyramidTransform",
+        "PyramidWindowTable", "PyramidFeaturization"),
     "sage_tfx.components.dp_transform.analyzers": (
         "DPPreprocessingFn", "dp_mean", "dp_scale_to_0_1", "dp_group_by_mean", "dp_count",
         "dp_quantiles"),
     "sage_tfx.components.dp_trainer": ("private_training", "report_guarantee", "train_part",
                                        "dpsgd_noise_for"),
-    # The PTK store (../shared/papers/ptk-sage-feature-store.md).
+    # The PTK store (docs/papers.md, "PTK store").
     "sage_tfx.ptk": (
         "PTKStore", "StoreConfig", "Reject", "PTK", "PTKType", "PrivacyCharge", "allocate",
         "Allocation", "Option", "UnknownPTKError", "FunctionReferenceError",

@@ -17,13 +17,13 @@ Examples::
     sage-tfx verify --anchors /mnt/worm/ledger-anchors.jsonl --key-file anchor.key
     sage-tfx compile --target kubeflow flights-dp --image IMAGE ...   # KFP v2 job JSON
     sage-tfx compile --target airflow gate-stats ...                  # an Airflow DAG file
-    sage-tfx ptk plan --url sqlite:///ledger.db                       # the PTK store's plan
+    sage-tfx ptk plan --ledger sqlite:///ledger.db                    # the PTK store's plan
     sage-tfx dnd serve --ledger sqlite:///ledger.db --stream s ...    # a Draw-and-Discard server
 
-The ledger URL comes from ``--ledger``, else ``$SAGE_LEDGER_URL``, else
-``sqlite:///sage-ledger.db`` in the working directory (either may be a reference,
-``env:NAME`` or ``file:/path``). Once the ledger has principals, the caller's token comes from
-``--token`` (``env:NAME`` / ``file:/path``), else ``$SAGE_LEDGER_TOKEN`` or the file
+The ledger URL comes from ``--ledger`` (on every command, ``sage_tfx.ledger.flags``), else
+``$SAGE_LEDGER_URL``, else ``sqlite:///sage-ledger.db`` in the working directory (either may be a
+reference, ``env:NAME`` or ``file:/path``). Once the ledger has principals, the caller's token comes
+from ``--token`` (``env:NAME`` / ``file:/path``), else ``$SAGE_LEDGER_TOKEN`` or the file
 ``$SAGE_LEDGER_TOKEN_FILE`` (``sage-tfx principal --help``).
 """
 from __future__ import annotations
@@ -35,7 +35,7 @@ import sys
 from typing import Optional, Sequence
 
 from sage_tfx import cli_principals
-from sage_tfx.ledger import accounting
+from sage_tfx.ledger import accounting, flags
 from sage_tfx.errors import InvalidRequestError, SageError
 from sage_tfx.ledger import DEFAULT_CONTEXT, BlockSpec, Grant, Window, open_ledger
 
@@ -255,8 +255,9 @@ def _cmd_verify(led, a) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sage-tfx", description=(
         "Operate a Sage block ledger: streams, blocks, grants and the audit log."))
-    p.add_argument("--ledger", default=None,
-                   help="ledger URL: sqlite:///path.db or postgresql://user@host:port/db, or a "
+    flags.add_ledger_argument(
+        p, default=None, deprecated=("--ledger-url", "--url"),
+        help="ledger URL: sqlite:///path.db or postgresql://user@host:port/db, or a "
                         "reference env:NAME / file:/path (default: $SAGE_LEDGER_URL, else "
                         f"{DEFAULT_URL})")
     cli_principals.token_argument(p)
@@ -267,7 +268,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--epsilon-g", type=float, required=True)
     c.add_argument("--delta-g", type=float, required=True)
     c.add_argument("--mode", choices=accounting.MODES, default=accounting.BASIC)
-    c.add_argument("--granularity", help="block scheme, e.g. time:timestamp:day or hash:user:64:salt")
+    c.add_argument("--granularity",
+                   help="block scheme, e.g. time:timestamp:day or hash:user:64:salt")
     c.add_argument("--contexts", default=DEFAULT_CONTEXT,
                    help="comma-separated non-colluding contexts, each with its own budgets")
     c.add_argument("--retire-epsilon", type=float)
@@ -285,10 +287,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--records", type=int)
     c.set_defaults(fn=_cmd_add_block)
 
-    c = sub.add_parser("import", help="split CSV/TFRecord data into blocks (Beam) and register them")
+    c = sub.add_parser("import",
+                       help="split CSV/TFRecord data into blocks (Beam) and register them")
     c.add_argument("stream")
     c.add_argument("source", nargs="+", help="files or globs (CSV with header, or TFRecord)")
-    c.add_argument("--scheme", required=True, help="e.g. time:timestamp:day or hash:user_id:64:salt")
+    c.add_argument("--scheme", required=True,
+                   help="e.g. time:timestamp:day or hash:user_id:64:salt")
     c.add_argument("--block-root", required=True, help="root directory of block storage")
     c.add_argument("--on-malformed", choices=("error", "skip"), default="error")
     c.add_argument("--beam-arg", action="append", default=[], metavar="FLAG",
@@ -327,7 +331,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--epsilon", type=float)
     c.add_argument("--delta", type=float)
     c.add_argument("--event-json", help="rdp streams: a DpEvent as JSON "
-                                        '(e.g. \'{"class": "GaussianDpEvent", "noise_multiplier": 5}\')')
+                                        '(e.g. \'{"class": "GaussianDpEvent", "noise_multiplier": '
+                                        '5}\')')
     c.add_argument("--context", default=DEFAULT_CONTEXT)
     c.add_argument("--reserve", action="store_true", help="reserve without releasing data")
     c.set_defaults(fn=_cmd_request)
@@ -379,8 +384,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(fn=None)
 
     # The systems' own commands, passed through (each system parses its arguments).
-    for name, help_text in (("ptk", "the PTK store: ptk serve|plan --url LEDGER ... (ptk --help)"),
-                            ("dnd", "Draw-and-Discard: dnd serve --ledger LEDGER ... "
+    for name, help_text in (("ptk", "the PTK store: ptk serve|plan --ledger URL ... (ptk --help)"),
+                            ("dnd", "Draw-and-Discard: dnd serve --ledger URL ... "
                                     "(dnd serve --help)")):
         c = sub.add_parser(name, add_help=False, prefix_chars="\0", help=help_text)
         c.add_argument("args", nargs=argparse.REMAINDER)
@@ -389,16 +394,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _system_command(args: argparse.Namespace) -> int:
-    """``sage-tfx ptk ...`` / ``sage-tfx dnd serve ...``: the system's own command line."""
+    """``sage-tfx ptk ...`` / ``sage-tfx dnd serve ...``: the system's own command line.
+
+    ``sage-tfx --ledger URL ptk plan`` passes the ledger on, like ``ptk plan --ledger URL``."""
+    given = [f"{flags.LEDGER_FLAG}={args.ledger}"] if args.ledger else []
     if args.command == "ptk":
         from sage_tfx.ptk import service
-        return service.main(args.args)
+        return service.main([*args.args, *given])
     if not args.args or args.args[0] != "serve":
         print("usage: sage-tfx dnd serve --ledger URL --stream S --run-id R ... "
               "(sage-tfx dnd serve --help)", file=sys.stderr)
         return 2
     from sage_tfx.dnd import server
-    return server.main(args.args[1:])
+    return server.main([*args.args[1:], *given])
 
 
 def _compile(args: argparse.Namespace) -> int:

@@ -9,8 +9,9 @@ admits only callers who present it: every endpoint authenticates in every mode.
 
 :class:`BodyLimit` refuses a body larger than the service's limit with 413 before reading it
 (Content-Length) or as soon as a chunked body passes it. :func:`install_error_handlers` maps
-:class:`~sage_tfx.errors.AuthenticationError` to 401, :class:`~sage_tfx.errors.PermissionDeniedError`
-to 403 and bad input (``ValueError``) to 400. FastAPI is imported by the services only.
+:class:`~sage_tfx.errors.AuthenticationError` to 401,
+:class:`~sage_tfx.errors.PermissionDeniedError` to 403 and bad input (``ValueError``) to 400.
+FastAPI is imported by the services only.
 """
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ LAYER_DEPS = {
     "dp": {"ledger"},
     "adaptive": {"ledger", "dp", "streams"},
 }
-# Systems from ../shared/papers/: each may import every shared layer, never a sibling system.
+# Systems from docs/papers.md: each may import every shared layer, never a sibling system.
 SYSTEMS = ("ptk", "pyramid", "bagging", "dnd")
 # Sage's own evaluation sits on the shared layers like a system does.
 SAGE_EVAL = "eval"

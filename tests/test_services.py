@@ -2,7 +2,6 @@
 import os
 import stat
 
-import pytest
 from fastapi import Depends, FastAPI
 from fastapi.testclient import TestClient
 
@@ -34,7 +33,8 @@ def test_open_mode_serves_with_its_own_token(tmp_path):
     app, hits = _app(auth)
     c = TestClient(app)
     assert c.post("/echo", json={"a": 1}).status_code == 401
-    assert c.post("/echo", json={"a": 1}, headers={"Authorization": "Bearer nope"}).status_code == 401
+    assert c.post("/echo", json={"a": 1},
+                  headers={"Authorization": "Bearer nope"}).status_code == 401
     r = c.post("/echo", json={"a": 1}, headers={"Authorization": f"Bearer {token}"})
     assert r.status_code == 200 and r.json() == {"who": "local", "n": 1}
     assert hits == ["local"]

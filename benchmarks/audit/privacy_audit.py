@@ -195,7 +195,8 @@ def flights_mia(rows: int = 250, heldout: int = 2000, epsilon: float = 0.6) -> d
         pa.flights_data(rows, heldout), epsilon=epsilon,
         dp_models=(("dp", (32, 16), 2), ("dp_wide", (256, 256), 20)))
     result.update(rows=rows, heldout=heldout)
-    print(f"flights MIA ({rows} train / {heldout} held-out): DP (ε {result['charged_epsilon']:.2f}) "
+    print(
+        f"flights MIA ({rows} train / {heldout} held-out): DP (ε {result['charged_epsilon']:.2f}) "
           f"AUC {result['dp']['auc']:.3f}, wide DP AUC {result['dp_wide']['auc']:.3f}; "
           f"non-DP twin AUC {result['non_dp']['auc']:.3f}")
     return result

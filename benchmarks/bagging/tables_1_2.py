@@ -20,9 +20,11 @@ from sage_tfx.reporting import BEGIN, END, read_csv, write_auto_markdown, write_
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--quick", action="store_true", help="one seed, n=100, k in {1, 5}, ε in {1, 3}")
+    ap.add_argument("--quick", action="store_true",
+                    help="one seed, n=100, k in {1, 5}, ε in {1, 3}")
     ap.add_argument("--out", default="benchmarks/results/bagging")
     ap.add_argument("--merge", default=None,
                     help="comma-separated grid.csv files (e.g. one per seed, run in parallel): "
@@ -44,9 +46,11 @@ def main(argv=None):
     eps = list(cfg.epsilons)
     auto = "\n".join([
         BEGIN,
-        f"Means over seeds {list(cfg.seeds)}; paper's numbers in parentheses (Heart Failure, 10 runs).",
+        f"Means over seeds {list(cfg.seeds)}; paper's numbers in parentheses (Heart Failure, 10 "
+        "runs).",
         "", "### Table 2: labels answered", "", table2_markdown(agg, eps),
-        "", "### Table 1: student accuracy / AUROC / AUPRC on the test third", "", table1_markdown(agg, eps),
+        "", "### Table 1: student accuracy / AUROC / AUPRC on the test third", "",
+        table1_markdown(agg, eps),
         "", END])
     write_auto_markdown(os.path.join(args.out, "tables.md"), auto,
                         "# DP bagging Tables 1–2 on Ecdat/DoctorContacts (generated)\n")

@@ -5,7 +5,8 @@
 peak (tracemalloc) of each phase, the process's max RSS, and what one dense float64 [N, k, n]
 array would take. Writes ``--out``/vote_memory.csv.
 
-    .venv/bin/python benchmarks/bagging/vote_memory.py [--private 24000 --public 8000 --n 250 --k 100]
+    .venv/bin/python benchmarks/bagging/vote_memory.py [--private 24000 --public 8000 --n 250 --k
+    100]
 """
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from sage_tfx.reporting import write_csv
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--private", type=int, default=24_000)
     ap.add_argument("--public", type=int, default=8_000)
     ap.add_argument("--n", type=int, default=250)

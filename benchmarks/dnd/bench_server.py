@@ -139,7 +139,8 @@ def in_process(features: int, updates: int, k: int) -> dict:
     secs = time.perf_counter() - start
     stats = service.stats()
     return {"weights": spec.dim, "k": k, "workers": 1, "concurrency": "in-process",
-            "updates": updates, "seconds": round(secs, 2), "updates_per_s": round(updates / secs, 1),
+            "updates": updates, "seconds": round(secs, 2),
+            "updates_per_s": round(updates / secs, 1),
             "p50_ms": round(1000 * float(np.quantile(lat, 0.5)), 2),
             "p99_ms": round(1000 * float(np.quantile(lat, 0.99)), 2),
             "accepted": stats["accepted"], "rejected_spam": stats["rejected_spam"],

@@ -25,7 +25,8 @@ def main() -> None:
             for (n, t), e in zip(kw.TERMS, r.estimated)]
     write_csv(f"{OUT}/known_weights{a.tag}.csv", rows)
     err = abs(r.estimated - kw.TRUE_WEIGHTS)
-    summary = [{"model": "DnD average", **r.metrics}, {"model": "true weights", **r.true_model_metrics},
+    summary = [{"model": "DnD average", **r.metrics},
+               {"model": "true weights", **r.true_model_metrics},
                {"model": "paper (production)", "accuracy": 0.80, "precision": 0.79, "recall": 0.72}]
     write_csv(f"{OUT}/known_weights{a.tag}_metrics.csv", summary)
     print(f"updates={r.updates} positive rate={r.positive_rate:.3f} "

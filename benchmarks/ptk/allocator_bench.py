@@ -86,7 +86,8 @@ def main(argv=None) -> int:
                   f"median {med:.3f} s, max {max(r['notified_s'] for r in ok):.3f} s over "
                   f"{len(ok)} registrations; register (DP profile + ILP) median "
                   f"{statistics.median(r['register_s'] for r in ok):.3f} s, window (ingest + "
-                  f"train all + notify) median {statistics.median(r['window_s'] for r in ok):.3f} s."]
+                  f"train all + notify) median {statistics.median(r['window_s'] for r in ok):.3f} "
+                  "s."]
     lines.append(reporting.END)
     reporting.write_auto_markdown(os.path.join(a.out, "bench.md"), "\n".join(lines),
                                   "# PTK store: allocator and latency benchmark\n\n")

@@ -4,8 +4,9 @@ of EWR training data, for no PTK, DP PTKs (ε ∈ {0.1, 1}) and non-private PTKs
 
     .venv/bin/python benchmarks/ptk/fig5_flights.py [--seeds 0 1 2] [--eps 0.1 1]
         [--fractions 0.005 0.01 0.02 0.05 0.1 0.25 0.5 1] [--max-source N] [--max-target N]
-        [--count-keys tailnum dest date carrier_flight] [--trees 20] [--depth 6] [--tree-no-dest] [--max-iter 200] [--kernels counts trees]
-        [--out benchmarks/results/ptk] [--stem fig5_flights]
+        [--count-keys tailnum dest date carrier_flight] [--trees 20] [--depth 6] [--tree-no-dest]
+        [--max-iter 200] [--kernels counts trees] [--out benchmarks/results/ptk]
+        [--stem fig5_flights]
 
 Writes <stem>.csv (every row), <stem>_summary.csv, <stem>_headline.csv and <stem>.png.
 Noise: SeededNoise (a reproducible experiment); the kernels draw from OpenDP by default.

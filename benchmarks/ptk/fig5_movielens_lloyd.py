@@ -3,7 +3,8 @@ rating profiles (user-level DP) and a DP per-user historical statistic trained o
 genres, consumed by a ridge rating model on the other genres; no-PTK / DP PTK (ε ∈ {0.1, 1}) /
 non-private PTK, several seeds.
 
-    .venv/bin/python benchmarks/ptk/fig5_movielens_lloyd.py [--seeds 5] [--out benchmarks/results/ptk]
+    .venv/bin/python benchmarks/ptk/fig5_movielens_lloyd.py [--seeds 5]
+        [--out benchmarks/results/ptk]
 
 Writes ``fig5_movielens.csv``, ``fig5_movielens_gains.csv`` and ``fig5_movielens.png``.
 """

@@ -10,7 +10,6 @@ Writes ``fig5_taxi.csv`` (one row per variant, ε, fraction, seed), ``fig5_taxi_
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
 from sage_tfx.ptk.eval import fig5_taxi

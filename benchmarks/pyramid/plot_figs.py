@@ -24,7 +24,8 @@ def plot(df: pd.DataFrame, out: str) -> None:
         ax.plot(g.fraction * 100, g.normalized, ls=":", label=f"{model}, no noise")
     ax.set(xscale="log", title="Fig. 5: ε = 1, k = 1", xlabel="% of training data")
     ax = axes[2]
-    g6 = df[(df.fig == "6a")].groupby(["model", "weights", "epsilon"]).normalized.mean().reset_index()
+    g6 = df[(df.fig == "6a")].groupby(
+        ["model", "weights", "epsilon"]).normalized.mean().reset_index()
     for (model, w), g in g6.groupby(["model", "weights"]):
         ax.plot(g.epsilon, g.normalized, marker="o", label=f"{model}, weights={w}")
     ax.set(xscale="log", title="Fig. 6(a): weighted noise, 1 % data", xlabel="ε")

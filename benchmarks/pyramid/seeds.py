@@ -64,7 +64,8 @@ def plot(df: pd.DataFrame, path: str) -> None:
                   zip(s.sketch, s.weights, s.epsilon)]
         ax[i].bar(range(len(s)), (s["mean"] - 1) * 100, yerr=s["std"] * 100, capsize=3)
         ax[i].set_xticks(range(len(s)), labels, fontsize=6)
-        ax[i].set_title(f"flights, 1 %: {model}, mean ± std of {df.seed.nunique()} seeds", fontsize=10)
+        ax[i].set_title(
+            f"flights, 1 %: {model}, mean ± std of {df.seed.nunique()} seeds", fontsize=10)
     ax[0].set_ylabel("log loss vs raw LR on all data (%)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -2,7 +2,7 @@
 
 Runs with whichever sage-tfx the interpreter imports, so the same script measures both sides:
 
-    /work/main/.venv/bin/python benchmarks/sage/bench_block_crypto.py   # before: plaintext blocks
+    $MAIN/.venv/bin/python benchmarks/sage/bench_block_crypto.py        # before: main's checkout
     .venv/bin/python benchmarks/sage/bench_block_crypto.py              # after: encrypted blocks
 
 Steps, each timed (wall and CPU seconds; the median of ``--repeat`` runs for the reads):

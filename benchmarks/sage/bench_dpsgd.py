@@ -278,7 +278,8 @@ def main() -> None:
     parser.add_argument("--synthetic", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dp-xla", action="store_true",
-                        help="XLA-compile the private part of the DP step (the DP Trainer does not)")
+                        help="XLA-compile the private part of the DP step (the DP Trainer does "
+                             "not)")
     parser.add_argument("--non-dp-xla", action="store_true",
                         help="XLA-compile the non-DP step too (Keras' default is not to)")
     args = parser.parse_args()

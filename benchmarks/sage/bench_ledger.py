@@ -238,7 +238,8 @@ def run_steady(backends: Sequence[str], num_blocks: int, writers: Sequence[int],
                     r = {"backend": backend, "blocks": num_blocks, **steady_case(
                         url, "s", num_blocks, n, workload, duration, seed=case), "load": load()}
                     rows.append(r)
-                    say(f"[{backend}] {workload:<8} writers={n:>2} grants/s={r['grants_per_s']:7.0f}"
+                    say(f"[{backend}] {workload:<8} writers={n:>2} "
+                        f"grants/s={r['grants_per_s']:7.0f}"
                         f" p50={r['p50_ms']:6.2f}ms p99={r['p99_ms']:7.2f}ms denied={r['denied']}"
                         f" writer RSS={r['writer_maxrss_mb']:.0f} MB ({r['load']})")
     return rows
@@ -328,7 +329,8 @@ def run_cpu(backends: Sequence[str], num_blocks: int, requests: int, say=print,
                       "CPU/grant" if server else ""
                 ms = np.array(lat) * 1000
                 say(f"[{backend}] {kind:<6} 1 writer in-process: {1000 * cpu / requests:.3f} ms CPU"
-                    f"/grant{srv}, {1000 * wall / requests:.3f} ms wall/grant ({requests / wall:.0f}/s),"
+                    f"/grant{srv}, {1000 * wall / requests:.3f} ms wall/grant "
+                    f"({requests / wall:.0f}/s),"
                     f" p50={np.percentile(ms, 50):.2f}ms p99={np.percentile(ms, 99):.2f}ms "
                     f"({load()})")
             led.close()

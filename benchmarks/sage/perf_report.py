@@ -100,7 +100,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     g = p.add_argument_group("training")
     g.add_argument("--rows", type=int, help=f"rows for s/epoch (default {FULL['rows']})")
     g.add_argument("--epochs", type=int, help=f"epochs per fit for s/epoch, the first not timed "
-                                              f"(default {FULL['epochs']}, quick {QUICK['epochs']})")
+                                              f"(default {FULL['epochs']}, quick "
+                                              f"{QUICK['epochs']})")
     g.add_argument("--rounds", type=int, help=f"fits per model for s/epoch (default "
                                               f"{FULL['rounds']}, quick {QUICK['rounds']})")
     g.add_argument("--sizes", type=_ints, help=f"rows per model for s/model (default "
@@ -399,7 +400,8 @@ def markdown(args: argparse.Namespace, *, command: str, started: datetime.dateti
                       f"stream ({min(args.requests, CPU_REQUESTS):,} requests). Process CPU is "
                       "all the work with SQLite (the ledger is embedded; waiting for the WAL "
                       "fsync is not CPU) and only the client's share with PostgreSQL.", "",
-                      "| backend | blocks | CPU ms / grant | wall ms / grant |", "|---|---|---|---|"]
+                      "| backend | blocks | CPU ms / grant | wall ms / grant |",
+                      "|---|---|---|---|"]
             for key in streams:
                 r = by_stream[key]
                 lines.append(f"| {key[0]} | {key[1]:,} | {r['cpu_ms_per_grant']:.2f} | "
@@ -436,11 +438,13 @@ def markdown(args: argparse.Namespace, *, command: str, started: datetime.dateti
                   "model(s) per cell. This is what each attempt of privacy-adaptive training "
                   "costs.", "",
                   "| rows | steps | non-DP wall s | DP wall s | DP / non-DP wall | "
-                  "non-DP CPU s | DP CPU s | DP / non-DP CPU |", "|---|---|---|---|---|---|---|---|"]
+                  "non-DP CPU s | DP CPU s | DP / non-DP CPU |",
+                  "|---|---|---|---|---|---|---|---|"]
         for n in sizes:
             a, b = cell[(n, bench_dpsgd.NON_DP)], cell[(n, bench_dpsgd.DP)]
             lines.append(f"| {n:,} | {a['steps']:,} | {a['wall_s_median']:.2f} | "
-                         f"{b['wall_s_median']:.2f} | {b['wall_s_median'] / a['wall_s_median']:.2f}× "
+                         f"{b['wall_s_median']:.2f} | "
+                         f"{b['wall_s_median'] / a['wall_s_median']:.2f}× "
                          f"| {a['cpu_s_median']:.2f} | {b['cpu_s_median']:.2f} | "
                          f"{b['cpu_s_median'] / a['cpu_s_median']:.2f}× |")
     else:

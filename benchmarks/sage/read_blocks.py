@@ -6,7 +6,8 @@ Compares, on N day-blocks of M records each (one gzip TFRecord file per block):
   (c) Flatten of one ReadFromTFRecord per file (only with --with-flatten: 557 s for 1,000 blocks)
   (d) BlockExampleGen's executor Do() end to end: ledger check + read + 2:1 split + write.
 
-Usage: .venv/bin/python benchmarks/sage/read_blocks.py [--blocks 1000] [--records 20] [--with-flatten]
+Usage: .venv/bin/python benchmarks/sage/read_blocks.py [--blocks 1000] [--records 20]
+[--with-flatten]
 """
 import argparse
 import datetime

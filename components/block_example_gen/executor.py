@@ -19,7 +19,8 @@ machine (runs vary ~2x with load): this read 1.0-4.1 s; ``ReadAllFromTFRecord`` 
 checks record CRCs in pure Python); a Flatten of one ``ReadFromTFRecord`` per file 557 s; the whole
 ``Do()`` (ledger check, read, 2:1 split, write) 12-16 s (before encryption;
 ``benchmarks/sage/bench_block_crypto.py`` measures the encrypted read). One ExampleGen split per
-block does not scale either (/work/shared/reference/README.md). Records are split into the output
+block does not scale either (100 day-splits: 79 s and 3.3 GB, against 4.7 s for one split listing
+1,000 day-blocks' files). Records are split into the output
 splits by TFX's own deterministic hash partition (``BaseExampleGenExecutor``), and written in the
 standard ExampleGen layout (``Split-<name>/data_tfrecord-*.gz``, ``split_names``, payload
 format), so StatisticsGen, Transform and Trainer read them unchanged.
@@ -76,11 +77,13 @@ def verify_grant(grant: Grant, ledger: Ledger, ledger_url: str) -> Grant:
         recorded = ledger.grant(grant.grant_id)
     except InvalidRequestError as e:
         raise MissingGrantError(
-            f"grant {grant.grant_id!r} is not in ledger {secrets.redact(ledger_url)}: no block data may be read "
+            f"grant {grant.grant_id!r} is not in ledger {secrets.redact(ledger_url)}: no block "
+            "data may be read "
             "without a grant the ledger issued") from e
     if recorded.status != RELEASED:
         raise MissingGrantError(
-            f"grant {grant.grant_id} in ledger {secrets.redact(ledger_url)} is {recorded.status}, not "
+            f"grant {grant.grant_id} in ledger {secrets.redact(ledger_url)} is {recorded.status}, "
+            "not "
             f"{RELEASED}: its blocks' data was not released")
     mismatches = []
     for field in ("stream", "run_id", "context", "mode", "epsilon", "delta", "status"):
@@ -100,7 +103,8 @@ def verify_grant(grant: Grant, ledger: Ledger, ledger_url: str) -> Grant:
             mismatches.append(f"locations of block(s) {moved[:10]} differ from the ledger's")
     if mismatches:
         raise MissingGrantError(
-            f"grant.json of grant {grant.grant_id} does not match ledger {secrets.redact(ledger_url)} "
+            f"grant.json of grant {grant.grant_id} does not match ledger "
+            f"{secrets.redact(ledger_url)} "
             f"({'; '.join(mismatches)}): the grant file was altered; refusing to read any block")
     return recorded
 

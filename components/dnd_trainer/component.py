@@ -50,7 +50,8 @@ class DnDTrainer(base_component.BaseComponent):
             raise InvalidRequestError(f"settings.n_features = {settings.n_features} but "
                                       f"{len(features)} features given")
         props = {spec.FEATURES_KEY: features_to_json(features), spec.CLIENT_KEY: client_key,
-                 spec.LABEL_KEY: label_key, spec.FAMILY_KEY: settings.family, spec.K_KEY: settings.k,
+                 spec.LABEL_KEY: label_key, spec.FAMILY_KEY: settings.family,
+                 spec.K_KEY: settings.k,
                  spec.GAMMA_KEY: float(settings.gamma), spec.CLIP_KEY: float(settings.l1_norm_clip),
                  spec.EPSILON_KEY: float(settings.epsilon), spec.UNIT_KEY: settings.unit,
                  spec.PASSES_KEY: settings.passes, spec.N_C_KEY: settings.n_c,

@@ -117,7 +117,8 @@ class Executor(base_executor.BaseExecutor):
     """Checks the charge, runs Draw-and-Discard over the window, exports the average — once per
     grant: a re-execution returns the recorded model byte for byte."""
 
-    def Do(self, input_dict: Dict[str, List[types.Artifact]], output_dict: Dict[str, List[types.Artifact]],
+    def Do(self, input_dict: Dict[str, List[types.Artifact]],
+           output_dict: Dict[str, List[types.Artifact]],
            exec_properties: Dict[str, Any]) -> None:
         from sage_tfx.ledger import open_ledger
         from sage_tfx.ledger.releases import release_tree_once
@@ -131,7 +132,8 @@ class Executor(base_executor.BaseExecutor):
                     if examples.has_custom_property(EXAMPLES_GRANT_ID) else "")
         if recorded != grant.grant_id:
             raise MissingGrantError(f"the examples were read under grant {recorded or 'none'}, not "
-                                    f"{grant.grant_id}: read them with BlockExampleGen from this grant")
+                                    f"{grant.grant_id}: read them with BlockExampleGen from this "
+                                    "grant")
         model = _one(output_dict, spec.MODEL_KEY, what="Model output")
 
         def produce_into(out_dir: str) -> None:   # runs only if the grant released no model yet
@@ -157,7 +159,8 @@ class Executor(base_executor.BaseExecutor):
                          settings.client.update_epsilon(settings.spec.dim), settings.client.unit,
                          settings.passes)
 
-        with open_ledger(grant_artifact.get_string_custom_property(artifacts.LEDGER_URL_KEY)) as led:
+        with open_ledger(
+            grant_artifact.get_string_custom_property(artifacts.LEDGER_URL_KEY)) as led:
             outcome = release_tree_once(led, grant.grant_id, spec.RELEASE_NAME, model.uri,
                                         produce_into)
         if outcome.replayed:

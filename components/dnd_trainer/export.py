@@ -26,7 +26,8 @@ def output_key(family: str) -> str:
     return PROBABILITIES if family == "logistic" else PREDICTIONS
 
 
-def export_glm(family: str, weights: np.ndarray, features: Sequence[FeatureSpec], path: str) -> None:
+def export_glm(family: str, weights: np.ndarray, features: Sequence[FeatureSpec],
+               path: str) -> None:
     """Writes the SavedModel of ``weights`` ([b₀, b₁, …, b_p]) to ``path``."""
     import tensorflow as tf
 

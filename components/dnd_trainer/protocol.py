@@ -55,10 +55,12 @@ def features_from_json(text: str) -> list[FeatureSpec]:
     import json
     try:
         items = json.loads(text or "[]")
-        feats = [FeatureSpec(d["key"], float(d["lower"]), float(d["upper"]), d.get("dtype", "float"))
+        feats = [
+            FeatureSpec(d["key"], float(d["lower"]), float(d["upper"]), d.get("dtype", "float"))
                  for d in items]
     except (TypeError, KeyError, ValueError) as exc:
-        raise InvalidRequestError(f"features must be a JSON list of {{key, lower, upper, dtype}}: {exc}")
+        raise InvalidRequestError(
+            f"features must be a JSON list of {{key, lower, upper, dtype}}: {exc}")
     if not feats or len({f.key for f in feats}) != len(feats):
         raise InvalidRequestError("features must be a non-empty list of distinct keys")
     return feats
@@ -114,8 +116,10 @@ def dnd_train_part(settings: RunSettings, *, rdp: bool = False) -> plan_lib.Plan
     event of :func:`sage_tfx.dnd.budget.run_event` — fixed before any data is read."""
     dim = settings.spec.dim
     if rdp:
-        return plan_lib.PlanPart(plan_lib.TRAIN, event=run_event(settings.client, dim, settings.passes))
-    return plan_lib.PlanPart(plan_lib.TRAIN, epsilon=run_epsilon(settings.client, dim, settings.passes),
+        return plan_lib.PlanPart(plan_lib.TRAIN,
+                                 event=run_event(settings.client, dim, settings.passes))
+    return plan_lib.PlanPart(plan_lib.TRAIN,
+                             epsilon=run_epsilon(settings.client, dim, settings.passes),
                              delta=0.0)
 
 
@@ -129,8 +133,10 @@ def check_train_cost(epsilon: Optional[float], delta: Optional[float], event, se
     dim = settings.spec.dim
     if event is None:
         need = run_epsilon(settings.client, dim, settings.passes)
-        if epsilon is None or accounting.exact(epsilon) != accounting.exact(need) or (delta or 0.0) != 0.0:
-            raise MissingGrantError(f"{what} charged epsilon={epsilon}, delta={delta}; this run spends "
+        if (epsilon is None or accounting.exact(epsilon) != accounting.exact(need)
+                or (delta or 0.0) != 0.0):
+            raise MissingGrantError(
+                f"{what} charged epsilon={epsilon}, delta={delta}; this run spends "
                                     f"epsilon={need}, delta=0 ({settings.passes} pass(es) x "
                                     f"{settings.client.update_epsilon(dim)} per update)")
         return {"epsilon": need, "delta": 0.0}

@@ -41,7 +41,8 @@ def parse_examples(serialized: Sequence[bytes], keys: Sequence[str]) -> list[lis
     out = []
     for record in serialized:
         ex = tf.train.Example.FromString(record)
-        out.append([_value(ex.features.feature[k]) if k in ex.features.feature else None for k in keys])
+        out.append(
+            [_value(ex.features.feature[k]) if k in ex.features.feature else None for k in keys])
     return out
 
 
@@ -124,7 +125,8 @@ def run_teacher_flow(files: Sequence[str], *, read_records, feature_keys, label_
              | "SaveUnits" >> beam.Map(_save, os.path.join(scratch, "units.pkl")))
         if X_vote is not None and len(X_vote):
             _ = (teachers | "Votes" >> beam.Map(_votes, X_vote, n_classes)
-                 | "CountMatrix" >> beam.CombineGlobally(lambda cs: sum(cs, np.zeros((len(X_vote), n_classes), np.int64)))
+                 | "CountMatrix" >> beam.CombineGlobally(
+                     lambda cs: sum(cs, np.zeros((len(X_vote), n_classes), np.int64)))
                  | "SaveCounts" >> beam.Map(_save, os.path.join(scratch, "counts.pkl")))
 
     def load(name, default=None):

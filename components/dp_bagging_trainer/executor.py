@@ -53,8 +53,10 @@ __all__ = ["Executor", "config_from_exec_properties", "bagging_cost"]
 def config_from_exec_properties(props: Dict[str, Any]) -> BaggingConfig:
     opt_in = props.get(spec.NON_DP_OPT_IN_KEY)
     if opt_in not in (None, 0, 1) or isinstance(opt_in, bool):
-        raise InvalidRequestError(f"{spec.NON_DP_OPT_IN_KEY} must be the int 0 or 1, got {opt_in!r}")
-    return BaggingConfig(k=props.get(spec.K_KEY), n=props.get(spec.N_KEY), lam=props.get(spec.LAMBDA_KEY),
+        raise InvalidRequestError(
+            f"{spec.NON_DP_OPT_IN_KEY} must be the int 0 or 1, got {opt_in!r}")
+    return BaggingConfig(k=props.get(spec.K_KEY), n=props.get(spec.N_KEY),
+                         lam=props.get(spec.LAMBDA_KEY),
                          mode=props.get(spec.MODE_KEY), accountant=props.get(spec.ACCOUNTANT_KEY),
                          teacher=props.get(spec.TEACHER_KEY),
                          accept_not_differentially_private=opt_in == 1,
@@ -80,7 +82,8 @@ def bagging_cost(config: BaggingConfig, *, epsilon: float, delta: float, public_
     plan = plan_labels(config, epsilon=epsilon, delta=delta, public_size=public_size)
     if rdp:
         if plan.event is None:
-            raise InvalidRequestError("paper mode cannot be charged as a DpEvent: use a basic stream")
+            raise InvalidRequestError(
+                "paper mode cannot be charged as a DpEvent: use a basic stream")
         return {"event_json": event_to_json(plan.event)}
     return {"epsilon": plan.epsilon, "delta": plan.delta}
 
@@ -168,7 +171,8 @@ _one = functools.partial(artifacts.single_artifact, component="DPBaggingTrainer"
 class Executor(base_beam_executor.BaseBeamExecutor):
     """Runs the Beam teacher flow, labels public points, exports the student."""
 
-    def Do(self, input_dict: Dict[str, List[types.Artifact]], output_dict: Dict[str, List[types.Artifact]],
+    def Do(self, input_dict: Dict[str, List[types.Artifact]],
+           output_dict: Dict[str, List[types.Artifact]],
            exec_properties: Dict[str, Any]) -> None:
         grant_artifact = _one(input_dict, spec.GRANT_INPUT_KEY, what="SageGrant (from SageGate)")
         grant = artifacts.read_grant(grant_artifact)  # a denial raises with the ledger's reason
@@ -180,13 +184,16 @@ class Executor(base_beam_executor.BaseBeamExecutor):
         public = _one(input_dict, spec.PUBLIC_EXAMPLES_KEY, what="public Examples")
         if public.has_custom_property(EXAMPLES_GRANT_ID):
             raise InvalidRequestError("public_examples were read from a gated private stream "
-                                      f"(grant {public.get_string_custom_property(EXAMPLES_GRANT_ID)}): "
+                                      "(grant "
+                                      f"{public.get_string_custom_property(EXAMPLES_GRANT_ID)}): "
                                       "a private stream cannot be passed as public")
         recorded = (private.get_string_custom_property(EXAMPLES_GRANT_ID)
                     if private.has_custom_property(EXAMPLES_GRANT_ID) else "")
         if recorded != grant.grant_id:
-            raise MissingGrantError(f"the private examples were read under grant {recorded or 'none'}, "
-                                    f"not {grant.grant_id}: read them with BlockExampleGen from this grant")
+            raise MissingGrantError(
+                f"the private examples were read under grant {recorded or 'none'}, "
+                                    f"not {grant.grant_id}: read them with BlockExampleGen from "
+                                    "this grant")
         X_pub = _public_features(_files(public, exec_properties.get(spec.PUBLIC_SPLIT_KEY)), keys)
         if len(X_pub) == 0:
             raise InvalidRequestError("no public data to label")
@@ -198,20 +205,25 @@ class Executor(base_beam_executor.BaseBeamExecutor):
         from sage_tfx.ledger import open_ledger
         from sage_tfx.ledger.releases import release_tree_once
         with open_ledger(grant_artifact.ledger_url) as ledger:
-            report_delta = float(ledger.stream(grant.stream).delta_g) if grant.mode == "rdp" else None
+            report_delta = float(
+                ledger.stream(grant.stream).delta_g) if grant.mode == "rdp" else None
             eps, dlt, event = _train_cost(grant_artifact, grant)
             plan = labels_from_grant(config, epsilon=eps, delta=dlt, event=event,
                                      public_size=len(X_pub), report_delta=report_delta)
             files = _files(private, exec_properties.get(spec.SPLIT_KEY))
-            salt = (exec_properties.get(spec.SALT_KEY) or f"sage-tfx-bagging:{grant.stream}").encode()
-            cache = TeacherCache(exec_properties.get(spec.CACHE_DIR_KEY)) if exec_properties.get(spec.CACHE_DIR_KEY) else None
+            salt = (
+                exec_properties.get(spec.SALT_KEY) or f"sage-tfx-bagging:{grant.stream}").encode()
+            cache = (TeacherCache(exec_properties.get(spec.CACHE_DIR_KEY))
+                     if exec_properties.get(spec.CACHE_DIR_KEY) else None)
             blocks = sorted(b.block_id for b in grant.blocks)
             settings = {"l2": config.l2, "keys": keys}
             max_labels = exec_properties.get(spec.MAX_LABELS_KEY)
             key = cache_key(stream=grant.stream, blocks=blocks, k=config.k, n=config.n, salt=salt,
                             kind=config.teacher, settings=settings)
-            request = purchase.purchase_request(config, stream=grant.stream, blocks=blocks, salt=salt,
-                                                X_public=X_pub, settings=settings, max_labels=max_labels)
+            request = purchase.purchase_request(config, stream=grant.stream,
+                                                blocks=blocks, salt=salt,
+                                                X_public=X_pub, settings=settings,
+                                                max_labels=max_labels)
             # a re-execution with other settings under this grant is refused, not replayed silently
             purchase.recorded_purchase(ledger, grant.grant_id, request)
 
@@ -229,11 +241,13 @@ class Executor(base_beam_executor.BaseBeamExecutor):
                     public_size=len(X_pub))
                 student = train_student(X_pub[bought.public_index], bought.labels, l2=config.l2)
                 export_student(student, mean, std, keys, path_utils.serving_model_path(staging))
-                charge = ({"event": json.loads(grant_artifact.event_json)} if grant.event is not None
+                charge = (
+                    {"event": json.loads(grant_artifact.event_json)} if grant.event is not None
                           else {"epsilon": grant.epsilon, "delta": grant.delta})
                 report = {**bought.report, "grant_id": grant.grant_id, "stream": grant.stream,
                           "k": config.k, "n": config.n, "teacher": config.teacher,
-                          # the whole run's charge (all plan parts) sits on every block of the window
+                          # the whole run's charge (all plan parts) sits on every block of the
+                          # window
                           "per_block_charge": {b: charge for b in blocks}}
                 with open(os.path.join(staging, spec.PRIVACY_REPORT_FILE), "w") as f:
                     f.write(json.dumps(report, indent=2, sort_keys=True))
@@ -246,13 +260,16 @@ class Executor(base_beam_executor.BaseBeamExecutor):
         how = ("replayed the release recorded under grant %s (no noise drawn, nothing charged)"
                if outcome.replayed else "released under grant %s")
         if report["formally_dp"]:
-            logging.info("DPBaggingTrainer: %d public points labelled (fixed_queries), epsilon=%.4g "
-                         "delta=%.3g; " + how, report["queries"], report["epsilon"], report["delta"],
+            logging.info(
+                "DPBaggingTrainer: %d public points labelled (fixed_queries), epsilon=%.4g "
+                         "delta=%.3g; " + how, report["queries"], report["epsilon"],
+                         report["delta"],
                          grant.grant_id)
         else:   # the answer count is data-dependent: not logged
             logging.warning("DPBaggingTrainer: paper mode, NOT differentially private (opted in "
                             "with %s): the whole grant epsilon=%.4g delta=%.3g was charged; " + how,
-                            spec.NON_DP_OPT_IN_KEY, report["epsilon"], report["delta"], grant.grant_id)
+                            spec.NON_DP_OPT_IN_KEY, report["epsilon"],
+                            report["delta"], grant.grant_id)
 
     def _beam_options(self):
         from apache_beam.options.pipeline_options import PipelineOptions
@@ -290,8 +307,10 @@ class Executor(base_beam_executor.BaseBeamExecutor):
                                     epsilon=plan.epsilon, delta=plan.delta, votes=config.votes,
                                     bound=plan.bound)
             unit_chunks = chunk_assignment(units_all, k=config.k, n=config.n, salt=salt)
-            return label_public(ensemble, pool, epsilon=plan.epsilon, delta=plan.delta, lam=config.lam,
+            return label_public(ensemble, pool, epsilon=plan.epsilon,
+                                delta=plan.delta, lam=config.lam,
                                 mode="paper", unit_chunks=unit_chunks,
-                                accept_not_differentially_private=config.accept_not_differentially_private)
+                                accept_not_differentially_private=(
+                                    config.accept_not_differentially_private))
         finally:
             shutil.rmtree(scratch, ignore_errors=True)

@@ -3,7 +3,7 @@ from tfx.types import standard_artifacts, standard_component_specs
 from tfx.types.component_spec import ChannelParameter, ComponentSpec, ExecutionParameter
 
 from sage_tfx.components.artifacts import SageGrant
-from sage_tfx.components.dp_validator.spec import NOT_DP_PROPERTY
+from sage_tfx.components.dp_validator.spec import NOT_DP_PROPERTY  # noqa: F401 (executor reads it here)
 from sage_tfx.components.gate.spec import GRANT_KEY
 
 # Channel keys.

@@ -42,9 +42,9 @@ budget cannot see that; the Beam counter ``noise_draws`` in :data:`METRICS_NAMES
 Common keyword arguments of the analyzers: ``noise`` is the noise source the release draws from;
 None (the default, and the only value components and pipelines use: ``tests/test_layout.py``
 forbids seeded noise there) is OpenDP's samplers, safe from Mironov's floating-point attack. Tests
-may pass seeded noise (``sage_tfx.dp.noise``) to compare with the numpy reference (analyzers sharing a seed draw
-correlated noise, which voids the composition argument). ``name`` names the analyzer in the
-graph and in the budget's spends (made unique per trace).
+may pass seeded noise (``sage_tfx.dp.noise``) to compare with the numpy reference (analyzers sharing
+a seed draw correlated noise, which voids the composition argument). ``name`` names the analyzer in
+the graph and in the budget's spends (made unique per trace).
 
 Privacy assumptions are those of ``sage_tfx.dp.mechanisms``: add-or-remove-one-record adjacency,
 one value (and key) per record, public clipping bounds, key domains and bin edges, Laplace noise.
@@ -65,7 +65,8 @@ from sage_tfx.dp import histograms
 from sage_tfx.dp import mechanisms
 from sage_tfx.dp import queries
 from sage_tfx.dp.noise import NoiseSource
-from sage_tfx.components.dp_transform.budget import (DPBudget, DPBudgetExceededError, DPPreprocessingFn,
+from sage_tfx.components.dp_transform.budget import (DPBudget, DPBudgetExceededError,
+                                                     DPPreprocessingFn,
                                                      DPSpend, active_budget, dp_budget)
 
 TensorLike = Union[tf.Tensor, tf.SparseTensor]

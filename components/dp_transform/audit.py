@@ -2,9 +2,10 @@
 
 Why: a stock tf.Transform analyzer (``tft.mean``, ``tft.vocabulary``, ``tft.scale_to_0_1``,
 ``tft.quantiles``, ...) bakes its *exact* result into the transform graph that ships with the
-model (/work/shared/reference/README.md, "Traps"). ``DPTransform`` therefore inspects every trace
-of the ``preprocessing_fn`` — tf.Transform traces it several times, each in a fresh graph, the
-first time before any data is read — and refuses the run unless every analyzer is
+model, so noise added after it (e.g. to ``tft.sum``'s output) is not DP. ``DPTransform``
+therefore inspects every trace of the ``preprocessing_fn`` — tf.Transform traces it several
+times, each in a fresh graph, the first time before any data is read — and refuses the run unless
+every analyzer is
 
 * a **DP analyzer**: a release built by :mod:`sage_tfx.components.dp_transform.analyzers` — a
   ``tft.experimental.ptransform_analyzer`` whose PTransform is that module's noise-once release —
@@ -99,7 +100,8 @@ class AnalyzerUse:
 
 
 def bind_epsilon(preprocessing_fn: Callable[..., Any], epsilon: float) -> Callable[..., Any]:
-    """Binds ``epsilon`` if the function takes it (List. 1: ``preprocessing_fn(inputs, epsilon)``)."""
+    """Binds ``epsilon`` if the function takes it (List. 1: ``preprocessing_fn(inputs, epsilon)``).
+    """
     try:
         parameters = inspect.signature(preprocessing_fn).parameters
     except (TypeError, ValueError):

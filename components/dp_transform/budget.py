@@ -122,10 +122,6 @@ class DPBudget:
         spends.append(record)
         return record
 
-    def trace_spent(self, trace: Any) -> float:
-        """ε spent so far in ``trace``."""
-        return float(self._total(self._trace(trace)))
-
     def trace_spends(self, trace: Any) -> tuple[DPSpend, ...]:
         """The spends recorded so far in ``trace`` (the graph being traced), in order."""
         return tuple(self._trace(trace))
@@ -216,8 +212,8 @@ def dp_budget(epsilon: float, *, require_full_spend: bool = True) -> Iterator[DP
     """Runs the enclosed code under a fresh :class:`DPBudget` (this thread only; see module doc).
 
     For a Transform run prefer :class:`DPPreprocessingFn`, whose budget travels with the
-    pickled ``preprocessing_fn`` to wherever tf.Transform traces it. On a normal exit, checks that all traces spent the same and, if ``require_full_spend``,
-    that each spent the whole grant.
+    pickled ``preprocessing_fn`` to wherever tf.Transform traces it. On a normal exit, checks that
+    all traces spent the same and, if ``require_full_spend``, that each spent the whole grant.
 
     Args:
       epsilon: ε granted to the run.

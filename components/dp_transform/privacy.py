@@ -1,7 +1,7 @@
 """The DP Transform's share of a privacy plan: the ε its analyzers may spend, and the check.
 
-Sage List. 1 / §3.1: the gate charges a run's whole :class:`~sage_tfx.adaptive.plan.PrivacyPlan` once;
-``DPTransform`` spends exactly the plan's ``transform`` part with the DP analyzers of
+Sage List. 1 / §3.1: the gate charges a run's whole :class:`~sage_tfx.adaptive.plan.PrivacyPlan`
+once; ``DPTransform`` spends exactly the plan's ``transform`` part with the DP analyzers of
 :mod:`sage_tfx.components.dp_transform.analyzers`, which are pure ε-DP Laplace releases.
 
 * ``basic`` plans: the part is ``(epsilon, delta)``; the analyzers share ``epsilon`` (basic

@@ -17,7 +17,7 @@ Example::
 from __future__ import annotations
 
 import json
-from typing import Any, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 from tfx import types
 from tfx.dsl.components.base import base_component, executor_spec
@@ -27,6 +27,9 @@ from sage_tfx.components.artifacts import SageGrant
 from sage_tfx.components.gate import executor
 from sage_tfx.components.gate import spec
 from sage_tfx.ledger import DEFAULT_CONTEXT
+
+if TYPE_CHECKING:  # an annotation only: the gate imports the plan module when given one
+    from sage_tfx.adaptive.plan import PrivacyPlan
 
 
 # Where the gate's pipeline run id comes from, per orchestrator. LocalDagRunner resolves TFX's
@@ -89,7 +92,8 @@ class SageGate(base_component.BaseComponent):
           stream: the stream to read.
           epsilon: basic-mode cost ε (> 0, finite) charged to every granted block.
           delta: basic-mode cost δ in [0, 1) (default 0).
-          event_json: rdp-mode cost: ``sage_tfx.ledger.accounting.event_to_json(dp_event)``; instead of
+          event_json: rdp-mode cost: ``sage_tfx.ledger.accounting.event_to_json(dp_event)``; instead
+          of
             epsilon / delta.
           blocks: explicit block ids (instead of a window).
           window_last: request the ``window_last`` most recent blocks with budget left for the

@@ -24,26 +24,13 @@ from sage_tfx.components import artifacts, plan_io
 from sage_tfx.components.gate import spec
 from sage_tfx.errors import AccountingModeError, InvalidRequestError
 from sage_tfx.ledger import DEFAULT_CONTEXT, Decision, Window, open_ledger
+from sage_tfx.ledger.values import check_name  # the ledger's own name rules
 
-# Same alphabet as the ledger's names (stream, context, run id).
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}$")
+# Derived run ids use the ledger's name alphabet (``check_name``: 1-128 characters).
 _BAD_CHARS_RE = re.compile(r"[^A-Za-z0-9_.:\-]")
 _MAX_NAME = 128
 
 REPLAYED_KEY = "replayed"
-
-
-def check_name(kind: str, name: Any) -> str:
-    """Checks a stream / context / run id against the ledger's name rules.
-
-    Raises:
-      InvalidRequestError: not 1-128 characters of letters, digits, '_', '.', ':' or '-'.
-    """
-    if not isinstance(name, str) or not _NAME_RE.match(name):
-        raise InvalidRequestError(
-            f"{kind} must be 1-128 characters of letters, digits, '_', '.', ':' or '-' "
-            f"starting with a letter or digit, got {name!r}")
-    return name
 
 
 def check_ledger_url(url: Any) -> str:
@@ -128,7 +115,8 @@ def build_request(*, blocks: Optional[Sequence[str]] = None, window_last: Option
                 "serialized dp_accounting DpEvent) for an rdp-mode stream, not both")
         if not isinstance(event_json, str):
             raise InvalidRequestError(
-                "event_json must be the text of sage_tfx.ledger.accounting.event_to_json(event), got "
+                "event_json must be the text of sage_tfx.ledger.accounting.event_to_json(event), "
+                "got "
                 f"{type(event_json).__name__}")
         try:
             event = accounting.event_from_json(event_json)
@@ -161,7 +149,8 @@ def plan_cost(plan: Any) -> tuple:
         except (ValueError, KeyError, TypeError) as e:
             raise InvalidRequestError(f"plan is not a serialized PrivacyPlan: {e}") from e
     if not isinstance(plan, plan_lib.PrivacyPlan):
-        raise InvalidRequestError(f"plan must be a sage_tfx.adaptive.plan.PrivacyPlan, got {plan!r}")
+        raise InvalidRequestError(
+            f"plan must be a sage_tfx.adaptive.plan.PrivacyPlan, got {plan!r}")
     cost = plan.cost()
     if "event" in cost:
         return plan.to_json(), {"epsilon": None, "delta": None,

@@ -28,7 +28,8 @@ MIN_RECORDS_KEY = "min_records"
 EPSILON_KEY = "epsilon"
 DELTA_KEY = "delta"
 EVENT_JSON_KEY = "event_json"
-# A sage_tfx.adaptive.plan.PrivacyPlan as JSON: the cost charged is the plan's composed cost, and the plan
+# A sage_tfx.adaptive.plan.PrivacyPlan as JSON: the cost charged is the plan's composed cost, and
+# the plan
 # is stored beside the grant for the DP components (components/plan_io.py).
 PLAN_JSON_KEY = "plan_json"
 

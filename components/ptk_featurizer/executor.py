@@ -25,7 +25,8 @@ class Executor(base_executor.BaseExecutor):
     def Do(self, input_dict: Dict[str, List[types.Artifact]],
            output_dict: Dict[str, List[types.Artifact]], exec_properties: Dict[str, Any]) -> None:
         url = exec_properties[spec.LEDGER_URL_KEY]
-        ptk_id, version = exec_properties.get(spec.PTK_ID_KEY), exec_properties.get(spec.VERSION_KEY)
+        ptk_id, version = (exec_properties.get(spec.PTK_ID_KEY),
+                           exec_properties.get(spec.VERSION_KEY))
         if input_dict.get(spec.PTK_STATE_KEY):
             st = artifact_utils.get_single_instance(input_dict[spec.PTK_STATE_KEY])
             ptk_id = st.get_string_custom_property(spec.PTK_ID_KEY)

@@ -1,1 +1,2 @@
-"""PTKTrainer: trains one registered PTK on the granted blocks and writes the version to the lake."""
+"""PTKTrainer: trains one registered PTK on the granted blocks and writes the version to the lake.
+"""

@@ -21,7 +21,8 @@ LINEAGE_FILE = "lineage.json"
 class PTKState(Artifact):
     """One version of a PTK from the lake: ``state.json`` (the DP state) and ``lineage.json``
     (window, blocks, ε, δ, grant id, run id). Custom properties: ``ptk_id``, ``version`` (int),
-    ``grant_id``; the type declares no PROPERTIES, which KFP v2 IR cannot carry for a custom type."""
+    ``grant_id``; the type declares no PROPERTIES, which KFP v2 IR cannot carry for a custom
+    type."""
 
     TYPE_NAME = "sage_tfx.PTKState"
 

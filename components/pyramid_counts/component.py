@@ -21,7 +21,8 @@ from sage_tfx.pyramid import CountSpec
 
 
 class PyramidCountTable(base_beam_component.BaseBeamComponent):
-    """Outputs ``window_table`` (PyramidWindowTable); the store directory keeps the sealed tables."""
+    """Outputs ``window_table`` (PyramidWindowTable); the store directory keeps the sealed tables.
+    """
 
     SPEC_CLASS = s.PyramidCountTableSpec
     EXECUTOR_SPEC = executor_spec.BeamExecutorSpec(executor.Executor)

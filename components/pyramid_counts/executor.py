@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from typing import Any, Dict, Iterable, List
+from typing import Any, Dict, List
 
 import apache_beam as beam
 import pandas as pd

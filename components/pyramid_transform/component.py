@@ -1,4 +1,5 @@
-"""PyramidTransform: maps Examples to count features inside the TF graph (a Transform-style step)."""
+"""PyramidTransform: maps Examples to count features inside the TF graph (a Transform-style step).
+"""
 from __future__ import annotations
 
 import json

@@ -6,7 +6,8 @@ from sage_tfx.components.pyramid_artifacts import PyramidFeaturization
 
 EXAMPLES_KEY = standard_component_specs.EXAMPLES_KEY                        # "examples"
 FEATURIZATION_KEY = "featurization"
-TRANSFORMED_EXAMPLES_KEY = standard_component_specs.TRANSFORMED_EXAMPLES_KEY  # "transformed_examples"
+# "transformed_examples"
+TRANSFORMED_EXAMPLES_KEY = standard_component_specs.TRANSFORMED_EXAMPLES_KEY
 TRANSFORM_GRAPH_KEY = standard_component_specs.TRANSFORM_GRAPH_KEY          # "transform_graph"
 BATCH_SIZE_KEY = "batch_size"
 FEATURE_KINDS_KEY = "feature_kinds"

@@ -97,8 +97,8 @@ def _ceil_units(fraction: Fraction) -> int:
 class Allocator:
     """Sage's per-block budget allocator over one ledger stream and context (§3.3, §5.4).
 
-    Not thread-safe; one allocator should be the only consumer of its (stream, context), or call
-    :meth:`sync` after others charged it.
+    Not thread-safe; one allocator should be the only consumer of its (stream, context): it
+    re-reads a block's remaining budget only when the ledger denies or refunds a request on it.
     """
 
     def __init__(self, ledger: Ledger, stream: str, *, context: str = DEFAULT_CONTEXT,
@@ -490,7 +490,3 @@ class Allocator:
             if excess > 0:  # shrink every holder's share proportionally (Python ints: no overflow)
                 for r in holders.tolist():
                     self._alloc[r, p] = int(self._alloc[r, p]) * (held - excess) // held
-
-    def sync(self) -> None:
-        """Re-reads every block from the ledger and caps allocations at what it has left."""
-        self._resync(range(len(self._ids)))

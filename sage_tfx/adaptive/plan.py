@@ -112,7 +112,8 @@ class PrivacyPlan:
             if p.name == name:
                 return p
         raise MissingGrantError(
-            f"the privacy plan has no {name!r} part (parts: {', '.join(p.name for p in self.parts)});"
+            f"the privacy plan has no {name!r} part (parts: "
+            f"{', '.join(p.name for p in self.parts)});"
             f" the {name} stage cannot run without budget charged for it")
 
     def cost(self) -> dict:

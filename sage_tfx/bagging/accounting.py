@@ -55,7 +55,6 @@ do the following:
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import numpy as np
 
@@ -69,9 +68,15 @@ DEFAULT_MAX_ORDER = 32
 
 
 def check_lambda(lam) -> float:
+    """λ (the noisy argmax's noise parameter) as a float.
+
+    Raises:
+      InvalidPrivacyParameterError: λ is not a finite number > 0.
+    """
     if isinstance(lam, bool) or not isinstance(lam, (int, float, np.integer, np.floating)) \
             or not math.isfinite(float(lam)) or float(lam) <= 0:
-        raise InvalidPrivacyParameterError(f"noise parameter lambda must be finite and > 0, got {lam!r}")
+        raise InvalidPrivacyParameterError(
+            f"noise parameter lambda must be finite and > 0, got {lam!r}")
     return float(lam)
 
 
@@ -80,7 +85,8 @@ def _check_eps_delta(epsilon, delta):
     check_epsilon(epsilon)
     check_delta(delta)
     if not 0 < float(epsilon) < math.inf or not 0 < float(delta) < 1:
-        raise InvalidPrivacyParameterError(f"need 0 < epsilon < inf and 0 < delta < 1, got ({epsilon}, {delta})")
+        raise InvalidPrivacyParameterError(
+            f"need 0 < epsilon < inf and 0 < delta < 1, got ({epsilon}, {delta})")
     return float(epsilon), float(delta)
 
 
@@ -96,6 +102,11 @@ def query_event(lam: float):
 
 
 def queries_event(lam: float, queries: int):
+    """dp_accounting event of ``queries`` noisy-argmax queries: :func:`query_event` self-composed.
+
+    Raises:
+      InvalidPrivacyParameterError: ``queries`` is not an integer >= 0, or λ is invalid.
+    """
     import dp_accounting
     if isinstance(queries, bool) or not isinstance(queries, (int, np.integer)) or queries < 0:
         raise InvalidPrivacyParameterError(f"queries must be an integer >= 0, got {queries!r}")
@@ -125,7 +136,8 @@ def max_queries(epsilon: float, delta: float, *, lam: float, accountant: str = "
     """Largest p ≤ limit with ε(p) ≤ ``epsilon`` (data-independent: the grant decides p)."""
     epsilon, delta = _check_eps_delta(epsilon, delta)
     lam = check_lambda(lam)
-    fits = lambda p: epsilon_of(p, lam=lam, delta=delta, accountant=accountant) <= epsilon  # noqa: E731
+    # noqa: E731
+    fits = lambda p: epsilon_of(p, lam=lam, delta=delta, accountant=accountant) <= epsilon
     if not fits(1):
         return 0
     lo, hi = 1, 2
@@ -190,10 +202,14 @@ class PersonalisedMomentsAccountant:
         return m * m, m_star ** 2, m_worst ** 2
 
     def epsilon_hat(self, S_max=None) -> float:
+        """ε at the accountant's δ from the largest accumulated S (every unit and the fixed ∗
+        unit), or from ``S_max`` when given (Alg. 1's moments bound, ``moments_epsilon``)."""
         S_max = max(self.S.max(initial=0.0), self.S_star) if S_max is None else S_max
-        return float(moments_epsilon(S_max, lam=self.lam, delta=self.delta, max_order=self.max_order))
+        return float(
+            moments_epsilon(S_max, lam=self.lam, delta=self.delta, max_order=self.max_order))
 
     def epsilon_hat_worst_star(self) -> float:
+        """:meth:`epsilon_hat` with the added unit ∗ in the worst chunks it could join."""
         return self.epsilon_hat(max(self.S.max(initial=0.0), self.S_star_worst))
 
     def _advance(self, pred: np.ndarray, n_classes: int):

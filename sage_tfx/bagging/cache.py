@@ -25,7 +25,8 @@ from sage_tfx.bagging.teachers import TeacherEnsemble
 __all__ = ["TeacherCache", "cache_key"]
 
 
-def cache_key(*, stream: str, blocks, k: int, n: int, salt: bytes, kind: str, settings: dict) -> str:
+def cache_key(*, stream: str, blocks, k: int, n: int, salt: bytes, kind: str,
+              settings: dict) -> str:
     """Stable key of one window's teachers."""
     payload = json.dumps({"stream": stream, "blocks": sorted(blocks), "k": k, "n": n,
                           "salt": hashlib.sha256(salt).hexdigest(), "kind": kind,
@@ -34,6 +35,9 @@ def cache_key(*, stream: str, blocks, k: int, n: int, salt: bytes, kind: str, se
 
 
 class TeacherCache:
+    """A window's teachers by :func:`cache_key`: in memory, and pickled under ``directory``
+    (private to the component's process) when one is given."""
+
     def __init__(self, directory: Optional[str] = None):
         self.directory = directory
         self._mem: dict[str, dict] = {}
@@ -58,7 +62,8 @@ class TeacherCache:
         path = self._path(key)
         if path:
             os.makedirs(self.directory, mode=0o700, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".teachers-{key}-", suffix=".tmp", dir=self.directory)
+            fd, tmp = tempfile.mkstemp(prefix=f".teachers-{key}-", suffix=".tmp",
+                                       dir=self.directory)
             try:
                 with os.fdopen(fd, "wb") as f:   # mkstemp: mode 0600, a name no other writer has
                     pickle.dump(entry, f)
@@ -69,6 +74,7 @@ class TeacherCache:
                 raise
 
     def get_or_train(self, key: str, train: Callable[[], TeacherEnsemble]) -> TeacherEnsemble:
+        """The cached teachers of ``key``, or ``train()``'s, cached (``trained`` counts calls)."""
         with self._lock:
             entry = self._load(key)
             if entry is None:

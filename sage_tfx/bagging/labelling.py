@@ -7,7 +7,6 @@ returned in a report: nothing pays for them.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Optional
 
 import numpy as np
@@ -24,7 +23,8 @@ MODES = ("fixed_queries", "paper")
 
 
 def noisy_counts(counts: np.ndarray, *, k: int, lam: float, noise=None) -> np.ndarray:
-    """n_c(x) + Y_c with Y_c i.i.d. Lap(k/λ), per row of ``counts`` [P, C] (never returned to users).
+    """n_c(x) + Y_c with Y_c i.i.d. Lap(k/λ), per row of ``counts`` [P, C] (never returned to
+    users).
 
     ``noise`` defaults to OpenDP's continuous Laplace (``sage_tfx.dp.noise.laplace``), which is
     what ``LaplaceDpEvent`` accounts for; a ``SeededNoise`` is for experiments only.
@@ -188,7 +188,8 @@ def label_public(ensemble: TeacherEnsemble, X_public: np.ndarray, *, epsilon: fl
     for start, pred in ensemble.predict_batches(X_public[:cap]):
         a = pma.answer(pred, epsilon, ensemble.n_classes)
         if a:
-            counts = np.stack([(pred[:a] == c).sum(axis=(1, 2)) for c in range(ensemble.n_classes)], 1)
+            counts = np.stack(
+                [(pred[:a] == c).sum(axis=(1, 2)) for c in range(ensemble.n_classes)], 1)
             labels.append(noisy_argmax(counts, k=ensemble.k, lam=lam, noise=noise))
             answered += a
         if a < len(pred):
@@ -236,17 +237,22 @@ def train_student(X_labelled: np.ndarray, labels: np.ndarray, *, l2: float = 1.0
 
 @dataclasses.dataclass(frozen=True)
 class ConstantStudent:
+    """The student when the private labels hold fewer than two classes: always ``label``."""
+
     label: int
     n_classes: int
 
     def predict(self, X):
+        """``label`` for every row of ``X``."""
         return np.full(len(X), self.label, dtype=np.int64)
 
     def predict_proba(self, X):
+        """Probability 1 on ``label`` for every row of ``X`` (``n_classes`` columns)."""
         out = np.zeros((len(X), self.n_classes))
         out[:, self.label] = 1.0
         return out
 
     @property
     def coef_(self):
+        """None: a constant student has no coefficients (scikit-learn's attribute name)."""
         return None

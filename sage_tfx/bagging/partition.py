@@ -45,7 +45,8 @@ def _unit_bytes(u) -> bytes:
         return b"i:" + str(int(u)).encode()
     if isinstance(u, str):
         return b"s:" + u.encode("utf-8")
-    raise InvalidRequestError(f"a privacy unit id must be an int, str or bytes, got {type(u).__name__}")
+    raise InvalidRequestError(
+        f"a privacy unit id must be an int, str or bytes, got {type(u).__name__}")
 
 
 def unit_digests(units: Sequence, salt: bytes) -> np.ndarray:

@@ -53,9 +53,11 @@ class Purchase:
 
     @property
     def public_index(self) -> np.ndarray:
+        """Indices of the labelled public points: ``public_start`` onwards, one per label."""
         return np.arange(self.public_start, self.public_start + len(self.labels))
 
     def labelling(self) -> LabellingResult:
+        """The purchase as a :class:`LabellingResult` (labels, public range, report)."""
         return LabellingResult.from_report(self.labels, self.public_start, self.report)
 
 

@@ -73,7 +73,8 @@ class LabelPlan:
     bound: Optional[str] = None  # fixed_queries: the bound that gave ε (pure / rdp / pld)
 
 
-def plan_labels(config: BaggingConfig, *, epsilon: float, delta: float, public_size: int) -> LabelPlan:
+def plan_labels(config: BaggingConfig, *, epsilon: float, delta: float,
+                public_size: int) -> LabelPlan:
     """The charge of a run, from the grant and public facts only (Sage: charge before release).
 
     fixed_queries: p = min(largest p with ε(p) ≤ ε by the config's accountant, public_size) and
@@ -225,7 +226,8 @@ def _plan_of(config, ledger, grant_id, epsilon, delta, public_size, cache_id):
                                   "do not pass epsilon or delta")
     grant = ledger.grant(grant_id)
     if grant.status != RELEASED:
-        raise GrantStateError(f"grant {grant_id} is {grant.status}: only a released grant buys labels")
+        raise GrantStateError(
+            f"grant {grant_id} is {grant.status}: only a released grant buys labels")
     window = {"stream": grant.stream, "blocks": sorted(grant.block_ids)}
     if cache_id is not None and {"stream": cache_id.get("stream"),
                                  "blocks": sorted(cache_id.get("blocks", []))} != window:

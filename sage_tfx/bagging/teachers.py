@@ -50,7 +50,8 @@ class TeacherEnsemble:
         """Every teacher's class for every row of ``X``: uint8 [B, k, n]."""
         X = np.asarray(X, dtype=np.float64)
         if X.ndim != 2 or X.shape[1] != self.n_features:
-            raise InvalidRequestError(f"expected features of shape [B, {self.n_features}], got {X.shape}")
+            raise InvalidRequestError(
+                f"expected features of shape [B, {self.n_features}], got {X.shape}")
         if self.kind == "logistic":
             W = self.coef.reshape(self.k * self.n, -1)
             z = X @ W[:, :-1].T + W[:, -1]
@@ -132,7 +133,8 @@ def train_teachers(X: np.ndarray, y: np.ndarray, chunks: np.ndarray, *, n: int,
     X, y, chunks = _check_training(X, y, chunks, n, n_classes)
     if kind == "logistic":
         if n_classes != 2:
-            raise InvalidRequestError("logistic teachers are binary; use kind='tree' for more classes")
+            raise InvalidRequestError(
+                "logistic teachers are binary; use kind='tree' for more classes")
         from threadpoolctl import threadpool_limits
 
         X1 = np.hstack([X, np.ones((len(X), 1))])
@@ -153,7 +155,8 @@ def train_teachers(X: np.ndarray, y: np.ndarray, chunks: np.ndarray, *, n: int,
             if len(labels) <= 1:   # empty or single-class chunk: a constant teacher
                 trees.append(int(labels[0]) if len(labels) else 0)
                 continue
-            trees.append(DecisionTreeClassifier(max_depth=max_depth, random_state=0).fit(X[rows], y[rows]))
+            trees.append(
+                DecisionTreeClassifier(max_depth=max_depth, random_state=0).fit(X[rows], y[rows]))
     return TeacherEnsemble("tree", k, n, n_classes, X.shape[1], trees=tuple(trees))
 
 

@@ -1,6 +1,7 @@
-"""Draw-and-Discard machine learning (Pihur et al.): k model instances on a server, local-DP updates.
+"""Draw-and-Discard machine learning (Pihur et al.): k model instances on a server, local-DP
+updates.
 
-``../shared/papers/draw-and-discard.md``. No TensorFlow at import. Modules:
+``docs/papers.md`` (Draw and Discard). No TensorFlow at import. Modules:
 :mod:`~sage_tfx.dnd.glm` (GLMs as flat vectors), :mod:`~sage_tfx.dnd.client` (Alg. 1 and the
 privacy units), :mod:`~sage_tfx.dnd.noise` (the float-safe vector Gaussian sampler),
 :mod:`~sage_tfx.dnd.state` (Alg. 2 and the paper's alternative strategies),

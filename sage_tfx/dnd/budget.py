@@ -117,7 +117,8 @@ class RunBudget:
         outside = [b for b in blocks if b not in self.blocks]
         if outside:
             raise UpdateRefused(f"block(s) {', '.join(outside[:10])} not granted to run "
-                                f"{self.grant.run_id} (retired, out of budget or outside its window)")
+                                f"{self.grant.run_id} (retired, out of budget or outside its "
+                                "window)")
         with self._lock:
             stopped = [f"{b} ({self._stopped[b]})" for b in blocks if b in self._stopped]
         if stopped:

@@ -15,7 +15,7 @@ raw data. No TensorFlow here.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -177,15 +177,3 @@ class FeatureBounds:
         if x.ndim != 2 or x.shape[1] != lo.size:
             raise ValueError(f"features must be (n, {lo.size}), got {x.shape}")
         return np.clip((x - lo) / (hi - lo), 0.0, 1.0)
-
-
-def weight_names(spec: GLMSpec, feature_names: Optional[Sequence[str]] = None) -> list[str]:
-    """Names of the flat weights: ``intercept``/feature names, prefixed by class for multinomial."""
-    names = list(feature_names) if feature_names is not None else [
-        f"x{i}" for i in range(spec.n_features)]
-    if len(names) != spec.n_features:
-        raise ValueError(f"need {spec.n_features} feature names, got {len(names)}")
-    row = ["intercept", *names]
-    if spec.family != "multinomial":
-        return row
-    return [f"class{c}:{n}" for c in range(spec.n_classes) for n in row]

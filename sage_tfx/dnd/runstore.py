@@ -217,7 +217,8 @@ class RunStore:
         theirs = (existing.settings, existing.k, existing.dim, existing.passes)
         if mine != theirs:
             raise InvalidRequestError(
-                f"run {run_id!r} (grant {grant_id}) is served with settings {theirs[0]}, k={theirs[1]}, "
+                f"run {run_id!r} (grant {grant_id}) is served with settings {theirs[0]}, "
+                f"k={theirs[1]}, "
                 f"{theirs[2]} weights, passes={theirs[3]}; a restart must use the same ones "
                 "(a new run needs a new run id)")
         return existing, created

@@ -52,7 +52,7 @@ from sage_tfx.dnd.runstore import RunStore, check_ticket_ttl, decode, encode
 from sage_tfx.dnd.service import (DEFAULT_TICKET_TTL, DnDService, RunReleasedError,
                                   UnknownTicketError)
 from sage_tfx.errors import InvalidRequestError, PermissionDeniedError, SageError
-from sage_tfx.ledger import access
+from sage_tfx.ledger import access, flags
 
 __all__ = ["create_app", "build_service", "main", "encode", "decode", "BINARY", "TICKET_HEADER"]
 
@@ -350,8 +350,9 @@ def build_service(*, ledger_url: str, stream: str, run_id: str, spec: GLMSpec,
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sage-tfx dnd serve",
                                 description="Serve a Draw-and-Discard run charged to a ledger.")
-    p.add_argument("--ledger", required=True,
-                   help="ledger URL (sqlite:///… or postgresql://…, or env:NAME / file:PATH)")
+    flags.add_ledger_argument(
+        p, required=True,
+        help="ledger URL (sqlite:///… or postgresql://…, or env:NAME / file:PATH)")
     p.add_argument("--stream", required=True)
     p.add_argument("--run-id", required=True, help="the run; a restart with it resumes the run")
     p.add_argument("--window-last", type=int, default=1, help="granted window: last N blocks")
@@ -402,7 +403,8 @@ def _app_of(a, service: DnDService):
 
 
 def worker_app():
-    """The application of one ``--workers`` process (its arguments come in ``$SAGE_DND_SERVE_ARGS``)."""
+    """The application of one ``--workers`` process (its arguments come in
+    ``$SAGE_DND_SERVE_ARGS``)."""
     a = build_parser().parse_args(json.loads(os.environ[SERVE_ENV]))
     return _app_of(a, _service_of(a))[0]
 

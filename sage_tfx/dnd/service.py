@@ -149,7 +149,8 @@ class DnDService:
         with self._lock:
             self._refused += 1
 
-    def draw(self, principal: str, blocks: Optional[Sequence[str]] = None) -> tuple[str, np.ndarray]:
+    def draw(self, principal: str,
+             blocks: Optional[Sequence[str]] = None) -> tuple[str, np.ndarray]:
         """Admits one update of ``principal`` and hands out (ticket, drawn instance).
 
         Raises:
@@ -223,7 +224,8 @@ class DnDService:
             raise RunReleasedError(f"no grant for this run: {self.refusal}")
         recorded = self._recorded()
         if recorded is not None:
-            return Average(decode(recorded, self.spec.dim), True, self.store.run(self.grant_id).version)
+            return Average(decode(recorded, self.spec.dim), True,
+                           self.store.run(self.grant_id).version)
         self._sync()
         return Average(self._mirror.average(), False, self.store.run(self.grant_id).version)
 

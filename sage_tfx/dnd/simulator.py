@@ -2,9 +2,10 @@
 
 ``concurrency`` workers share a pool of clients, each a bearer token the ledger issued to a
 ``client`` principal (the server keys passes by principal); each update is a draw, a local
-update and a discard with one client's token over one keep-alive HTTP connection (httpx). The run is bounded by ``updates`` and by
-``timeout`` seconds. Every accepted update's SHA-256 is recorded, so a test can check that every
-slot of the server is an initial instance or an accepted update (no lost or torn instances).
+update and a discard with one client's token over one keep-alive HTTP connection (httpx). The run is
+bounded by ``updates`` and by ``timeout`` seconds. Every accepted update's SHA-256 is recorded, so a
+test can check that every slot of the server is an initial instance or an accepted update (no lost
+or torn instances).
 """
 from __future__ import annotations
 

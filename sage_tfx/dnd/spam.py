@@ -16,8 +16,8 @@ or normal tail, so the null is exact: a mixture over j of
 Poisson-binomial counts, bounded by binomials (Hoeffding 1956), a product form for the max and a
 Student-t prediction band (CLT over the d weights) for the mean, widened by the largest honest
 gradient step.
-Each statistic gets a third of ``false_reject``. Thresholds are recomputed every ``recalibrate_every``
-checks, O(k·d) each.
+Each statistic gets a third of ``false_reject``. Thresholds are recomputed every
+``recalibrate_every`` checks, O(k·d) each.
 
 The check reads only the update and the server's instances (both already DP outputs): it is
 post-processing and costs no budget.
@@ -143,7 +143,8 @@ def count_limit(offset: np.ndarray, sd: np.ndarray, d: int, noise_scale: float, 
     var_q = float(np.sum(wt * (q - mean_q) ** 2)) * k / (k - 1)
     spread = d * d * var_q * (1.0 + 1.0 / k) + d * float(np.sum(wt * q * (1 - q)))
     t_limit = min(d, int(math.ceil(d * mean_q
-                                   + float(special.stdtrit(k - 1, 1.0 - alpha)) * math.sqrt(spread))))
+                                   + float(
+                                       special.stdtrit(k - 1, 1.0 - alpha)) * math.sqrt(spread))))
     if count_tail(t_limit) <= alpha:
         return t_limit  # the mixture's own limit is no larger
     lo, hi = t_limit, d
@@ -231,7 +232,8 @@ def calibrate(instances: np.ndarray, noise_scale: float, *, z: float = 3.0,
 
 
 class SpamCheck:
-    """The calibrated check, as the ``spam_check`` callable of :class:`~sage_tfx.dnd.state.DnDState`.
+    """The calibrated check, as the ``spam_check`` callable of
+    :class:`~sage_tfx.dnd.state.DnDState`.
 
     Args:
       noise_scale: the Laplace scale b (or Gaussian std σ) of honest updates

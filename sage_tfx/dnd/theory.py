@@ -6,10 +6,10 @@ describe typical runs, not a worst-case guarantee. The ledger is charged the loc
 against adversary I (:mod:`~sage_tfx.dnd.budget`).
 
 **Lemma 3's constant.** The paper converts T accumulated Laplace(2γ/ε) noises (variance T·8γ²/ε²,
-so σ_T = 2γ√(2T)/ε) into (ε_T, δ_T)-DP with Lemma 1 of Kenthapadi et al. (σ_T ≥ w·√(2(ln(1/2δ)+ε_T))/ε_T)
-and takes the ℓ₂ distance between adjacent updates as w = √2·γ. But adjacent clipped averages
-a, a' ∈ [−1, 1] differ by up to 2 per weight, so w = 2γ — the same 2γ the paper uses as the
-Laplace sensitivity. With w = 2γ the large-T result is ε_T ≈ ε·√(ln(1/2δ))/√T, not
+so σ_T = 2γ√(2T)/ε) into (ε_T, δ_T)-DP with Lemma 1 of Kenthapadi et al. (σ_T ≥
+w·√(2(ln(1/2δ)+ε_T))/ε_T) and takes the ℓ₂ distance between adjacent updates as w = √2·γ. But
+adjacent clipped averages a, a' ∈ [−1, 1] differ by up to 2 per weight, so w = 2γ — the same 2γ the
+paper uses as the Laplace sensitivity. With w = 2γ the large-T result is ε_T ≈ ε·√(ln(1/2δ))/√T, not
 ε·√(ln(1/2δ))/√(2T): the paper's bound is too small by √2 (at δ = 10⁻⁸, 4.2ε/√T instead of the
 stated 3ε/√T). :func:`lemma3_epsilon` solves the quadratic exactly with w equal to the mechanism's
 sensitivity (per weight for the feature unit, the L1 bound for the model unit, where ℓ₂ ≤ ℓ₁);
@@ -20,11 +20,6 @@ from __future__ import annotations
 import math
 import random
 from typing import Optional
-
-
-def theorem1_spread(k: int, noise_variance: float) -> float:
-    """Theorem 1: stationary expected across-instance variance (ddof = 1), (k/2)·σ²."""
-    return k / 2.0 * noise_variance
 
 
 def lemma1_expected_epsilon(epsilon: float, k: int) -> float:

@@ -295,7 +295,8 @@ def gaussian_shift_audit(release: Callable[[Any, int], np.ndarray], input_a: Any
 
 
 def _numpy_laplace(u: float, loc: float, scale: float) -> float:
-    """numpy ``Generator.laplace(loc, scale)`` for the uniform draw ``u`` (its C code, in doubles)."""
+    """numpy ``Generator.laplace(loc, scale)`` for the uniform draw ``u`` (its C code, in doubles).
+    """
     if u >= 0.5:
         return loc - scale * math.log(2.0 - u - u)
     return loc + scale * math.log(u + u)

@@ -60,7 +60,8 @@ HASH_TF_SIPHASH = "tf_siphash"
 HASH_FAMILIES = (HASH_BLAKE2B, HASH_TF_SIPHASH)
 
 __all__ = ["COUNT_MIN", "COUNT_MEDIAN", "SKETCH_KINDS", "encode_key", "key_hashes",
-           "CountTable", "DomainTable", "CountSketch", "l1_sensitivity", "table_epsilons", "noise_scales",
+           "CountTable", "DomainTable", "CountSketch", "l1_sensitivity",
+           "table_epsilons", "noise_scales",
            "check_width", "check_depth", "HASH_BLAKE2B", "HASH_TF_SIPHASH", "HASH_FAMILIES",
            "check_hash_family", "encode_key_text", "siphash_keys", "table_event"]
 

@@ -1,4 +1,5 @@
-"""Privacy accounting of DP-SGD (Abadi et al., CCS 2016), the algorithm of Sage's NN and LG pipelines.
+"""Privacy accounting of DP-SGD (Abadi et al., CCS 2016), the algorithm of Sage's NN and LG
+pipelines.
 
 Sage (SOSP '19, Tab. 1) trains its neural networks and logistic regression with DP-SGD [2, 35]. This
 module turns DP-SGD hyper-parameters into a dp_accounting ``DpEvent`` (what the ledger charges in

@@ -76,7 +76,8 @@ def check_request(first: Release, recorded: Any, request: Any) -> None:
     if isinstance(recorded, dict) and isinstance(request, dict):
         keys = sorted(set(recorded) | set(request), key=str)
         differ = [f"{k}: {_short(recorded.get(k))} then, {_short(request.get(k))} now"
-                  for k in keys if canonical_json(recorded.get(k)) != canonical_json(request.get(k))]
+                  for k in keys if canonical_json(recorded.get(k)) != canonical_json(
+                      request.get(k))]
     else:
         differ = [f"{_short(recorded)} then, {_short(request)} now"]
     raise ReleaseConflictError(

@@ -42,8 +42,8 @@ fast clipping, but every example joins every step independently with probability
 (:func:`poisson_batches`: the sampled rows of a step, padded to one fixed shape and masked), the
 noise (``tf.random.Generator`` from OS entropy) is added to the clipped *sum* of the sampled rows
 and the result divided by the *expected* batch size q·n — exactly the
-``PoissonSampledDpEvent`` of :func:`sage_tfx.dp.dpsgd.dpsgd_event`. ``make_dp_keras_model`` (shuffled
-fixed-size batches, realised batch size) remains for experiments that compare the two.
+``PoissonSampledDpEvent`` of :func:`sage_tfx.dp.dpsgd.dpsgd_event`. ``make_dp_keras_model``
+(shuffled fixed-size batches, realised batch size) remains for experiments that compare the two.
 
 TensorFlow is imported inside functions only: importing this module costs nothing.
 """
@@ -211,7 +211,8 @@ def check_data(features: Any, labels: Any) -> tuple[np.ndarray, np.ndarray]:
 
 def shuffled_batches(features: np.ndarray, labels: np.ndarray, batch_size: int,
                      seed: int | None = None) -> Any:
-    """A ``tf.data.Dataset`` of shuffled fixed-size batches (reshuffled each epoch, remainder dropped).
+    """A ``tf.data.Dataset`` of shuffled fixed-size batches (reshuffled each epoch, remainder
+    dropped).
 
     Shuffles example *indices* and gathers each batch in one op: same batches as
     ``from_tensor_slices((x, y)).shuffle(n).batch(b, drop_remainder=True)``, about twice as fast
@@ -467,8 +468,8 @@ def poisson_batches(features: np.ndarray, labels: np.ndarray, sampling_probabili
     Each element is ``(x, y, mask)``: the sampled rows first (mask 1), then padding rows (copies
     of row 0, mask 0) up to ``P`` = the largest realised size of the run rounded up to a multiple
     of ``pad_multiple``. Every batch of the run has the same shape, so the training step is
-    traced (and with ``jit_compile`` XLA-compiled) once, not once per batch size; the mask is the sample
-    weight of :class:`PoissonDPSequential`, under which padding rows contribute exactly zero
+    traced (and with ``jit_compile`` XLA-compiled) once, not once per batch size; the mask is the
+    sample weight of :class:`PoissonDPSequential`, under which padding rows contribute exactly zero
     to the clipped sum (the step divides by the *expected* batch size, never by P or by the
     realised size). ``P`` depends on the sampling only, never on the data, and is not released.
     """

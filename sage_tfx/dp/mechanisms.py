@@ -13,10 +13,11 @@ Privacy assumptions, stated once for every mechanism here:
   continuous Laplace: a discrete Laplace count has the same pure ε but a worse privacy-loss
   distribution (always ±ε), so ``LaplaceDpEvent`` would undercharge it under PLD accounting
   (dp_accounting has no discrete-Laplace event); the continuous sampler is exactly the event
-  charged, for every accountant. The sampler's scale is the textbook calibration, raised by at most a few ulps where needed so that OpenDP's own privacy map of the sampler is
-  ≤ the ε (ρ) of the DpEvent charged (:func:`secure_laplace_scale`, :func:`secure_gaussian_sigma`).
-  Seeded numpy noise (``noise=SeededNoise(seed)``) is for experiments and tests only; it is never
-  reachable from a component or pipeline.
+  charged, for every accountant. The sampler's scale is the textbook calibration, raised by at most
+  a few ulps where needed so that OpenDP's own privacy map of the sampler is ≤ the ε (ρ) of the
+  DpEvent charged (:func:`secure_laplace_scale`, :func:`secure_gaussian_sigma`). Seeded numpy noise
+  (``noise=SeededNoise(seed)``) is for experiments and tests only; it is never reachable from a
+  component or pipeline.
 
 This module imports no TensorFlow.
 """
@@ -310,9 +311,9 @@ def split_budget(epsilon: float, delta: float, weights: Sequence[float]) -> tupl
     """Splits an (ε, δ) budget into shares proportional to ``weights`` (basic composition).
 
     Exactness: shares are the floats nearest to ``ε·wᵢ/Σw`` except the last, which is the
-    remainder. Summed the way the ledger sums (``sage_tfx.ledger.accounting.exact``: each float read as
-    its shortest repr), the shares add up to exactly ``ε`` (and ``δ``), unless the remainder is not
-    the shortest repr of any float, in which case the last share is the largest float below it
+    remainder. Summed the way the ledger sums (``sage_tfx.ledger.accounting.exact``: each float read
+    as its shortest repr), the shares add up to exactly ``ε`` (and ``δ``), unless the remainder is
+    not the shortest repr of any float, in which case the last share is the largest float below it
     (a shortfall under one ulp). The shares never add up to more than the total, and nothing is
     rounded down beyond that float rounding. The same holds for ``δ``; ``δ = 0`` gives zero shares.
 

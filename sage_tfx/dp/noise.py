@@ -1,4 +1,5 @@
-"""Noise samplers that survive floating point: OpenDP's Laplace and Gaussian, continuous and discrete.
+"""Noise samplers that survive floating point: OpenDP's Laplace and Gaussian, continuous and
+discrete.
 
 Textbook floating-point Laplace (``-b * log(u)`` on a double ``u``, numpy's ``laplace``) leaks the
 exact input through the low bits of the output (Mironov, CCS 2012): the set of doubles reachable
@@ -48,7 +49,8 @@ def _dp():
 def _check_scale(scale: Any, name: str) -> float:
     if isinstance(scale, bool) or not isinstance(scale, (int, float, np.integer, np.floating)) \
             or not math.isfinite(float(scale)) or float(scale) <= 0:
-        raise InvalidPrivacyParameterError(f"noise {name} must be a finite number > 0, got {scale!r}")
+        raise InvalidPrivacyParameterError(
+            f"noise {name} must be a finite number > 0, got {scale!r}")
     return float(scale)
 
 

@@ -12,11 +12,11 @@ import math
 from typing import Any, ClassVar
 
 import dp_accounting
-import numpy as np
 from numpy.typing import ArrayLike
 
 from sage_tfx.dp.sla_bounds import np_loss_upper_bound, uc_dp_loss_upper_bound
-from sage_tfx.dp.validation import (ACCURACY, NO_SLA, NP_SLA, SAGE_SLA, UC_DP_SLA, AccuracyValidator,
+from sage_tfx.dp.validation import (ACCURACY, NO_SLA, NP_SLA, SAGE_SLA, UC_DP_SLA,
+                                    AccuracyValidator,
                                     LossValidator, MeanMetricValidator, ValidationResult)
 
 TAB2_SLAS: tuple[str, ...] = (NO_SLA, NP_SLA, UC_DP_SLA, SAGE_SLA)

@@ -35,8 +35,9 @@ def _unit_laplace_sum_tail(k: int, eta: float) -> float:
     """The t with P[S > t] = η for S the sum of k i.i.d. Laplace(0, 1) variables (k ≥ 2).
 
     S = G₁ − G₂ with G₁, G₂ i.i.d. Gamma(k, 1), so P[S > t] = ∫ f_Γ(g)·P[G₁ > t + g] dg
-    (numerical quadrature over the range where Gamma(k) has its mass). The tail decreases in t; the root is bracketed and the returned t is
-    the bracket's upper end, so P[S > t] ≤ η up to the quadrature error (relative 1e-10).
+    (numerical quadrature over the range where Gamma(k) has its mass). The tail decreases in t; the
+    root is bracketed and the returned t is the bracket's upper end, so P[S > t] ≤ η up to the
+    quadrature error (relative 1e-10).
     """
     from scipy import integrate, optimize, stats  # pylint: disable=import-outside-toplevel
 

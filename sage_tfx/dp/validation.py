@@ -27,7 +27,8 @@ Assumptions stated once for every validator here:
 * Noise is OpenDP's continuous Laplace (:mod:`sage_tfx.dp.noise`), safe from Mironov's
   floating-point attack (CCS'12), at a scale raised by at most a few ulps so that OpenDP's map
   meets ε/2 per release (continuous Laplace on the count too, so the DP-noise corrections
-  below, which use its tails, hold as written). ``noise=SeededNoise(seed)`` (experiments and tests only) makes a run reproducible.
+  below, which use its tails, hold as written). ``noise=SeededNoise(seed)`` (experiments and tests
+  only) makes a run reproducible.
 * Per-example values are clipped to their range and non-finite values count as the worst value;
   no exception ever depends on the data, since an exception would itself release information.
 
@@ -126,7 +127,8 @@ class ValidationResult:
         names = {f.name for f in dataclasses.fields(cls)}
         if not isinstance(data, dict) or not set(data) <= names or \
                 not names - {"details"} <= set(data):
-            raise ValueError(f"not a ValidationResult: {sorted(data) if isinstance(data, dict) else data!r}")
+            raise ValueError(
+                f"not a ValidationResult: {sorted(data) if isinstance(data, dict) else data!r}")
         return cls(**{**data, "outcome": Outcome(data["outcome"])})
 
 
@@ -278,9 +280,6 @@ class MeanMetricValidator:
             correct = np.clip(np.nan_to_num(correct, nan=0.0, posinf=1.0, neginf=0.0), 0.0, 1.0)
             return 1.0 - correct
         return _as_values(values, self._loss_bound, "losses")
-
-    def _loss_target(self) -> float:
-        return 1.0 - self._target if self._metric == ACCURACY else self._target
 
     def _bounds(self, n_dp: float, sum_dp: float, epsilon: float) -> tuple[float, float, dict]:
         """(upper, lower) bounds on the expected loss, plus details. Overridden per SLA."""
@@ -547,7 +546,8 @@ class SumStatisticValidator:
         outcome = Outcome.ACCEPT if err <= self._target else Outcome.RETRY
         details = {
             "sla": self.sla, "value_bound": self._value_bound, "dp_sum": dp_sum,
-            "count_noise_scale": 2.0 / epsilon, "sum_noise_scale": 2.0 * self._value_bound / epsilon,
+            "count_noise_scale": 2.0 / epsilon,
+            "sum_noise_scale": 2.0 * self._value_bound / epsilon,
             "absolute_error_bound": err, "adjacency": "add/remove one example",
             "released_statistic": "mean",
         }

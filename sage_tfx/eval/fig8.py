@@ -60,7 +60,8 @@ from sage_tfx.adaptive import (AGGRESSIVE, CONSERVE, AdaptiveSearch, Allocator, 
                                SearchConfig)
 from sage_tfx.dp.validation import Outcome
 from sage_tfx.errors import InvalidRequestError
-from sage_tfx.eval.workload import (PipelineSpec, SampleComplexity, WorkloadConfig, gaussian_event_for,
+from sage_tfx.eval.workload import (PipelineSpec, SampleComplexity, WorkloadConfig,
+                                    gaussian_event_for,
                                      generate_pipelines)
 from sage_tfx.ledger import BlockSpec, Ledger, accounting, open_ledger
 

@@ -63,7 +63,8 @@ def digits_data(num_train: int = 400, num_heldout: int = 400, num_canaries: int 
 
 
 def per_example_loss(model: Any, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Binary cross-entropy of each example (predicted probabilities clipped to [1e-7, 1 − 1e-7])."""
+    """Binary cross-entropy of each example (predicted probabilities clipped to [1e-7, 1 − 1e-7]).
+    """
     p = np.clip(model.predict(x, verbose=0, batch_size=1024)[:, 0].astype(np.float64),
                 1e-7, 1 - 1e-7)
     return -(y * np.log(p) + (1 - y) * np.log(1 - p))

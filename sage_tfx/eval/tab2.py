@@ -278,9 +278,11 @@ def loss_upper_bound(sla: str, *, loss_sum, n_test, n_dp, sum_dp, epsilon, eta: 
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.where(n_dp > 0, np.asarray(sum_dp, np.float64) / n_dp, np.inf)
     if sla == v.NP_SLA:
-        return sla_bounds.np_loss_upper_bound(loss_sum, n_test, eta=eta_accept, loss_bound=loss_bound)
+        return sla_bounds.np_loss_upper_bound(loss_sum, n_test, eta=eta_accept,
+                                              loss_bound=loss_bound)
     if sla == v.UC_DP_SLA:
-        return sla_bounds.uc_dp_loss_upper_bound(sum_dp, n_dp, eta=eta_accept, loss_bound=loss_bound)
+        return sla_bounds.uc_dp_loss_upper_bound(sum_dp, n_dp, eta=eta_accept,
+                                                 loss_bound=loss_bound)
     if sla == v.SAGE_SLA:
         return sla_bounds.sage_loss_upper_bound(sum_dp, n_dp, epsilon=epsilon, eta=eta_accept,
                                        loss_bound=loss_bound, blocks=blocks)["upper_bound"]

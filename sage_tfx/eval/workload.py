@@ -1,4 +1,5 @@
-"""Sage's multi-pipeline workload (§5.4): pipelines arriving over a stream, each with a sample complexity.
+"""Sage's multi-pipeline workload (§5.4): pipelines arriving over a stream, each with a sample
+complexity.
 
 One block of ``block_samples`` samples arrives per step (the paper: ~1 hour of data). ML pipelines
 arrive with Gamma-distributed inter-arrival times; each needs ``n*(ε)`` samples to be ACCEPTed at
@@ -68,7 +69,8 @@ from sage_tfx.dp.mechanisms import analytic_gaussian_sigma
 from sage_tfx.errors import InvalidRequestError
 from sage_tfx.ledger import accounting
 
-__all__ = ["SampleComplexity", "PowerLaw", "WorkloadConfig", "PipelineSpec", "fit_sample_complexity",
+__all__ = ["SampleComplexity", "PowerLaw", "WorkloadConfig", "PipelineSpec",
+           "fit_sample_complexity",
            "generate_pipelines", "gaussian_event_for", "load_library", "nearest_in_library"]
 
 

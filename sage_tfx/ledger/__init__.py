@@ -7,7 +7,8 @@ Public facade::
     decision = ledger.request("flights", run_id="r1", window=Window(last=30), epsilon=0.1)
 
 Modules: :mod:`~sage_tfx.ledger.core` (the :class:`Ledger`: streams, blocks, requests, grants),
-:mod:`~sage_tfx.ledger.values` (its value objects), :mod:`~sage_tfx.ledger.accounting` (privacy
+:mod:`~sage_tfx.ledger.values` (its value objects), :mod:`~sage_tfx.ledger.rows` (the database
+rows they are built from, by column name), :mod:`~sage_tfx.ledger.accounting` (privacy
 parameters, DpEvents, the basic and rdp accounting modes), :mod:`~sage_tfx.ledger.budget`
 (per-block arithmetic of the modes), :mod:`~sage_tfx.ledger.audit` (the hash chains),
 :mod:`~sage_tfx.ledger.anchor` (chain heads anchored outside the database),

@@ -223,7 +223,8 @@ def rdp_curve(event: dp_event_lib.DpEvent, orders: Sequence[float]) -> tuple[flo
 def check_orders(orders: Sequence[float]) -> tuple[float, ...]:
     """Returns a valid RDP order grid: strictly increasing finite orders > 1."""
     grid = tuple(float(a) for a in orders)
-    if not grid or any(not math.isfinite(a) or a <= 1 for a in grid) or list(grid) != sorted(set(grid)):
+    if (not grid or any(not math.isfinite(a) or a <= 1 for a in grid)
+            or list(grid) != sorted(set(grid))):
         raise InvalidPrivacyParameterError(
             f"RDP orders must be distinct, increasing, finite and > 1, got {orders!r}")
     return grid

@@ -15,7 +15,8 @@ from sage_tfx.ledger.values import RELEASED, Stream
 class AuditMixin:
     """Audit log, verification and consistency (needs ``self._store``, ``self.stream``)."""
 
-    def audit_log(self, stream: Optional[str] = None, limit: Optional[int] = None) -> list[AuditEntry]:
+    def audit_log(self, stream: Optional[str] = None,
+                  limit: Optional[int] = None) -> list[AuditEntry]:
         """Audit entries, oldest first (the last ``limit`` if given)."""
         self.authorize(access.AUDIT)
         return audit.read(self._store, stream, limit)
@@ -53,7 +54,8 @@ class AuditMixin:
                                             derived.get(block_id) or budget.fresh(s))
         for b, loc, mine in self._q(  # blocks.location is NOT NULL: None = no block
                 "SELECT u.block_id, b.location, u.location FROM budgets u LEFT JOIN blocks b ON "
-                "b.stream = u.stream AND b.block_id = u.block_id WHERE u.stream = ? AND (b.block_id "
+                "b.stream = u.stream AND b.block_id = u.block_id WHERE u.stream = ? AND "
+                "(b.block_id "
                 "IS NULL OR u.location <> b.location)", (stream,)).fetchall():
             problems.append(f"budget row of {b} has no block" if loc is None else
                             f"budget row of {b} has location {mine!r}, its block {loc!r}")

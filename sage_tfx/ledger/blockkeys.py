@@ -3,9 +3,9 @@ when the blocks retire (crypto-shredding).
 
 The splitter encrypts every block with its own data key (:mod:`sage_tfx.streams.blockfiles`);
 the ledger keeps that key only wrapped by the key-encryption key (KEK,
-:mod:`~sage_tfx.ledger.keys`), one ``block_keys`` row per block, inserted in the transaction that registers the block
-(``BlockSpec.wrapped_key``): a block never exists without its key, and a registration that fails
-leaves no key behind.
+:mod:`~sage_tfx.ledger.keys`), one ``block_keys`` row per block, inserted in the transaction that
+registers the block (``BlockSpec.wrapped_key``): a block never exists without its key, and a
+registration that fails leaves no key behind.
 
 **Through a grant only.** :meth:`BlockKeyMixin.grant_keys` returns the wrapped keys of a
 *released* grant's blocks, and no other, to a caller allowed to charge the grant's (stream,

@@ -1,4 +1,5 @@
-"""Per-block budget arithmetic of the two accounting modes (rules in :mod:`sage_tfx.ledger.accounting`).
+"""Per-block budget arithmetic of the two accounting modes (rules in
+:mod:`sage_tfx.ledger.accounting`).
 
 A block's spent budget is stored as text so nothing is rounded: ``basic`` streams keep the exact
 decimal sums (ε, δ) of their charges; ``rdp`` streams keep the block's summed RDP curve on the
@@ -114,7 +115,8 @@ def fresh(s: Stream) -> Derived:
 
 
 def derive(s: Stream, grants: Iterable[tuple]) -> dict[str, Derived]:
-    """Every charged block's state recomputed from grant rows ``(ε, δ, event_json, blocks_json)``."""
+    """Every charged block's state recomputed from grant rows ``(ε, δ, event_json, blocks_json)``.
+    """
     out: dict[str, Derived] = {}
     for e, d, ev, blocks in grants:
         curve = accounting.rdp_curve(accounting.event_from_json(ev), s.orders) if ev else None

@@ -25,7 +25,7 @@ from dp_accounting import dp_event as dp_event_lib
 
 from sage_tfx.errors import (AccountingModeError, GrantStateError, InvalidRequestError,
                              RetiredBlockError, UnknownBlockError, UnknownStreamError)
-from sage_tfx.ledger import access, accounting, budget, pgrequest, pgroles, secrets
+from sage_tfx.ledger import access, accounting, budget, pgrequest, pgroles, rows, secrets
 from sage_tfx.ledger.access import AccessMixin
 from sage_tfx.ledger.auditing import AuditMixin
 from sage_tfx.ledger.blockkeys import BlockKeyMixin
@@ -127,7 +127,8 @@ class Ledger(AccessMixin, ReleaseMixin, LeaseMixin, AuditMixin, BlockKeyMixin):
         retire_epsilon = accounting.check_epsilon(
             epsilon_g / 1000.0 if retire_epsilon is None else retire_epsilon, "retire_epsilon")
         if retire_epsilon > epsilon_g:
-            raise InvalidRequestError(f"retire_epsilon {retire_epsilon} exceeds epsilon_g {epsilon_g}")
+            raise InvalidRequestError(
+                f"retire_epsilon {retire_epsilon} exceeds epsilon_g {epsilon_g}")
         orders = accounting.check_orders(orders)
         stream = Stream(name, epsilon_g, delta_g, mode, str(granularity), contexts,
                         retire_epsilon, orders if mode == accounting.RDP else (), now())
@@ -152,12 +153,10 @@ class Ledger(AccessMixin, ReleaseMixin, LeaseMixin, AuditMixin, BlockKeyMixin):
         if name in self._streams:
             return self._streams[name]
         row = self._store.read(lambda: self._q(
-            "SELECT stream, epsilon_g, delta_g, mode, granularity, contexts, retire_epsilon, "
-            "orders, created_at FROM streams WHERE stream = ?", (name,)).fetchone())
+            rows.STREAM_SELECT + "WHERE stream = ?", (name,)).fetchone())
         if row is None:
             raise UnknownStreamError(f"unknown stream {name!r}")
-        stream = Stream(row[0], row[1], row[2], row[3], row[4], tuple(json.loads(row[5])),
-                        row[6], tuple(json.loads(row[7])), row[8])
+        stream = rows.stream_of(row)
         self._streams[name] = stream  # configuration is immutable once created
         return stream
 
@@ -201,7 +200,8 @@ class Ledger(AccessMixin, ReleaseMixin, LeaseMixin, AuditMixin, BlockKeyMixin):
             if not isinstance(spec.location, str) or not spec.location:
                 raise InvalidRequestError(f"block {spec.block_id!r} needs a storage location")
             if spec.records is not None and (not isinstance(spec.records, int) or spec.records < 0):
-                raise InvalidRequestError(f"block {spec.block_id!r}: bad record count {spec.records!r}")
+                raise InvalidRequestError(
+                    f"block {spec.block_id!r}: bad record count {spec.records!r}")
 
         def txn():
             next_seq = self._q("SELECT next_seq FROM streams WHERE stream = ?" + self._for_update,
@@ -217,7 +217,8 @@ class Ledger(AccessMixin, ReleaseMixin, LeaseMixin, AuditMixin, BlockKeyMixin):
                   ts) for k, sp in enumerate(specs)])
             self._store.add_budgets(stream, s.contexts, next_seq, len(specs),
                                     budget.zero_curve(s))
-            self._q("UPDATE streams SET next_seq = ? WHERE stream = ?", (next_seq + len(specs), stream))
+            self._q("UPDATE streams SET next_seq = ? WHERE stream = ?",
+                    (next_seq + len(specs), stream))
             self._insert_block_keys(stream, specs, ts)  # encrypted blocks' keys, with the blocks
             digest = hashlib.sha256(json.dumps(
                 [[sp.block_id, sp.location, sp.start, sp.end, sp.records] for sp in specs]
@@ -233,15 +234,6 @@ class Ledger(AccessMixin, ReleaseMixin, LeaseMixin, AuditMixin, BlockKeyMixin):
             self._store.analyze()
         return added
 
-    _BLOCK_COLS = ("SELECT b.stream, u.context, b.block_id, b.seq, b.location, b.start_ts, "
-                   "b.end_ts, b.records, u.status, u.eps_spent, u.delta_spent, u.rdp, u.charges "
-                   "FROM blocks b JOIN budgets u ON u.stream = b.stream AND u.block_id = b.block_id ")
-
-    def _block_state(self, s: Stream, row) -> BlockState:
-        eps, delta = budget.reported(s, row[9], row[10], row[11], row[12])
-        return BlockState(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7],
-                          row[8], eps, delta, row[12])
-
     def blocks(self, stream: str, context: str = DEFAULT_CONTEXT) -> list[BlockState]:
         """Every block of the stream with its budget state in ``context``, oldest first.
 
@@ -251,19 +243,19 @@ class Ledger(AccessMixin, ReleaseMixin, LeaseMixin, AuditMixin, BlockKeyMixin):
         s = self.stream(stream)
         self._context(s, context)
         self.authorize(access.READ, stream=stream, context=context)
-        rows = self._q(self._BLOCK_COLS + "WHERE b.stream = ? AND u.context = ? ORDER BY b.seq",
-                       (stream, context)).fetchall()
-        return [self._block_state(s, r) for r in rows]
+        found = self._q(rows.BLOCK_SELECT + "WHERE b.stream = ? AND u.context = ? ORDER BY b.seq",
+                        (stream, context)).fetchall()
+        return [rows.block_state(s, r) for r in found]
 
     def block(self, stream: str, block_id: str, context: str = DEFAULT_CONTEXT) -> BlockState:
         s = self.stream(stream)
         self._context(s, context)
         self.authorize(access.READ, stream=stream, context=context)
-        row = self._q(self._BLOCK_COLS + "WHERE b.stream = ? AND u.context = ? AND b.block_id = ?",
+        row = self._q(rows.BLOCK_SELECT + "WHERE b.stream = ? AND u.context = ? AND b.block_id = ?",
                       (stream, context, block_id)).fetchone()
         if row is None:
             raise UnknownBlockError(f"unknown block {block_id!r} in stream {stream!r}")
-        return self._block_state(s, row)
+        return rows.block_state(s, row)
 
     def remaining(self, stream: str, block_id: str, context: str = DEFAULT_CONTEXT) -> dict:
         """What is left of a block's budget: (ε, δ) in basic mode, per-order headroom in rdp."""
@@ -274,7 +266,8 @@ class Ledger(AccessMixin, ReleaseMixin, LeaseMixin, AuditMixin, BlockKeyMixin):
                       "context = ? AND block_id = ?", (stream, context, block_id)).fetchone()
         if row is None:
             raise UnknownBlockError(f"unknown block {block_id!r} in stream {stream!r}")
-        return budget.remaining(s, row[0], row[1], row[2])
+        eps_spent, delta_spent, rdp = row
+        return budget.remaining(s, eps_spent, delta_spent, rdp)
 
     def retire_block(self, stream: str, block_id: str, reason: str,
                      context: Optional[str] = None) -> None:
@@ -304,7 +297,8 @@ class Ledger(AccessMixin, ReleaseMixin, LeaseMixin, AuditMixin, BlockKeyMixin):
         if s.mode == accounting.BASIC:
             if event is not None:
                 raise AccountingModeError(
-                    f"stream {s.name!r} uses basic accounting: charge (epsilon, delta), not a DpEvent")
+                    f"stream {s.name!r} uses basic accounting: charge (epsilon, delta), not a "
+                    "DpEvent")
             if epsilon is None:
                 raise InvalidRequestError("a basic-mode request needs epsilon (and delta)")
             eps = accounting.check_epsilon(epsilon)
@@ -313,7 +307,8 @@ class Ledger(AccessMixin, ReleaseMixin, LeaseMixin, AuditMixin, BlockKeyMixin):
         if epsilon is not None or delta is not None:
             raise AccountingModeError(
                 f"stream {s.name!r} uses rdp accounting: charge a dp_accounting DpEvent "
-                "(e.g. GaussianDpEvent, LaplaceDpEvent, PoissonSampledDpEvent), not (epsilon, delta)")
+                "(e.g. GaussianDpEvent, LaplaceDpEvent, PoissonSampledDpEvent), not (epsilon, "
+                "delta)")
         if event is None:
             raise InvalidRequestError("an rdp-mode request needs a DpEvent")
         accounting.check_event(event)
@@ -366,7 +361,8 @@ class Ledger(AccessMixin, ReleaseMixin, LeaseMixin, AuditMixin, BlockKeyMixin):
             "context": context}, sort_keys=True)
         charge = accounting.rdp_curve(event, s.orders) if event is not None else None
         # Basic-mode sums run on exact decimals of the values the caller gave.
-        dec_e, dec_d = (accounting.exact(eps), accounting.exact(dlt)) if eps is not None else (None, None)
+        dec_e, dec_d = (accounting.exact(eps),
+                        accounting.exact(dlt)) if eps is not None else (None, None)
 
         if self._store.kind == "postgresql" and event is None:  # one server-side call
             made = pgrequest.request(self._store, s, run_id, context, blocks, window, (eps, dlt),
@@ -383,20 +379,21 @@ class Ledger(AccessMixin, ReleaseMixin, LeaseMixin, AuditMixin, BlockKeyMixin):
                         else self._store.window_rows(stream, context, ACTIVE, page))
             self._store.reserve_audit()
             prior = prior_cur.fetchone()
-            rows = rows_cur.fetchall()
+            found = [rows.BudgetRow._make(r) for r in rows_cur.fetchall()]
             if prior is not None:
-                if prior[1] != request_text:
+                prior_id, prior_request = prior
+                if prior_request != request_text:
                     raise InvalidRequestError(
-                        f"run id {run_id!r} already has grant {prior[0]} for a different request")
+                        f"run id {run_id!r} already has grant {prior_id} for a different request")
                 pgrequest.flush_wal(self._store)  # its first attempt may have lost the session
-                return Decision(True, self._load_grant(prior[0]), replayed=True)
+                return Decision(True, self._load_grant(prior_id), replayed=True)
             if blocks is not None:
-                states = {r[0]: r for r in rows}
+                states = {r.block_id: r for r in found}
                 missing = [b for b in blocks if b not in states]
                 if missing:
                     raise UnknownBlockError(
                         f"unknown block(s) in stream {stream!r}: {', '.join(missing[:10])}")
-                retired = [b for b in blocks if states[b][2] != ACTIVE]
+                retired = [b for b in blocks if states[b].status != ACTIVE]
                 if retired:
                     raise RetiredBlockError(
                         f"retired block(s) in stream {stream!r}, context {context!r}: "
@@ -404,24 +401,25 @@ class Ledger(AccessMixin, ReleaseMixin, LeaseMixin, AuditMixin, BlockKeyMixin):
                 chosen = [states[b] for b in blocks]
                 short = [r for r in chosen if not self._fits(s, r, dec_e, dec_d, charge)]
                 if short:
-                    reason = budget.shortfall(s, [(r[0], r[3], r[4]) for r in short], dec_e, dec_d)
+                    reason = budget.shortfall(
+                        s, [(r.block_id, r.eps_spent, r.delta_spent) for r in short], dec_e, dec_d)
                     return self._deny(s, run_id, context, request_text, reason)
             else:
                 # The most recent active blocks that fit; rows were active when chosen, and are
                 # re-checked now that they are locked.
                 chosen = []
-                for r in reversed(rows):
-                    if r[2] == ACTIVE and self._fits(s, r, dec_e, dec_d, charge):
+                for r in reversed(found):
+                    if r.status == ACTIVE and self._fits(s, r, dec_e, dec_d, charge):
                         chosen.append(r)
                         if len(chosen) == window.last:
                             break
-                if len(chosen) < window.last and len(rows) == page:
+                if len(chosen) < window.last and len(found) == page:
                     raise _MorePages(page * 4)  # older blocks may fit: look further back
                 if len(chosen) < window.required:
                     reason = (f"window last={window.last}: only {len(chosen)} block(s) have budget "
                               f"left for this charge, {window.required} required")
                     return self._deny(s, run_id, context, request_text, reason)
-                chosen.sort(key=lambda r: r[1])
+                chosen.sort(key=lambda r: r.seq)
             return Decision(True, self._charge(s, run_id, context, request_text, chosen,
                                                (eps, dlt), (dec_e, dec_d), event_json, charge,
                                                release))
@@ -435,26 +433,27 @@ class Ledger(AccessMixin, ReleaseMixin, LeaseMixin, AuditMixin, BlockKeyMixin):
                 page = more.page
 
     @staticmethod
-    def _fits(s: Stream, row, eps, dlt, charge) -> bool:
-        return budget.fits(s, row[3], row[4], row[5], eps, dlt, charge)
+    def _fits(s: Stream, row: rows.BudgetRow, eps, dlt, charge) -> bool:
+        return budget.fits(s, row.eps_spent, row.delta_spent, row.rdp, eps, dlt, charge)
 
-    def _deny(self, s: Stream, run_id: str, context: str, request_text: str, reason: str) -> Decision:
+    def _deny(self, s: Stream, run_id: str, context: str, request_text: str,
+              reason: str) -> Decision:
         self._audit(s.name, "deny", {"run_id": run_id, "context": context,
                                      "request": json.loads(request_text), "reason": reason})
         return Decision(False, None, reason)
 
-    def _charge(self, s: Stream, run_id, context, request_text, rows, cost, dec_cost, event_json,
-                charge, release: bool) -> Grant:
+    def _charge(self, s: Stream, run_id, context, request_text, chosen: list[rows.BudgetRow],
+                cost, dec_cost, event_json, charge, release: bool) -> Grant:
         eps, dlt = cost
         grant_id = uuid.uuid4().hex
         ts = now()
-        block_ids = [r[0] for r in rows]
+        block_ids = [r.block_id for r in chosen]
         updates, retired = [], []
         probe = budget.retire_probe(s)
-        for r in rows:
-            new_e, new_d, new_rdp, still = budget.after_charge(s, r[3], r[4], r[5], dec_cost,
-                                                               charge, probe)
-            updates.append((new_e, new_d, new_rdp, r[7]))
+        for r in chosen:
+            new_e, new_d, new_rdp, still = budget.after_charge(s, r.eps_spent, r.delta_spent, r.rdp,
+                                                               dec_cost, charge, probe)
+            updates.append((new_e, new_d, new_rdp, r.id))
             if not still:
                 retired.append(r)
         self._store.update_budgets(updates)
@@ -470,36 +469,34 @@ class Ledger(AccessMixin, ReleaseMixin, LeaseMixin, AuditMixin, BlockKeyMixin):
             "epsilon": eps, "delta": dlt,
             "event": json.loads(event_json) if event_json else None, "status": status})
         for r in retired:
-            self._q("UPDATE budgets SET status = ? WHERE id = ?", (RETIRED, r[7]))
-            self._audit(s.name, "retire", {"block": r[0], "context": context,
+            self._q("UPDATE budgets SET status = ? WHERE id = ?", (RETIRED, r.id))
+            self._audit(s.name, "retire", {"block": r.block_id, "context": context,
                                            "reason": "budget exhausted", "grant_id": grant_id})
         return Grant(grant_id, run_id, s.name, context, s.mode, eps, dlt,
                      accounting.event_from_json(event_json) if event_json else None,
-                     tuple(GrantedBlock(r[0], r[6] if release else None) for r in rows),
+                     tuple(GrantedBlock(r.block_id, r.location if release else None)
+                           for r in chosen),
                      status, ts)
 
     # -- grants --
 
     def _load_grant(self, grant_id: str) -> Grant:
-        row = self._q("SELECT grant_id, run_id, stream, context, mode, epsilon, delta, event, "
-                      "blocks, status, created_at FROM grants WHERE grant_id = ?",
-                      (grant_id,)).fetchone()
+        row = self._q(rows.GRANT_SELECT + "WHERE grant_id = ?", (grant_id,)).fetchone()
         if row is None:
             raise InvalidRequestError(f"unknown grant {grant_id!r}")
-        ids = json.loads(row[8])
-        if row[9] == RELEASED:
+        row = rows.GrantRow._make(row)
+        ids = json.loads(row.blocks)
+        if row.status == RELEASED:
             locs = {}
             for k in range(0, len(ids), 500):
                 chunk = ids[k:k + 500]
                 locs.update(self._q(
                     "SELECT block_id, location FROM blocks WHERE stream = ? AND block_id IN "
-                    f"({','.join('?' * len(chunk))})", [row[2]] + chunk).fetchall())
+                    f"({','.join('?' * len(chunk))})", [row.stream] + chunk).fetchall())
             granted = tuple(GrantedBlock(b, locs[b]) for b in ids)
         else:
             granted = tuple(GrantedBlock(b, None) for b in ids)
-        return Grant(row[0], row[1], row[2], row[3], row[4], row[5], row[6],
-                     accounting.event_from_json(row[7]) if row[7] else None,
-                     granted, row[9], row[10])
+        return rows.grant_of(row, granted)
 
     def grant(self, grant_id: str) -> Grant:
         """The grant with this id. Raises InvalidRequestError if there is none."""
@@ -510,7 +507,7 @@ class Ledger(AccessMixin, ReleaseMixin, LeaseMixin, AuditMixin, BlockKeyMixin):
     def grant_for_run(self, stream: str, run_id: str) -> Optional[Grant]:
         row = self._q("SELECT grant_id FROM grants WHERE stream = ? AND run_id = ?",
                       (stream, run_id)).fetchone()
-        return self.grant(row[0]) if row else None
+        return self.grant(row[0]) if row else None  # the one column
 
     def grants(self, stream: str) -> list[Grant]:
         """Every grant of the stream (an auditor's or admin's view), oldest first."""
@@ -526,13 +523,14 @@ class Ledger(AccessMixin, ReleaseMixin, LeaseMixin, AuditMixin, BlockKeyMixin):
                           self._for_update, (grant_id,)).fetchone()
             if row is None:
                 raise InvalidRequestError(f"unknown grant {grant_id!r}")
-            self.authorize(access.CHARGE, stream=row[1], context=row[2])
-            if row[0] == CANCELLED:
+            status, stream, context = row
+            self.authorize(access.CHARGE, stream=stream, context=context)
+            if status == CANCELLED:
                 raise GrantStateError(f"grant {grant_id} was cancelled; request a new one")
-            if row[0] == RESERVED:
+            if status == RESERVED:
                 self._q("UPDATE grants SET status = ?, released_at = ? WHERE grant_id = ?",
                         (RELEASED, now(), grant_id))
-                self._audit(row[1], "release", {"grant_id": grant_id})
+                self._audit(stream, "release", {"grant_id": grant_id})
             return self._load_grant(grant_id)
 
         return self._store.write(txn)
@@ -550,7 +548,8 @@ class Ledger(AccessMixin, ReleaseMixin, LeaseMixin, AuditMixin, BlockKeyMixin):
                           (grant_id,)).fetchone()
             if row is None:
                 raise InvalidRequestError(f"unknown grant {grant_id!r}")
-            stream, context, blocks = row[0], row[1], json.loads(row[2])
+            stream, context, blocks_json = row
+            blocks = json.loads(blocks_json)
             self.authorize(access.CHARGE, stream=stream, context=context)
             # Lock order as in request: the blocks (ascending seq), then the grant row.
             self._store.budget_rows(stream, context, blocks).fetchall()

@@ -1,4 +1,5 @@
-"""Budget over time: the ε each block has spent after every arrival step, replayed from the audit log.
+"""Budget over time: the ε each block has spent after every arrival step, replayed from the audit
+log.
 
 The audit chain records every block arrival (``add_blocks``), charge (``grant``) and refund
 (``cancel``) in commit order, so the ledger can redraw Sage's block × time picture (§3.2, Fig. 3)
@@ -79,7 +80,8 @@ def budget_history(ledger: Ledger, stream: str, context: str = DEFAULT_CONTEXT) 
         if entry.kind == "add_blocks":
             if steps:
                 snapshot()
-            arrived = max(arrived, max(row[by_seq[p["first_seq"] + k]] for k in range(p["count"])) + 1)
+            arrived = max(arrived,
+                          max(row[by_seq[p["first_seq"] + k]] for k in range(p["count"])) + 1)
             steps.append(p["last"])
         elif entry.kind == "grant" and p["context"] == context:
             cost = (accounting.rdp_curve(accounting.event_from_dict(p["event"]), s.orders) if rdp

@@ -12,11 +12,11 @@ own checks say; so a principal issued with ``sage-tfx principal add NAME --role 
   update that lowers spent budget (ε, δ, an RDP order, the charge count), touches a retired
   block's row or moves a budget row; a grant that names another principal or lists a block its
   own transaction did not charge; and a release of a grant that is not released, not the
-  role's own, or of another stream / context / run. Its one legitimate refund — cancelling its own reservation — runs
-  through :data:`REFUND` (``sage_refund``), a SECURITY DEFINER function that checks the grant,
-  the binding and that every value only goes down by at most the grant's charge. It never
-  reads ``principals``, ``bindings`` or ``block_keys``: ``sage_grant_keys(grant_id)`` hands out
-  the wrapped keys of its own *released* grants' blocks, and nothing else.
+  role's own, or of another stream / context / run. Its one legitimate refund — cancelling its own
+  reservation — runs through :data:`REFUND` (``sage_refund``), a SECURITY DEFINER function that
+  checks the grant, the binding and that every value only goes down by at most the grant's charge.
+  It never reads ``principals``, ``bindings`` or ``block_keys``: ``sage_grant_keys(grant_id)`` hands
+  out the wrapped keys of its own *released* grants' blocks, and nothing else.
 * **auditor** — SELECT on the ledger's tables, except ``principals.token_sha256`` and
   ``block_keys``; writes nothing.
 * **client** — CONNECT only (clients talk to services, not to the ledger).

@@ -59,11 +59,13 @@ def local_postgres(dbname: str = "sage") -> Iterator[str]:
     try:
         run([os.path.join(pg_bin, "initdb"), "-D", datadir, "-U", user, "--auth=trust",
              "--no-sync", "-E", "UTF8"])
-        opts = (f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={workdir} "
+        opts = (
+            f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={workdir} "
                 "-c max_connections=100 -c fsync=on -c synchronous_commit=on")
         run([os.path.join(pg_bin, "pg_ctl"), "-D", datadir, "-l", log, "-o", opts, "-w", "-t", "60",
              "start"])
-        run([os.path.join(pg_bin, "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", user, dbname])
+        run([os.path.join(pg_bin, "createdb"), "-h", "127.0.0.1", "-p", str(port),
+             "-U", user, dbname])
         yield f"postgresql://{user}@127.0.0.1:{port}/{dbname}"
     except subprocess.CalledProcessError as exc:
         detail = exc.stderr

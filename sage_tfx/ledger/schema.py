@@ -63,7 +63,7 @@ def tables(b) -> list[str]:
             context TEXT NOT NULL, run_id TEXT NOT NULL, digest TEXT NOT NULL, size {i} NOT NULL,
             location TEXT, value {blob}, principal TEXT NOT NULL, created_at TEXT NOT NULL,
             PRIMARY KEY (grant_id, name))""",
-        f"""CREATE TABLE IF NOT EXISTS principals (
+        """CREATE TABLE IF NOT EXISTS principals (
             name TEXT PRIMARY KEY, roles TEXT NOT NULL, token_sha256 TEXT UNIQUE,
             status TEXT NOT NULL, pg_role TEXT, created_at TEXT NOT NULL,
             updated_at TEXT NOT NULL)""",

@@ -3,8 +3,8 @@
 SQLite (``sqlite:///path``) is the embedded default: WAL journal; COMMIT runs with
 ``synchronous=NORMAL`` under the write lock and the writer fsyncs the WAL after releasing it and
 before ``request()`` returns, so an acknowledged grant has been fsynced to the WAL and survives a
-crash of the writer *and* a power loss (``?durability=process`` drops the power-loss promise). Writers queue on an OS file lock and then take SQLite's write lock; one chain orders the
-audit.
+crash of the writer *and* a power loss (``?durability=process`` drops the power-loss promise).
+Writers queue on an OS file lock and then take SQLite's write lock; one chain orders the audit.
 
 PostgreSQL (``postgresql://user@host:port/db``) is for a ledger shared by many machines. There is
 no global lock: a write transaction locks the budget rows it charges (``FOR UPDATE``, in one

@@ -1,4 +1,4 @@
-"""The Sage PTK store (``../shared/papers/ptk-sage-feature-store.md``) on the block ledger.
+"""The Sage PTK store (``docs/papers.md``, "PTK store") on the block ledger.
 
 Modules: :mod:`~sage_tfx.ptk.abstraction` (the PTK struct, PTK types, declared DpEvents),
 :mod:`~sage_tfx.ptk.registry` (the operator's registry of PTK types, by name),

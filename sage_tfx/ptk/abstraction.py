@@ -125,6 +125,7 @@ class PTKType:
 
     @property
     def has_erm(self) -> bool:
+        """The type defines ``erm`` (the non-private reference the profiler compares with)."""
         return self.erm_fn is not None
 
     def references(self) -> dict:
@@ -134,10 +135,16 @@ class PTKType:
                 "erm_ref": _where(self.erm_fn) if self.erm_fn else None}
 
     def train_dp(self, batches, epsilon, prev_state, prev_config, *, config, noise=None):
+        """Calls the type's ``train_dp``: a new DP state from ``batches`` at ``epsilon``."""
         return self.train_dp_fn(batches, epsilon, prev_state, prev_config, config=config,
                                 noise=noise)
 
     def eval(self, batches, state, *, config) -> np.ndarray:
+        """Per-example losses of ``state`` on ``batches``, checked to be finite and in [0, 1].
+
+        Raises:
+          InvalidRequestError: the type returned a loss outside [0, 1] or not finite.
+        """
         losses = np.asarray(self.eval_fn(batches, state, config=config), dtype=float).ravel()
         if losses.size and (not np.all(np.isfinite(losses)) or losses.min() < 0
                             or losses.max() > 1):
@@ -147,9 +154,15 @@ class PTKType:
         return losses
 
     def erm(self, batches, *, config):
+        """The type's non-private ``erm`` state on ``batches``, or None if it defines none."""
         return None if self.erm_fn is None else self.erm_fn(batches, config=config)
 
     def featurize(self, batch, state, config) -> dict:
+        """Features of ``batch`` computed with ``state`` (the type's ``featurize``).
+
+        Raises:
+          FunctionReferenceError: the type registers no ``featurize``.
+        """
         if self.featurize_fn is None:
             raise FunctionReferenceError(f"PTK type {self.name!r} registers no featurize")
         return self.featurize_fn(batch, state, config)

@@ -16,7 +16,6 @@ resolved) and never touches the ledger's tables.
 """
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import threading
@@ -24,6 +23,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from sage_tfx.errors import InvalidRequestError
 from sage_tfx.ledger import secrets
+from sage_tfx.ledger.values import now  # the ledger's timestamps (ISO-8601, UTC, µs)
 
 _SCHEMA = [
     """CREATE TABLE IF NOT EXISTS ptk_registry (
@@ -60,11 +60,6 @@ _SCHEMA = [
         window_index {int} NOT NULL, status TEXT NOT NULL, created_at TEXT NOT NULL)""",
 ]
 _BUILTINS = ("counts", "trees", "hpf", "covariance", "histstats", "lloyd")
-def now() -> str:
-    """The current UTC time, ISO-8601 with microseconds."""
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="microseconds")
-
-
 REGISTRY_COLS = ("ptk_id", "name", "ptk_type", "train_dp_ref", "eval_ref", "dp_event_ref",
                  "erm_ref", "config", "tau", "train_frequency", "status", "menu", "profile",
                  "registered_window", "created_at", "updated_at")

@@ -51,7 +51,8 @@ class ProfileParams:
     def __post_init__(self):
         if not (isinstance(self.epsilon, (int, float)) and math.isfinite(self.epsilon)
                 and self.epsilon > 0):
-            raise InvalidPrivacyParameterError(f"profiler epsilon must be > 0, got {self.epsilon!r}")
+            raise InvalidPrivacyParameterError(
+                f"profiler epsilon must be > 0, got {self.epsilon!r}")
         if not isinstance(self.n_max, int) or self.n_max < 2:
             raise InvalidRequestError(f"n_max must be an integer >= 2, got {self.n_max!r}")
         if not (isinstance(self.tau, (int, float)) and 0 < self.tau <= 1):

@@ -119,6 +119,7 @@ class TypeRegistry:
         return found
 
     def names(self) -> list[str]:
+        """Every registered type name (built-in and operator-registered), sorted."""
         with self._lock:
             return sorted(set(self._types) | self._builtin)
 

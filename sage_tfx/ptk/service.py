@@ -35,7 +35,7 @@ from fastapi.responses import JSONResponse
 
 from sage_tfx import services
 from sage_tfx.errors import LeaseTimeoutError
-from sage_tfx.ledger import DEFAULT_CONTEXT, access
+from sage_tfx.ledger import DEFAULT_CONTEXT, access, flags
 from sage_tfx.ptk import api
 from sage_tfx.ptk.abstraction import UnknownPTKError
 from sage_tfx.ptk.registry import TypeRegistry, parse_type_specs, registry_from
@@ -222,8 +222,9 @@ def main(argv=None) -> int:
                                  description="The Sage PTK store: serve the API, print the plan, "
                                              "or print the records a profiled registration needs")
     ap.add_argument("command", choices=("serve", "plan", "records"))
-    ap.add_argument("--url", help="ledger database URL (sqlite:///... or postgresql://...); "
-                                  "serve and plan")
+    flags.add_ledger_argument(ap, deprecated=("--url",),
+                              help="ledger URL (sqlite:///... or postgresql://..., or env:NAME / "
+                                   "file:/path); serve and plan")
     ap.add_argument("--tau", type=float, action="append", default=[],
                     help="records: the performance target(s) (default 0.05, 0.1, 0.2)")
     ap.add_argument("--data-root", default="ptk-data", help="where the open window's blocks live")
@@ -244,17 +245,17 @@ def main(argv=None) -> int:
     if a.command == "records":
         print(cfg.describe_profile_need(a.tau or (0.05, 0.1, 0.2)))
         return 0
-    if not a.url:
-        ap.error(f"{a.command} needs --url")
+    if not a.ledger:
+        ap.error(f"{a.command} needs --ledger")
     if a.command == "serve":
         specs = parse_type_specs(",".join(a.ptk_type))
-        serve(a.url, a.data_root, host=a.host, port=a.port, config=cfg,
+        serve(a.ledger, a.data_root, host=a.host, port=a.port, config=cfg,
               registry=registry_from(specs), token_file=a.token_file,
               max_window_body=a.max_window_bytes)
         return 0
     from sage_tfx.ptk.lake import Lake
     from sage_tfx.ptk.allocator import Allocation, Assignment, Partition
-    lake = Lake(a.url)
+    lake = Lake(a.ledger)
     try:
         seq, plan = lake.plan()
     finally:

@@ -154,6 +154,11 @@ def check_ptk_id(ptk_id) -> str:
     return ptk_id
 
 class PTKStore:
+    """The PTK store over one ledger (``url``) and a data directory (see the module docstring).
+
+    Opens its own ledger and lake connections; :meth:`close` releases them.
+    """
+
     def __init__(self, url: str, data_root: str, config: StoreConfig = StoreConfig(), *,
                  noise=None, notifier: Optional[Notifier] = None,
                  registry: Optional[TypeRegistry] = None, key_provider=None):
@@ -173,6 +178,7 @@ class PTKStore:
         self.profiles = ProfileRuns(self)
 
     def close(self) -> None:
+        """Stops the notifier and closes the lake and the ledger."""
         self.notifier.close()
         self.lake.close()
         self.ledger.close()
@@ -277,6 +283,11 @@ class PTKStore:
         return prior["ptk_id"]
 
     def deregister_ptk(self, ptk_id: str) -> allocator.Allocation:
+        """Marks the PTK deregistered and re-allocates the others; returns the new allocation.
+
+        Raises:
+          UnknownPTKError: no such PTK.
+        """
         self._require(ptk_id)
 
         def compute():
@@ -324,10 +335,12 @@ class PTKStore:
         return self._update(ptk_id, check_config(new_config), self._require(ptk_id)["tau"])
 
     def update_ptk_performance_target(self, ptk_id: str, new_tau: float):
+        """Re-profiles at the new target τ and re-allocates; a Reject keeps the old one."""
         tau = check_tau(new_tau)
         return self._update(ptk_id, self._require(ptk_id)["config"], tau)
 
     def subscribe_to_ptk(self, ptk_id: str, rpc_endpoint: str) -> None:
+        """Registers an endpoint (probed first) to be notified of the PTK's new versions."""
         self._require(ptk_id)
         self.notifier.probe(check_endpoint(rpc_endpoint), ptk_id)
         self.lake.subscribe(ptk_id, rpc_endpoint)
@@ -342,9 +355,15 @@ class PTKStore:
 
     # --- reading --------------------------------------------------------------------------
     def plan(self) -> Optional[dict]:
+        """The allocator's current plan as stored in the lake, or None before any PTK."""
         return self.lake.plan()[1]
 
     def get_ptk(self, ptk_id: str, version: Optional[int] = None) -> PTK:
+        """The PTK's newest (or given) version; state None until it was first trained.
+
+        Raises:
+          UnknownPTKError: no such PTK, or no such version.
+        """
         rec = self.lake.ptk(ptk_id) if isinstance(ptk_id, str) else None
         if rec is None:
             raise UnknownPTKError(f"no PTK {ptk_id!r}")
@@ -357,6 +376,11 @@ class PTKStore:
                    v["newest_window"], v["version"])
 
     def lineage(self, ptk_id: str, version: Optional[int] = None) -> dict:
+        """Where a version came from: window, blocks, charged ε/δ/event, grant and run ids.
+
+        Raises:
+          UnknownPTKError: no such PTK version.
+        """
         v = self.lake.version(ptk_id, version) if isinstance(ptk_id, str) else None
         if v is None:
             raise UnknownPTKError(f"PTK {ptk_id!r} has no such version")
@@ -368,10 +392,3 @@ class PTKStore:
                        window_index: Optional[int] = None) -> dict:
         """Closes the open window, ingests the next one and trains every due PTK on it."""
         return self.windows.advance(columns, user_key=user_key, window_index=window_index)
-
-    def recommended_window_records(self) -> Optional[int]:
-        """The window size whose train share holds the plan's 𝒩 (§5.1's recommendation)."""
-        plan = self.plan()
-        if not plan:
-            return None
-        return int(math.ceil(plan["total"] / (1 - self.cfg.profile_share)))

@@ -1,4 +1,4 @@
-"""Pyramid (../shared/papers/pyramid.md): windowed DP count featurization with retention.
+"""Pyramid (docs/papers.md, S&P 2017): windowed DP count featurization with retention.
 
 * :mod:`~sage_tfx.pyramid.featurize` — :class:`CountSpec` and :class:`Featurization` (label rates
   with back-off from the sum of live windows).

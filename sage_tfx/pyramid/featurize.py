@@ -96,7 +96,8 @@ def _groups(groups: Any) -> tuple[tuple[str, ...], ...]:
     for g in groups:
         g = (g,) if isinstance(g, str) else tuple(g)
         if not g or not all(isinstance(f, str) and f for f in g) or len(set(g)) != len(g):
-            raise InvalidRequestError(f"a feature group is a non-empty tuple of distinct names: {g!r}")
+            raise InvalidRequestError(
+                f"a feature group is a non-empty tuple of distinct names: {g!r}")
         out.append(g)
     if not out or len(set(out)) != len(out):
         raise InvalidRequestError(f"need distinct, non-empty feature groups, got {groups!r}")
@@ -149,7 +150,8 @@ class CountSpec:
         object.__setattr__(self, "epsilon", check_epsilon(self.epsilon))
         if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
             raise InvalidRequestError(f"k must be an int >= 1, got {self.k!r}")
-        if isinstance(self.n_labels, bool) or not isinstance(self.n_labels, int) or self.n_labels < 2:
+        if isinstance(self.n_labels, bool) or not isinstance(self.n_labels,
+                                                             int) or self.n_labels < 2:
             raise InvalidRequestError(f"n_labels must be an int >= 2, got {self.n_labels!r}")
         if not isinstance(self.salt, str) or not self.salt:
             raise InvalidRequestError("salt must be a non-empty string")
@@ -168,6 +170,7 @@ class CountSpec:
 
     @property
     def features(self) -> tuple[str, ...]:
+        """Every feature some group counts, each once, in order of first use."""
         return tuple(dict.fromkeys(f for g in self.groups for f in g))
 
     @property
@@ -176,13 +179,16 @@ class CountSpec:
         return len(self.groups) + 1
 
     def group_name(self, group: tuple[str, ...]) -> str:
+        """The group's table name: its features joined by ``*`` (e.g. ``origin*dest``)."""
         return "*".join(group)
 
     def group_salt(self, group: tuple[str, ...]) -> bytes:
+        """The 32-byte hash salt of the group's sketch, derived from the spec's salt and name."""
         return hashlib.blake2b(f"{self.salt}\0{self.group_name(group)}".encode(),
                                digest_size=32).digest()
 
     def to_json(self) -> dict:
+        """The spec as JSON-able data (:meth:`from_json` reads it back)."""
         d = dataclasses.asdict(self)
         d["groups"] = [list(g) for g in self.groups]
         if d["hash_family"] == HASH_BLAKE2B:   # the default is left out: digests, run ids and
@@ -193,6 +199,7 @@ class CountSpec:
 
     @classmethod
     def from_json(cls, d: dict) -> "CountSpec":
+        """The spec :meth:`to_json` wrote."""
         return cls(**{**d, "groups": tuple(tuple(g) for g in d["groups"])})
 
     def digest(self) -> str:
@@ -201,6 +208,7 @@ class CountSpec:
         return hashlib.blake2b(text.encode(), digest_size=6).hexdigest()
 
     def new_sketch(self, group: tuple[str, ...]) -> CountSketch:
+        """An empty count sketch of the group, with the spec's shape, labels and hashing."""
         return CountSketch(self.kind, self.depth, self.width, self.n_labels, self.group_salt(group),
                            self.hash_family)
 
@@ -226,7 +234,8 @@ def check_frame(frame: Any, features: Sequence[str], label: Optional[str] = None
             raise UnknownFeatureError(f"unknown label column {label!r}")
         lab = frame[label].to_numpy()
         if lab.dtype.kind not in "iub" or (len(lab) and (lab.min() < 0 or lab.max() >= n_labels)):
-            raise InvalidRequestError(f"label {label!r} must hold integer classes in [0, {n_labels})")
+            raise InvalidRequestError(
+                f"label {label!r} must hold integer classes in [0, {n_labels})")
 
 
 def group_keys(frame: pd.DataFrame, group: tuple[str, ...]) -> list:
@@ -283,6 +292,8 @@ class Featurization:
         return c / c.sum() if c.sum() > 0 else np.full(self.spec.n_labels, 1.0 / self.spec.n_labels)
 
     def feature_names(self) -> list[str]:
+        """Names of the count features, per group: ``<group>__p<l>`` for each label l >= 1, then
+        ``<group>__logn``."""
         names = []
         for g in self.spec.groups:
             name = self.spec.group_name(g)
@@ -365,6 +376,8 @@ class Featurization:
     # -- persistence (the snapshot artifact) --
 
     def save(self, path: str) -> None:
+        """Writes the featurization (noisy cells, prior, spec, noise variances) as a ``.npz``
+        that :meth:`load` reads."""
         arrays = {f"cells__{k}": v for k, v in self.cells.items()}
         meta = {"spec": self.spec.to_json(), "noise_var": self.noise_var,
                 "windows": list(self.windows), "max_variance": self.max_variance,
@@ -373,6 +386,7 @@ class Featurization:
 
     @classmethod
     def load(cls, path: str) -> "Featurization":
+        """The featurization :meth:`save` wrote to ``path`` (no pickled objects are read)."""
         with np.load(path, allow_pickle=False) as z:
             meta = json.loads(str(z["meta"]))
             cells = {k[len("cells__"):]: z[k] for k in z.files if k.startswith("cells__")}

@@ -35,6 +35,8 @@ SELECTION_RELEASE = "pyramid/select_groups"
 
 
 def gain_sensitivity(max_records: int) -> float:
+    """Sensitivity of a pair's MI gain: twice the MI score's (a gain is a difference of two MI
+    scores, :func:`pair_gains`)."""
     return 2.0 * mi_score_sensitivity(max_records)
 
 

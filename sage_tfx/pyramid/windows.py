@@ -187,19 +187,24 @@ class PyramidStore:
 
     @property
     def live_windows(self) -> tuple[int, ...]:
+        """The sealed windows kept live (within the retention horizon), oldest first."""
         return tuple(self._read()["live"])
 
     @property
     def hot_window(self) -> Optional[int]:
+        """The open (hot) window's number, or None when no window is open."""
         hot = self._read()["hot"]
         return None if hot is None else int(hot["window"])
 
     @property
     def next_weights(self) -> Optional[tuple[float, ...]]:
+        """Noise weights the last seal selected for the next one (used when a seal gives none),
+        or None."""
         w = self._read()["next_weights"]
         return None if w is None else tuple(w)
 
     def run_id(self, window: int) -> str:
+        """The ledger run id of ``window``'s seal (:func:`pyramid_run_id`)."""
         return pyramid_run_id(self.stream or "offline", self.spec, window)
 
     def release_name(self, window: int) -> str:

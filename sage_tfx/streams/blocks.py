@@ -330,7 +330,8 @@ class TimeWindowScheme(BlockScheme):
     def __post_init__(self):
         _check_column(self.column)
         if self.granularity not in GRANULARITIES:
-            raise ValueError(f"granularity must be one of {GRANULARITIES}, got {self.granularity!r}")
+            raise ValueError(
+                f"granularity must be one of {GRANULARITIES}, got {self.granularity!r}")
 
     def block_of(self, value: Any) -> BlockKey:
         """The window containing the timestamp ``value``.
@@ -413,7 +414,8 @@ class HashBucketScheme(BlockScheme):
                 or self.num_buckets < 1):
             raise ValueError(f"num_buckets must be an integer >= 1, got {self.num_buckets!r}")
         if not isinstance(self.salt, str) or not self.salt or "\x00" in self.salt:
-            # NUL separates salt from id in the hashed string; inside the salt it would be ambiguous.
+            # NUL separates salt from id in the hashed string; inside the salt it would be
+            # ambiguous.
             raise ValueError(f"salt must be a non-empty string without NUL, got {self.salt!r}")
 
     @property
@@ -445,7 +447,8 @@ class HashBucketScheme(BlockScheme):
         elif isinstance(value, str):
             text = value
         else:
-            raise MalformedValueError(self.column, value, f"unsupported type {type(value).__name__}")
+            raise MalformedValueError(self.column, value,
+                                      f"unsupported type {type(value).__name__}")
         if not text:
             raise MalformedValueError(self.column, value, "empty string")
         try:
@@ -494,7 +497,8 @@ def scheme_from_spec(spec: str) -> BlockScheme:
     if kind == "time":
         fields = rest.split(":")
         if len(fields) != 2:
-            raise ValueError(f"time scheme spec must be 'time:<column>:<granularity>', got {spec!r}")
+            raise ValueError(
+                f"time scheme spec must be 'time:<column>:<granularity>', got {spec!r}")
         return TimeWindowScheme(fields[0], fields[1])
     if kind == "hash":
         fields = rest.split(":", 2)  # the salt, last, may contain ':'
@@ -503,6 +507,7 @@ def scheme_from_spec(spec: str) -> BlockScheme:
                 f"hash scheme spec must be 'hash:<column>:<num_buckets>:<salt>', got {spec!r}")
         column, n, salt = fields
         if not _CANONICAL_INT_RE.match(n):
-            raise ValueError(f"num_buckets must be a canonical decimal integer, got {n!r} in {spec!r}")
+            raise ValueError(
+                f"num_buckets must be a canonical decimal integer, got {n!r} in {spec!r}")
         return HashBucketScheme(column, int(n), salt)
     raise ValueError(f"unknown block scheme kind {kind!r} in {spec!r} (expected 'time' or 'hash')")

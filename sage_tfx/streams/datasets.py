@@ -101,7 +101,8 @@ def chicago_taxi_csv_path() -> str:
     # find_spec of a top-level package locates it without executing its __init__.
     spec = importlib.util.find_spec("tfx")
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("the tfx package is not installed; the Chicago taxi CSV ships in it")
+        raise FileNotFoundError(
+            "the tfx package is not installed; the Chicago taxi CSV ships in it")
     for root in spec.submodule_search_locations:
         candidate = os.path.join(root, *_CHICAGO_TAXI_RELPATH)
         if os.path.isfile(candidate):

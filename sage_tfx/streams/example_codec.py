@@ -9,8 +9,8 @@ own parser.
 Wire format (tensorflow/core/example/{example,feature}.proto)::
 
     Example   { Features features = 1; }
-    Features  { map<string, Feature> feature = 1; }   // entry { string key = 1; Feature value = 2; }
-    Feature   { oneof kind { BytesList bytes_list = 1; FloatList float_list = 2;
+    Features  { map<string, Feature> feature = 1; }   // entry { string key = 1; Feature value = 2;
+    } Feature   { oneof kind { BytesList bytes_list = 1; FloatList float_list = 2;
                              Int64List int64_list = 3; } }
     BytesList { repeated bytes value = 1; }
     FloatList { repeated float value = 1 [packed = true]; }

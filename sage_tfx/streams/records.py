@@ -1,8 +1,8 @@
 """Reading raw records: sources, CSV typing and parsing, the block file layout.
 
-Pure Python (no Beam, no TensorFlow): used by the splitter's driver (:mod:`sage_tfx.streams.splitter`)
-and inside the Beam workers of :mod:`sage_tfx.streams.beam`, which both import this module and
-never each other's callers.
+Pure Python (no Beam, no TensorFlow): used by the splitter's driver
+(:mod:`sage_tfx.streams.splitter`) and inside the Beam workers of :mod:`sage_tfx.streams.beam`,
+which both import this module and never each other's callers.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ _INT64_MIN, _INT64_MAX = example_codec.INT64_MIN, example_codec.INT64_MAX
 # Strict forms (used with fullmatch): int() and float() alone would also accept '1_000', ' 12\n'
 # and non-ASCII digits.
 _INT_RE = re.compile(r"[+-]?[0-9]+")
-_FLOAT_RE = re.compile(r"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|nan|inf|infinity)",
+_FLOAT_RE = re.compile(
+    r"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|nan|inf|infinity)",
                        re.IGNORECASE)
 
 
@@ -79,7 +80,8 @@ def detect_format(paths: Sequence[str]) -> str:
         elif name.endswith((".tfrecord", ".tfrecords", ".tfr")):
             formats.add(TFRECORD)
         else:
-            raise ValueError(f"cannot tell the format of {p!r}: pass input_format='csv' or 'tfrecord'")
+            raise ValueError(
+                f"cannot tell the format of {p!r}: pass input_format='csv' or 'tfrecord'")
     if len(formats) != 1:
         raise ValueError(f"sources mix formats {sorted(formats)}: split them separately")
     return formats.pop()

@@ -192,7 +192,7 @@ def test_lower_epsilon_trades_epsilon_for_data_at_a_doubled_budget(ledger, lower
     alloc = Allocator(ledger, "s")
     s = AdaptiveSearch(alloc, "p", SearchConfig(epsilon0=1 / 16, lower_epsilon=lower_epsilon))
     _add(ledger, alloc, ["b0"])
-    while (started := s.start(now=0)) is not None:  # alone: climbs to ε = 1/2 on b0
+    while s.start(now=0) is not None:  # alone: climbs to ε = 1/2 on b0
         s.report(Outcome.RETRY, now=0)
     assert (s.epsilon, s.window) == (0.5, 1)
     for k in range(9):  # a crowd arrives: new blocks now give p a tenth each, never 1/2

@@ -13,7 +13,8 @@ from sage_tfx.errors import InvalidPrivacyParameterError
 
 
 def _independent_eps(p, lam, delta, accountant):
-    acc = dp_accounting.rdp.RdpAccountant() if accountant == "rdp" else dp_accounting.pld.PLDAccountant()
+    acc = dp_accounting.rdp.RdpAccountant(
+        ) if accountant == "rdp" else dp_accounting.pld.PLDAccountant()
     acc.compose(dp_accounting.LaplaceDpEvent(1 / (2 * lam)), p)
     return acc.get_epsilon(delta)
 
@@ -24,11 +25,14 @@ def test_fixed_queries_charge_is_dp_accounting_and_maximal(accountant, epsilon, 
     delta = 1e-5
     p = max_queries(epsilon, delta, lam=lam, accountant=accountant)
     assert p > 1
-    assert _independent_eps(p, lam, delta, accountant) <= epsilon < _independent_eps(p + 1, lam, delta, accountant)
+    assert _independent_eps(p, lam, delta, accountant) <= epsilon < _independent_eps(p + 1, lam,
+                                                                                     delta,
+                                                                                     accountant)
     plan = plan_labels(BaggingConfig(k=50, n=100, lam=lam, accountant=accountant),
                        epsilon=epsilon, delta=delta, public_size=10**6)
     assert plan.queries == p and plan.formally_dp
-    assert plan.event == dp_accounting.SelfComposedDpEvent(dp_accounting.LaplaceDpEvent(1 / (2 * lam)), p)
+    assert plan.event == dp_accounting.SelfComposedDpEvent(
+        dp_accounting.LaplaceDpEvent(1 / (2 * lam)), p)
     assert plan.epsilon == pytest.approx(_independent_eps(p, lam, delta, accountant), rel=1e-12)
     # a small public set caps p, and the charge follows the cap
     small = plan_labels(BaggingConfig(k=50, n=100, lam=lam, accountant=accountant),
@@ -39,7 +43,9 @@ def test_fixed_queries_charge_is_dp_accounting_and_maximal(accountant, epsilon, 
 def test_composition_beats_per_query_sum():
     # RDP/PLD composition answers more than basic composition of the 2λ pure-DP queries
     lam = 2 / 250
-    assert max_queries(3.0, 1e-5, lam=lam, accountant="pld") > max_queries(3.0, 1e-5, lam=lam) > 3.0 / (2 * lam)
+    assert max_queries(3.0, 1e-5, lam=lam, accountant="pld") > max_queries(3.0, 1e-5,
+                                                                           lam=lam) > 3.0 / (
+                                                                               2 * lam)
 
 
 @pytest.mark.parametrize("bad", [dict(epsilon=0, delta=1e-5), dict(epsilon=-1, delta=1e-5),
@@ -55,8 +61,10 @@ def test_vector_laplace_is_dominated_by_the_scalar_event():
     b = 10.0
     whole = pld.from_laplace_mechanism(b, sensitivity=4.0, value_discretization_interval=1e-3)
     for part in (1.0, 2.0):
-        split = pld.from_laplace_mechanism(b, sensitivity=part, value_discretization_interval=1e-3).compose(
-            pld.from_laplace_mechanism(b, sensitivity=4.0 - part, value_discretization_interval=1e-3))
+        split = pld.from_laplace_mechanism(b, sensitivity=part,
+                                           value_discretization_interval=1e-3).compose(
+            pld.from_laplace_mechanism(b, sensitivity=4.0 - part,
+                                       value_discretization_interval=1e-3))
         for delta in (1e-3, 1e-5):
             assert split.self_compose(20).get_epsilon_for_delta(delta) <= \
                 whole.self_compose(20).get_epsilon_for_delta(delta)
@@ -67,8 +75,10 @@ def test_discrete_laplace_on_integer_counts_would_be_undercharged():
     k, n = 1, 100
     b, sens = k / (2 / n), 2 * k
     cont = pld.from_laplace_mechanism(b, sensitivity=sens, value_discretization_interval=1e-4)
-    disc = pld.from_discrete_laplace_mechanism(1 / b, sensitivity=sens, value_discretization_interval=1e-4)
-    assert disc.self_compose(300).get_epsilon_for_delta(1e-5) > cont.self_compose(300).get_epsilon_for_delta(1e-5)
+    disc = pld.from_discrete_laplace_mechanism(1 / b, sensitivity=sens,
+                                               value_discretization_interval=1e-4)
+    assert disc.self_compose(300).get_epsilon_for_delta(1e-5) > cont.self_compose(
+        300).get_epsilon_for_delta(1e-5)
 
 
 def _saa_labels(epsilon, *, n=250, delta=1e-3, reproduce_alg1=True):
@@ -87,7 +97,8 @@ def _saa_labels(epsilon, *, n=250, delta=1e-3, reproduce_alg1=True):
 
 @pytest.mark.parametrize("epsilon,expected", [(1, 264), (3, 2108), (5, 5269)])
 def test_paper_accountant_reproduces_table2_saa_at_delta_1e3(epsilon, expected):
-    """Table 2's SAA counts come out of the paper's own accountant at δ = 1e-3 (not the 1e-5 of §5)."""
+    """Table 2's SAA counts come out of the paper's own accountant at δ = 1e-3 (not the 1e-5 of §5).
+    """
     answered, pma = _saa_labels(epsilon)
     assert answered == expected
     assert pma.epsilon_hat() >= epsilon        # Alg. 1 answers the query that crosses ε
@@ -129,7 +140,8 @@ def test_k1_reduces_to_subsample_and_aggregate():
     # with one partition every unit's m is 1, so ε̂ after q queries is the SAA moments bound
     answered, pma = _saa_labels(3)
     assert np.all(pma.S == answered)
-    assert pma.epsilon_hat() == pytest.approx(float(moments_epsilon(answered, lam=2 / 250, delta=1e-3)))
+    assert pma.epsilon_hat() == pytest.approx(
+        float(moments_epsilon(answered, lam=2 / 250, delta=1e-3)))
     # and the moments bound of the paper is the zCDP bound of a 2λ-DP mechanism
     lam, delta, q = 2 / 250, 1e-3, 1000
     zcdp = min((2 * lam ** 2 * q * l * (l + 1) + math.log(1 / delta)) / l for l in range(1, 33))
@@ -146,7 +158,8 @@ def test_labels_from_grant_spends_exactly_the_charge():
     cfg = BaggingConfig(k=10, n=50, lam=0.04)
     plan = plan_labels(cfg, epsilon=2.0, delta=1e-5, public_size=5000)
     # basic grant of ε(p): the trainer derives the same p
-    again = labels_from_grant(cfg, epsilon=plan.epsilon, delta=plan.delta, event=None, public_size=5000)
+    again = labels_from_grant(cfg, epsilon=plan.epsilon, delta=plan.delta, event=None,
+                              public_size=5000)
     assert again.queries == plan.queries
     # rdp grant: the event itself says p; ε reported at the stream's δ
     rdp = labels_from_grant(cfg, epsilon=None, delta=None, event=plan.event, public_size=5000,

@@ -1,6 +1,5 @@
 """The reproduction library on tiny configurations (the full runs are benchmarks/bagging/)."""
 import numpy as np
-import pytest
 
 from sage_tfx.bagging import PersonalisedMomentsAccountant, chunk_assignment, train_teachers
 from sage_tfx.bagging.eval.grid import GridConfig, paper_answer_count, run_grid
@@ -27,7 +26,8 @@ def test_trajectory_gives_the_same_count_as_the_sequential_loop():
         seq = PersonalisedMomentsAccountant(ch, n=6, lam=0.3, delta=1e-5)
         answered = sum(seq.answer(pred[s:s + 37], eps, 2, reproduce_alg1=True)
                        for s in range(0, 400, 37) if seq.epsilon_hat() < eps)
-        assert paper_answer_count(running, epsilon=eps, delta=1e-5, lam=0.3, max_order=32) == answered
+        assert paper_answer_count(running, epsilon=eps, delta=1e-5, lam=0.3,
+                                  max_order=32) == answered
 
 
 def test_tiny_grid_rows_and_tables():
@@ -37,7 +37,9 @@ def test_tiny_grid_rows_and_tables():
     assert methods == {"NPB", "SAA", "SAA-fixed", "DPBag", "DPBag-", "DPBag-fixed"}
     for r in rows:
         assert 0 <= r["accuracy"] <= 1 and 0 <= r["auroc"] <= 1
-    fixed = {r["k"]: r["labels"] for r in rows if r["method"].endswith("-fixed") and r["accountant"] == "rdp"}
+    fixed = {
+        r["k"]: r["labels"] for r in rows if r["method"].endswith("-fixed") and r[
+            "accountant"] == "rdp"}
     assert fixed[1] == fixed[3]             # fixed_queries: p does not depend on the data or on k
     saa = [r for r in rows if r["method"] == "SAA"]
     dpbag_minus = [r for r in rows if r["method"] == "DPBag-"]

@@ -42,7 +42,8 @@ def test_paper_mode_needs_the_explicit_opt_in():
         BaggingConfig(k=K, n=N, lam=LAM, accept_not_differentially_private=True)
     for not_a_bool in (1, "yes", None):
         with pytest.raises(InvalidRequestError, match="True or False"):
-            BaggingConfig(k=K, n=N, lam=LAM, mode="paper", accept_not_differentially_private=not_a_bool)
+            BaggingConfig(k=K, n=N, lam=LAM, mode="paper",
+                          accept_not_differentially_private=not_a_bool)
 
 
 def _independent_trajectory(X, y, units, Xp, salt):
@@ -90,7 +91,8 @@ def test_paper_mode_stops_before_crossing_and_publishes_no_data_dependent_figure
         assert value["report"] == res.report and len(value["labels"]) == answered
         text = json.dumps(res.report, sort_keys=True) + caplog.text
         assert not [key for key in res.report if "hat" in key] and res.report["queries"] is None
-        assert res.report["not_differentially_private"] is True and res.report["formally_dp"] is False
+        assert res.report["not_differentially_private"] is True and res.report[
+            "formally_dp"] is False
         check = PersonalisedMomentsAccountant(ch, n=N, lam=LAM, delta=DELTA)
         assert sum(check.answer(p, EPS, 2) for _, p in ens.predict_batches(Xp)) >= answered
         for secret in (hat[answered - 1], float(hat[answered]), check.epsilon_hat_worst_star()):

@@ -11,7 +11,10 @@ SALT = b"test-salt"
 def _members(chunks, n):
     """Set of unit indices per (partition, chunk)."""
     k = chunks.shape[1]
-    return {(i, j): frozenset(np.flatnonzero(chunks[:, i] == j).tolist()) for i in range(k) for j in range(n)}
+    return {
+        (i,
+         j): frozenset(np.flatnonzero(chunks[:, i] == j).tolist()) for i in range(
+             k) for j in range(n)}
 
 
 def test_one_chunk_per_partition_per_unit_and_deterministic():

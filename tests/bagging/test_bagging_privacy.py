@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from scipy import integrate, stats
 
-from sage_tfx.bagging import chunk_assignment, noisy_argmax, per_query_epsilon, train_teachers, vote_counts
+from sage_tfx.bagging import (chunk_assignment, noisy_argmax, per_query_epsilon, train_teachers,
+                              vote_counts)
 from sage_tfx.bagging.labelling import noisy_counts
 from sage_tfx.dp.noise import SeededNoise
 from sage_tfx.errors import InvalidPrivacyParameterError
@@ -52,7 +53,8 @@ def canary_counts():
 def p_minority(counts, scale):
     """Exact P(argmax = 1) under i.i.d. Laplace(scale) noise, by numerical integration."""
     gap = counts[0] - counts[1]
-    f = lambda y0: stats.laplace.pdf(y0, scale=scale) * stats.laplace.sf(gap + y0, scale=scale)  # noqa: E731
+    # noqa: E731
+    f = lambda y0: stats.laplace.pdf(y0, scale=scale) * stats.laplace.sf(gap + y0, scale=scale)
     return integrate.quad(f, -np.inf, np.inf, epsabs=1e-14, limit=200)[0]
 
 

@@ -56,7 +56,8 @@ def buy(url, grant_id, cache_dir=None, X=None, y=None, units=None, config=CFG):
     X0, y0, u0, Xp = data()
     ledger = open_ledger(url)
     cache = TeacherCache(cache_dir) if cache_dir else None
-    res = fit_dp_bagging(X0 if X is None else X, y0 if y is None else y, u0 if units is None else units,
+    res = fit_dp_bagging(X0 if X is None else X, y0 if y is None else y,
+                         u0 if units is None else units,
                          Xp, config=config, salt=SALT, public_declared=True, ledger=ledger,
                          grant_id=grant_id, cache=cache)
     return {"labels": res.labelling.labels.tobytes(), "start": int(res.labelling.public_index[0]),
@@ -87,7 +88,8 @@ def one_charge(ledger, grant_ids):
 
 
 def cursor_of(ledger):
-    """The ledger counter of the window's public cursor (the teachers' settings of fit_dp_bagging)."""
+    """The ledger counter of the window's public cursor (the teachers' settings of fit_dp_bagging).
+    """
     return purchase.cursor_name(stream="s", blocks=BLOCKS, config=CFG, salt=SALT,
                                 settings={"l2": CFG.l2, "n_classes": 2})
 
@@ -205,7 +207,8 @@ def test_refusals_before_anything_moves(tmp_path):
     with pytest.raises(InvalidRequestError, match="both ledger and grant_id"):
         fit_dp_bagging(X, y, units, Xp, config=CFG, salt=SALT, public_declared=True, grant_id=g)
     with pytest.raises(InvalidRequestError, match="not the grant's window"):
-        fit_dp_bagging(X, y, units, Xp, grant_id=g, cache_id={"stream": "s", "blocks": ["b1"]}, **kw)
+        fit_dp_bagging(X, y, units, Xp, grant_id=g,
+                       cache_id={"stream": "s", "blocks": ["b1"]}, **kw)
     with pytest.raises(InvalidRequestError, match="paper mode only"):
         fit_dp_bagging(X, y, units, Xp, grant_id=g, max_labels=5, **kw)
     reserved = ledger.request("s", run_id="run-r", blocks=BLOCKS, epsilon=PLAN.epsilon,

@@ -26,7 +26,8 @@ def test_batched_logistic_teachers_equal_scikit_learn():
     for i, j in [(0, 0), (1, 4), (2, 6)]:
         rows = ch[:, i] == j
         X1 = np.hstack([X[rows], np.ones((rows.sum(), 1))])
-        sk = LogisticRegression(C=0.5, fit_intercept=False, tol=1e-12, max_iter=5000).fit(X1, y[rows])
+        sk = LogisticRegression(C=0.5, fit_intercept=False, tol=1e-12,
+                                max_iter=5000).fit(X1, y[rows])
         np.testing.assert_allclose(ens.coef[i, j], sk.coef_[0], atol=1e-6)
 
 

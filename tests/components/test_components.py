@@ -138,7 +138,8 @@ def test_derive_run_id_is_a_valid_bounded_ledger_name(gate_mod):
     executor.check_name("run id", odd)
     # Names that one text could stand for twice get the exact pair's hash: never shared.
     assert executor.derive_run_id("a.b", "c", "r") != executor.derive_run_id("a", "b.c", "r")
-    assert executor.derive_run_id("my pipe", "g", "r") != executor.derive_run_id("my-pipe", "g", "r")
+    assert executor.derive_run_id("my pipe", "g",
+                                  "r") != executor.derive_run_id("my-pipe", "g", "r")
     long_a = executor.derive_run_id("p" * 200, "SageGate", "run-a")
     long_b = executor.derive_run_id("p" * 200, "SageGate", "run-b")
     assert len(long_a) == 128 and long_a != long_b

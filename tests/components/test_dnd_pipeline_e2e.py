@@ -1,4 +1,5 @@
-"""Draw-and-Discard end to end: SageGate(plan) -> BlockExampleGen -> DnDTrainer -> DPModelValidator -> Pusher."""
+"""Draw-and-Discard end to end: SageGate(plan) -> BlockExampleGen -> DnDTrainer -> DPModelValidator
+-> Pusher."""
 import json
 import os
 
@@ -35,17 +36,20 @@ def test_pipeline_charges_the_plan_once_blesses_and_pushes(tmp_path):
 
     from ml_metadata.metadata_store import metadata_store
     from tfx.orchestration import metadata as md
-    store = metadata_store.MetadataStore(md.sqlite_metadata_connection_config(str(tmp_path / "mlmd.db")))
+    store = metadata_store.MetadataStore(
+        md.sqlite_metadata_connection_config(str(tmp_path / "mlmd.db")))
     [blessing] = store.get_artifacts_by_type("ModelBlessing")
     assert blessing.custom_properties["blessed"].int_value == 1
     [model] = store.get_artifacts_by_type("Model")
     report = json.load(open(os.path.join(model.uri, "privacy_report.json")))
-    assert report["charged"] == {"epsilon": 4.0, "delta": 0.0} and report["epsilon_per_update"] == 4.0
+    assert report["charged"] == {"epsilon": 4.0,
+                                 "delta": 0.0} and report["epsilon_per_update"] == 4.0
     with open_ledger(url) as ledger:   # the trained model was recorded against the grant first
         names = [r.name for r in ledger.releases(report["grant_id"])]
     assert "dnd_trainer/model" in names
     assert model.custom_properties["release_replayed"].int_value == 0
     [pushed] = [os.path.join(serving_dir, d) for d in os.listdir(serving_dir)]
     served = ServingModel(pushed, signature_name="serving_default", prediction_key=None)
-    p = served.predict(tf.constant([make_example({"num_char": 3.0, "format": 1}).SerializeToString()]))
+    p = served.predict(
+        tf.constant([make_example({"num_char": 3.0, "format": 1}).SerializeToString()]))
     assert p.shape == (1,) and 0.0 <= p[0] <= 1.0

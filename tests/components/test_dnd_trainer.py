@@ -38,7 +38,8 @@ def test_the_charge_must_equal_what_the_run_spends():
         with pytest.raises(MissingGrantError):
             P.check_train_cost(eps, dlt, None, SETTINGS, "g")
     event = P.dnd_train_part(SETTINGS, rdp=True).event
-    assert P.check_train_cost(None, None, event, SETTINGS, "g")["event"] == accounting.event_to_dict(event)
+    assert P.check_train_cost(None, None, event, SETTINGS,
+                              "g")["event"] == accounting.event_to_dict(event)
     one_pass = P.dnd_train_part(P.RunSettings(**{**SETTINGS.__dict__, "passes": 1}), rdp=True).event
     with pytest.raises(MissingGrantError):
         P.check_train_cost(None, None, one_pass, SETTINGS, "g")
@@ -87,7 +88,8 @@ def test_every_unit_sends_exactly_passes_updates_and_the_budget_refuses_more():
 
 def test_the_average_learns_a_separable_rule():
     x, y, units = _data(n_units=300, per_unit=4, seed=1)
-    s = P.RunSettings("logistic", 2, k=5, gamma=1.0, l1_norm_clip=1.0, epsilon=20.0, passes=3, n_c=4)
+    s = P.RunSettings("logistic", 2, k=5, gamma=1.0, l1_norm_clip=1.0, epsilon=20.0,
+                      passes=3, n_c=4)
     budget = RunBudget(_grant(60.0), s.client, 3, 3)
     result = P.run_protocol(s, P.bounds_of(FEATURES).normalize(x), y, units, budget)
     xt, yt, _ = _data(n_units=100, seed=2)
@@ -157,7 +159,8 @@ def test_component_spec_and_bad_input():
     ok = dict(settings=SETTINGS, features=FEATURES, client_key="user", label_key="label")
     t = DnDTrainer(**ch, **ok)
     assert t.exec_properties["passes"] == 2 and t.exec_properties["n_c"] == 3
-    assert json.loads(t.exec_properties["features"])[1] == {"key": "x1", "lower": 0.0, "upper": 10.0,
+    assert json.loads(t.exec_properties["features"])[1] == {"key": "x1",
+                                                            "lower": 0.0, "upper": 10.0,
                                                             "dtype": "int"}
     assert set(t.outputs) == {"model"} and set(t.inputs) == {"examples", "grant"}
     for bad in (dict(features=FEATURES[:1]), dict(client_key=""), dict(label_key=""),
@@ -177,15 +180,18 @@ def test_executor_trains_and_exports_a_serving_model(tmp_path):
     uri = outputs["model"][0].uri
     report = json.load(open(os.path.join(uri, "privacy_report.json")))
     assert report["charged"] == {"epsilon": 16.0, "delta": 0.0}
-    assert report["epsilon_per_update"] == 8.0 and report["passes"] == 2 and report["unit"] == "model"
-    assert report["updates"] == 120 and report["updates_accepted"] + report["updates_rejected"] == 120
+    assert report["epsilon_per_update"] == 8.0 and report["passes"] == 2 and report[
+        "unit"] == "model"
+    assert report["updates"] == 120 and report["updates_accepted"] + report[
+        "updates_rejected"] == 120
     assert report["noise_scale"] == pytest.approx(2 * 0.5 * 1.0 / 8.0)
     assert not {"instances", "slots", "draws", "weights"} & set(report)
     served = ServingModel(os.path.join(uri, "Format-Serving"), signature_name="serving_default",
                           prediction_key=None)
     rows = [{"x0": 9.0, "x1": 1}, {"x0": 1.0, "x1": 9}, {"x0": 40.0, "x1": -3}, {"x1": 2}]
     p = served.predict(tf.constant([make_example(r).SerializeToString() for r in rows]))
-    w = np.asarray(json.load(open(os.path.join(uri, "Format-Serving", "dnd_model.json")))["weights"])
+    w = np.asarray(
+        json.load(open(os.path.join(uri, "Format-Serving", "dnd_model.json")))["weights"])
     # same as the numpy GLM on the public-bound map (clipped; missing x0 -> its midpoint 5)
     raw = np.array([[9.0, 1], [1.0, 9], [40.0, -3], [5.0, 2]])
     expect = SETTINGS.spec.predict(w, P.bounds_of(FEATURES).normalize(raw))

@@ -84,12 +84,14 @@ def sage_preprocessing_fn(inputs, epsilon, env):
     out = {
         "sum": per_instance(A.dp_sum(x, LOWER, UPPER, shares[0], noise=SeededNoise(1))),
         "mean": per_instance(A.dp_mean(x, LOWER, UPPER, shares[1], noise=SeededNoise(2))),
-        "group_count": per_instance(A.dp_group_by_count(k, KEY_DOMAIN, shares[2], noise=SeededNoise(3))),
+        "group_count": per_instance(
+            A.dp_group_by_count(k, KEY_DOMAIN, shares[2], noise=SeededNoise(3))),
         "group_sum": per_instance(A.dp_group_by_sum(h, x, INT_DOMAIN, LOWER, UPPER, shares[3],
                                                     noise=SeededNoise(4))),
         "group_mean_per_key": per_instance(A.dp_group_by_mean_per_key(
             k, x, KEY_DOMAIN, LOWER, UPPER, shares[4], noise=SeededNoise(5))),
-        "hour_mean": A.dp_group_by_mean(h, x, INT_DOMAIN, LOWER, UPPER, shares[5], noise=SeededNoise(6)),
+        "hour_mean": A.dp_group_by_mean(h, x, INT_DOMAIN, LOWER, UPPER, shares[5],
+                                        noise=SeededNoise(6)),
         "histogram": per_instance(A.dp_histogram(x, BIN_EDGES, shares[6], noise=SeededNoise(7))),
         "x_01": A.dp_scale_to_0_1(x, LOWER, UPPER, shares[7], num_bins=20, noise=SeededNoise(8)),
         "quantiles": per_instance(A.dp_quantiles(x, [0.25, 0.5, 0.75], LOWER, UPPER, shares[8],
@@ -137,13 +139,15 @@ def test_each_analyzer_matches_seeded_numpy_release(run):
     expected = {
         "sum": reference(queries.SumQuery(LOWER, UPPER, shares[0]), x, seed=1),
         "mean": reference(queries.MeanQuery(LOWER, UPPER, shares[1]), x, seed=2),
-        "group_count": reference(queries.GroupByCountQuery(tuple(KEY_DOMAIN), shares[2]), k, seed=3),
+        "group_count": reference(
+            queries.GroupByCountQuery(tuple(KEY_DOMAIN), shares[2]), k, seed=3),
         "group_sum": reference(queries.GroupBySumQuery(tuple(INT_DOMAIN), LOWER, UPPER, shares[3]),
                                h, x, seed=4),
         "group_mean_per_key": reference(
             queries.GroupByMeanQuery(tuple(KEY_DOMAIN), LOWER, UPPER, shares[4]), k, x, seed=5),
         "histogram": reference(histograms.HistogramQuery(tuple(BIN_EDGES), shares[6]), x, seed=7),
-        "quantiles": reference(histograms.QuantilesQuery((0.25, 0.5, 0.75), LOWER, UPPER, shares[8], 20),
+        "quantiles": reference(
+            histograms.QuantilesQuery((0.25, 0.5, 0.75), LOWER, UPPER, shares[8], 20),
                                x, seed=9),
     }
     for seed, share in zip(COUNT_SEEDS, shares[9:]):
@@ -340,7 +344,8 @@ def test_group_by_mean_out_of_domain_default_and_sparse_inputs(env):
         return {"m": A.dp_group_by_mean(inputs["k"], inputs["x"], ["a", "b"], 0.0, 4.0, 1.0,
                                         noise=SeededNoise(0)),
                 "v_count": tf_fill(env, inputs["x"], A.dp_count(v, 1.0, noise=SeededNoise(1))),
-                "v_mean": tf_fill(env, inputs["x"], A.dp_mean(v, 0.0, 10.0, 1.0, noise=SeededNoise(2))),
+                "v_mean": tf_fill(env, inputs["x"],
+                                  A.dp_mean(v, 0.0, 10.0, 1.0, noise=SeededNoise(2))),
                 "v_01": A.dp_scale_to_0_1(v, 0.0, 10.0, 1.0, num_bins=5, noise=SeededNoise(3))}
 
     with env.tft_beam.Context(temp_dir=tempfile.mkdtemp()):

@@ -1,4 +1,5 @@
-"""DPBaggingTrainer end to end: gate -> private blocks + declared-public CSV -> student SavedModel."""
+"""DPBaggingTrainer end to end: gate -> private blocks + declared-public CSV -> student SavedModel.
+"""
 import csv
 import json
 import os
@@ -93,7 +94,8 @@ def test_pipeline_charges_every_block_and_exports_a_serving_student(tmp_path):
         cache_dir=str(tmp_path / "cache")))
     plan = plan_labels(BaggingConfig(k=K, n=N, lam=lam), epsilon=eps, delta=delta, public_size=200)
     with open_ledger(url) as ledger:
-        spent = {b.block_id: (b.epsilon_spent, b.delta_spent, b.charges) for b in ledger.blocks(STREAM)}
+        spent = {
+            b.block_id: (b.epsilon_spent, b.delta_spent, b.charges) for b in ledger.blocks(STREAM)}
         assert ledger.check_consistency(STREAM) == []
     assert spent == {b: (pytest.approx(plan.epsilon), delta, 1) for b in BLOCKS}   # every block
     from ml_metadata.metadata_store import metadata_store
@@ -108,7 +110,8 @@ def test_pipeline_charges_every_block_and_exports_a_serving_student(tmp_path):
     assert model.custom_properties["bagging_queries"].int_value == plan.queries
     # the student serves like a Trainer model: DPModelValidator's loader accepts it
     import tensorflow as tf
-    served = ServingModel(os.path.join(model.uri, "Format-Serving"), signature_name="serving_default",
+    served = ServingModel(os.path.join(model.uri, "Format-Serving"),
+                          signature_name="serving_default",
                           prediction_key=None)
     batch = tf.constant([make_example({"x0": 2.0, "x1": 0.0}).SerializeToString(),
                          make_example({"x0": -2.0, "x1": 0.0}).SerializeToString()])
@@ -125,7 +128,8 @@ def _executor_inputs(tmp_path, block_ledger, granted=True, public_grant_id=None)
     from blockdata import STREAM as EVENTS
     url, _ = block_ledger
     with open_ledger(url) as ledger:
-        d = ledger.request(EVENTS, run_id="bag-1", window=Window(last=2), epsilon=0.5 if granted else 5.0,
+        d = ledger.request(EVENTS, run_id="bag-1", window=Window(last=2),
+                           epsilon=0.5 if granted else 5.0,
                            delta=1e-6)
     grant = artifacts.SageGrant()
     grant.uri = str(tmp_path / "grant")
@@ -141,15 +145,17 @@ def _executor_inputs(tmp_path, block_ledger, granted=True, public_grant_id=None)
         public.set_string_custom_property("grant_id", public_grant_id)
     model = standard_artifacts.Model()
     model.uri = str(tmp_path / "model")
-    return ({"examples": [private], "public_examples": [public], "grant": [grant]}, {"model": [model]})
+    return ({"examples": [private], "public_examples": [public], "grant": [grant]},
+            {"model": [model]})
 
 
 @pytest.mark.parametrize("case", ["denied", "gated_public", "not_declared"])
 def test_executor_refuses_before_reading_any_data(tmp_path, block_ledger, case):
     from sage_tfx.components.dp_bagging_trainer.executor import Executor
     from sage_tfx.errors import InvalidRequestError, MissingGrantError
-    inputs, outputs = _executor_inputs(tmp_path, block_ledger, granted=case != "denied",
-                                       public_grant_id="other-grant" if case == "gated_public" else None)
+    inputs, outputs = _executor_inputs(
+        tmp_path, block_ledger, granted=case != "denied",
+        public_grant_id="other-grant" if case == "gated_public" else None)
     props = {"k": 2, "n": 3, "lam": 0.5, "mode": "fixed_queries", "accountant": "rdp",
              "teacher": "logistic", "label_key": "label", "unit_key": "user",
              "feature_keys": '["x"]', "public_declared": 0 if case == "not_declared" else 1,

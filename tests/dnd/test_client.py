@@ -56,7 +56,8 @@ def test_feature_unit_is_charged_what_it_really_costs():
 def test_run_event_epsilon_equals_basic_cost_per_dp_accounting(unit):
     cfg = ClientConfig(gamma=0.01, l1_norm_clip=1.0, epsilon=0.3, unit=unit)
     dim, passes = 7, 4
-    assert run_epsilon(cfg, dim, passes) == pytest.approx(passes * 0.3 * (dim if unit == "feature" else 1))
+    assert run_epsilon(cfg, dim,
+                       passes) == pytest.approx(passes * 0.3 * (dim if unit == "feature" else 1))
     event = run_event(cfg, dim, passes)
     assert isinstance(event, dp_event_lib.SelfComposedDpEvent)
     # At a very high RDP order the Laplace curve reaches its pure-DP ε: the composed event's ε at

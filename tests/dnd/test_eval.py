@@ -9,7 +9,8 @@ from sage_tfx.dnd.eval import digits, known_weights, phishing
 def test_digits_curves_record_progress_and_server_batching_runs():
     s = digits.Setting(passes=2, points=2)
     data = digits.load()
-    curves = digits.run_all(digits.fig2_k(s, ks=(1,)) + digits.fig2_batching(s, ks=(), batches=(10,)),
+    curves = digits.run_all(
+        digits.fig2_k(s, ks=(1,)) + digits.fig2_batching(s, ks=(), batches=(10,)),
                             s, data)
     k1, batch = curves
     assert k1.updates == 2 * (len(data[1]) // 10) and len(k1.samples) == 2

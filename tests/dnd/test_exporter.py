@@ -1,4 +1,5 @@
-"""DnDExporter: the average of a live Draw-and-Discard server (127.0.0.1) as a serving SavedModel."""
+"""DnDExporter: the average of a live Draw-and-Discard server (127.0.0.1) as a serving SavedModel.
+"""
 import json
 
 import numpy as np
@@ -54,7 +55,8 @@ def test_exporter_pulls_the_released_model_of_a_live_server(tmp_path):
         from tfx.types import standard_artifacts
         from sage_tfx.components.dnd_exporter.component import DnDExporter, Executor
         (tmp_path / "tok").write_text(p.pipeline + "\n")
-        component = DnDExporter(server_url=base, features=features, token_file=str(tmp_path / "tok"))
+        component = DnDExporter(server_url=base, features=features,
+                                token_file=str(tmp_path / "tok"))
         digests = []
         for attempt in ("a1", "a2"):
             artifact = standard_artifacts.Model()

@@ -93,10 +93,12 @@ def test_passes_are_the_authenticated_principals(principals):
         r = c.post("/v1/draw", params={"client_id": "bob"}, headers=alice)
         assert r.status_code == 400 and "principal" in r.json()["error"]
         tb = c.post("/v1/draw", headers=bob).json()
-        stolen = c.post(f"/v1/discard/{tb['ticket']}", json={"weights": _honest(tb["weights"]).tolist()},
+        stolen = c.post(f"/v1/discard/{tb['ticket']}",
+                        json={"weights": _honest(tb["weights"]).tolist()},
                         headers=alice)
         assert stolen.status_code == 404
-        assert c.post(f"/v1/discard/{tb['ticket']}", json={"weights": _honest(tb["weights"]).tolist()},
+        assert c.post(f"/v1/discard/{tb['ticket']}",
+                      json={"weights": _honest(tb["weights"]).tolist()},
                       headers=bob).json() == {"accepted": True}
         assert c.post("/v1/draw", headers=bob).status_code == 403     # bob's one pass is used
         assert c.post("/v1/draw", headers=alice).status_code == 200   # alice's is hers
@@ -111,14 +113,16 @@ def test_unauthenticated_and_wrong_role_calls_change_nothing(principals):
         t = c.post("/v1/draw", headers=alice).json()
         state = lambda: (service.store.instance_versions(service.grant_id),  # noqa: E731
                          service.store.passes(service.grant_id),
-                         service.store.outstanding(service.grant_id), service.store.run(service.grant_id))
+                         service.store.outstanding(service.grant_id),
+                         service.store.run(service.grant_id))
         before = state()
         body = {"weights": _honest(t["weights"]).tolist()}
         for headers in ({}, {"authorization": "Bearer nope"}, {"authorization": "Basic x"},
                         bearer(p.auditor)):
             expect = 403 if headers == bearer(p.auditor) else 401
             assert c.post("/v1/draw", headers=headers).status_code == expect
-            assert c.post(f"/v1/discard/{t['ticket']}", json=body, headers=headers).status_code == expect
+            assert c.post(f"/v1/discard/{t['ticket']}", json=body,
+                          headers=headers).status_code == expect
             assert c.post("/v1/release", headers=headers).status_code == expect
             assert c.get("/v1/average", headers=headers).status_code == expect
             assert c.get("/v1/spec", headers=headers).status_code == (200 if expect == 403 else 401)
@@ -157,7 +161,8 @@ def test_abandoned_draws_expire_by_time(principals):
                          json={"weights": _honest(old["weights"]).tolist()}, headers=alice)
         assert expired.status_code == 404
         fresh = c.post("/v1/draw", headers=alice).json()
-        assert c.post(f"/v1/discard/{fresh['ticket']}", json={"weights": _honest(fresh["weights"]).tolist()},
+        assert c.post(f"/v1/discard/{fresh['ticket']}",
+                      json={"weights": _honest(fresh["weights"]).tolist()},
                       headers=alice).json() == {"accepted": True}
         assert c.post("/v1/draw", headers=alice).status_code == 403   # the one pass is used
     assert service.store.passes(service.grant_id) == {"alice": (1, 2)}
@@ -177,7 +182,8 @@ def test_a_ledger_denial_stops_every_client(sqlite_url):
 
 def test_retired_block_clients_are_stopped_by_the_refresh(sqlite_url):
     names = [f"u{i}" for i in range(40)]
-    p = make_ledger(sqlite_url, clients=[n for n in names if SCHEME.block_of(n).block_id == "bucket-2"][:1])
+    p = make_ledger(sqlite_url,
+                    clients=[n for n in names if SCHEME.block_of(n).block_id == "bucket-2"][:1])
     [client] = p.clients
     service = _service(p, passes=5, refresh=True)
     token = bearer(p.client(client))
@@ -190,12 +196,14 @@ def test_retired_block_clients_are_stopped_by_the_refresh(sqlite_url):
             r = c.post("/v1/draw", headers=token)
             if r.status_code == 403:
                 break
-            c.post(f"/v1/discard/{r.json()['ticket']}", json={"weights": _honest(r.json()["weights"]).tolist()},
+            c.post(f"/v1/discard/{r.json()['ticket']}",
+                   json={"weights": _honest(r.json()["weights"]).tolist()},
                    headers=token)
             asyncio.run(asyncio.sleep(0.05))
         assert r.status_code == 403 and "stopped" in r.json()["refused"]
         # an update drawn before the retirement is refused too, and changes nothing
-        late = c.post(f"/v1/discard/{t['ticket']}", json={"weights": _honest(t["weights"]).tolist()},
+        late = c.post(f"/v1/discard/{t['ticket']}",
+                      json={"weights": _honest(t["weights"]).tolist()},
                       headers=token)
         assert late.status_code == 403
 
@@ -247,7 +255,8 @@ def test_the_model_is_released_once(principals):
         first = c.post("/v1/release", headers={"accept": BINARY, **model})
         assert first.status_code == 200 and first.headers["x-dnd-final"] == "true"
         assert first.content == live   # nothing landed in between
-        assert c.post(f"/v1/discard/{t2['ticket']}", json={"weights": _honest(t2["weights"]).tolist()},
+        assert c.post(f"/v1/discard/{t2['ticket']}",
+                      json={"weights": _honest(t2["weights"]).tolist()},
                       headers=alice).status_code == 409
         assert c.post("/v1/draw", headers=bearer(p.client("bob"))).status_code == 409
     again = _service(p)   # a restart: same grant, the recorded release

@@ -59,7 +59,8 @@ def server_process(p, *, passes=1, run_id="r1", extra=(), probe_token=None):
             if proc.poll() is not None:
                 pytest.fail(f"the server exited: {proc.stderr.read()}")
             try:
-                if httpx.get(f"{base}/v1/spec", headers=bearer(token), timeout=2).status_code == 200:
+                if httpx.get(f"{base}/v1/spec", headers=bearer(token),
+                             timeout=2).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
@@ -120,13 +121,15 @@ def test_kill_9_restart_resumes_passes_instances_tickets_and_the_release(sqlite_
     model = bearer(p.pipeline)
     with server_process(p) as (proc, base), httpx.Client(base_url=base, timeout=30) as c:
         t = c.post("/v1/draw", headers=alice).json()
-        assert c.post(f"/v1/discard/{t['ticket']}", json={"weights": _honest(t["weights"], 1).tolist()},
+        assert c.post(f"/v1/discard/{t['ticket']}",
+                      json={"weights": _honest(t["weights"], 1).tolist()},
                       headers=alice).json() == {"accepted": True}
         held = c.post("/v1/draw", headers=bob).json()          # out when the server dies
         rss = _rss_kb(proc.pid)
         assert _huge_body(base, held["ticket"], p.client("bob")) == 413
         assert _rss_kb(proc.pid) - rss < 50 * 1024               # nothing of the body was kept
-        average = c.get("/v1/average", headers={"accept": "application/octet-stream", **model}).content
+        average = c.get("/v1/average",
+                        headers={"accept": "application/octet-stream", **model}).content
         kill_9(proc)
     [gid] = _grant_ids(p)
     before = _stored(p.url, gid)
@@ -138,7 +141,8 @@ def test_kill_9_restart_resumes_passes_instances_tickets_and_the_release(sqlite_
         assert c.get("/v1/average", headers={"accept": "application/octet-stream",
                                              **model}).content == average
         # bob's draw from before the kill is still his, good for one update
-        assert c.post(f"/v1/discard/{held['ticket']}", json={"weights": _honest(held["weights"], 2).tolist()},
+        assert c.post(f"/v1/discard/{held['ticket']}",
+                      json={"weights": _honest(held["weights"], 2).tolist()},
                       headers=bob).status_code == 200
         release = c.post("/v1/release", headers={"accept": "application/octet-stream", **model})
         assert release.status_code == 200 and release.headers["x-dnd-final"] == "true"

@@ -62,7 +62,8 @@ def test_honest_updates_pass_and_malicious_ones_are_caught(digits, unit, epsilon
         "shift every weight by 1 s": lambda u: u + sd,
         "scale the deviation by 3": lambda u: mu + 3 * (u - mu),
         "double the model": lambda u: 2 * u,
-        f"push 10 weights by {push} s": lambda u: u + np.where(np.arange(u.size) < 10, push * sd, 0),
+        f"push 10 weights by {push} s": lambda u: u + np.where(
+            np.arange(u.size) < 10, push * sd, 0),
     }
     for name, attack in attacks.items():
         caught = np.mean([not check(inst, attack(honest())) for _ in range(100)])

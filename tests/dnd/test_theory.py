@@ -1,4 +1,5 @@
-"""§IV figures: reported, never charged. Lemma 3's constant is checked against its own derivation."""
+"""§IV figures: reported, never charged. Lemma 3's constant is checked against its own derivation.
+"""
 import math
 
 import numpy as np

@@ -23,7 +23,8 @@ def test_clopper_pearson_is_scipys_exact_interval():
         assert audit.clopper_pearson(k, n, 0.1) == pytest.approx((ci.low, ci.high), abs=1e-9)
     assert audit.epsilon_lower_bound(500, 1000, 500, 1000) == 0.0
     # P_a = 0.5 vs P_b = 0.05 with 1e5 runs: ε ≥ ln(10) minus a small margin
-    assert 2.2 < audit.epsilon_lower_bound(50_000, 100_000, 5_000, 100_000, alpha=1e-3) < math.log(10)
+    assert 2.2 < audit.epsilon_lower_bound(50_000, 100_000, 5_000, 100_000,
+                                           alpha=1e-3) < math.log(10)
 
 
 def _count_release(sensitivity):

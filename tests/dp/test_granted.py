@@ -27,7 +27,8 @@ def _ledger(tmp_path, *, release=True, run_id="r1"):
     url = f"sqlite:///{tmp_path}/ledger.db"
     ledger = open_ledger(url)
     ledger.create_stream(STREAM, epsilon_g=10.0, delta_g=1e-5)
-    ledger.add_blocks(STREAM, [BlockSpec("b1", f"{tmp_path}/b1"), BlockSpec("b2", f"{tmp_path}/b2")])
+    ledger.add_blocks(STREAM,
+                      [BlockSpec("b1", f"{tmp_path}/b1"), BlockSpec("b2", f"{tmp_path}/b2")])
     d = ledger.request(STREAM, run_id=run_id, blocks=["b1", "b2"], epsilon=1.0, delta=1e-6,
                        release=release)
     assert d.granted

@@ -58,7 +58,8 @@ def test_adassp_is_noisy_for_tiny_epsilon():
                                     noise=SeededNoise(seed)).weights - ols) for seed in range(5)]
     assert min(errors) > 0.2 * np.linalg.norm(ols)
     # Large-ε run on the same data is far closer.
-    big = adassp(x, y, epsilon=50.0, delta=1e-6, x_bound=1.0, y_bound=1.0, accountant="rdp", noise=SeededNoise(0))
+    big = adassp(x, y, epsilon=50.0, delta=1e-6, x_bound=1.0, y_bound=1.0, accountant="rdp",
+                 noise=SeededNoise(0))
     assert np.linalg.norm(big.weights - ols) < min(errors) / 3
 
 
@@ -68,7 +69,9 @@ def test_adassp_empirical_noise_matches_formula():
     xtx, xty = x.T @ x, x.T @ y
     lambda_min = np.linalg.eigvalsh(xtx)[0]
     sigma = adassp_lib.adassp_noise_multiplier(eps, delta)
-    runs = [adassp(x, y, epsilon=eps, delta=delta, x_bound=x_bound, y_bound=y_bound, noise=SeededNoise(seed))
+    runs = [
+        adassp(x, y, epsilon=eps, delta=delta, x_bound=x_bound, y_bound=y_bound,
+               noise=SeededNoise(seed))
             for seed in range(400)]
     d_xtx = np.stack([r.noisy_xtx - xtx for r in runs])
     d_xty = np.stack([r.noisy_xty - xty for r in runs])
@@ -170,7 +173,8 @@ def test_logistic_accuracy_approaches_non_private_for_large_n():
     y_signed = np.where(y == 1, 1.0, -1.0)
     nonprivate = logistic_lib.fit_logistic(x, y_signed, 1e-3)
     acc_nonprivate = np.mean((x @ nonprivate >= 0) == (y == 1))
-    result = dp_logistic_regression(x, y, epsilon=1.0, delta=1e-6, l2_reg=1e-3, noise=SeededNoise(0))
+    result = dp_logistic_regression(x, y, epsilon=1.0, delta=1e-6, l2_reg=1e-3,
+                                    noise=SeededNoise(0))
     acc = np.mean(result.predict(x) == y)
     assert acc_nonprivate > 0.85
     assert acc > acc_nonprivate - 0.01
@@ -180,7 +184,8 @@ def test_logistic_is_noisy_for_small_n_and_epsilon():
     x, y = _classification_data(500, 5)
     y_signed = np.where(y == 1, 1.0, -1.0)
     nonprivate = logistic_lib.fit_logistic(x, y_signed, 1e-2)
-    result = dp_logistic_regression(x, y, epsilon=0.1, delta=1e-6, l2_reg=1e-2, noise=SeededNoise(0))
+    result = dp_logistic_regression(x, y, epsilon=0.1, delta=1e-6, l2_reg=1e-2,
+                                    noise=SeededNoise(0))
     assert np.linalg.norm(result.weights - nonprivate) > np.linalg.norm(nonprivate)
 
 
@@ -190,7 +195,8 @@ def test_logistic_empirical_noise_matches_formula():
     theta = logistic_lib.fit_logistic(x, np.where(y == 1, 1.0, -1.0), l2_reg)
     sigma = logistic_lib.logistic_noise_multiplier(eps, delta)
     noise = np.stack([
-        dp_logistic_regression(x, y, epsilon=eps, delta=delta, l2_reg=l2_reg, noise=SeededNoise(seed)).weights
+        dp_logistic_regression(x, y, epsilon=eps, delta=delta, l2_reg=l2_reg,
+                               noise=SeededNoise(seed)).weights
         - theta for seed in range(300)])
     expected = sigma * (2 / (2_000 * l2_reg) + 2 * logistic_lib.DEFAULT_GRAD_TOL / l2_reg)
     assert np.std(noise) == pytest.approx(expected, rel=0.1)
@@ -221,7 +227,8 @@ def test_logistic_sensitivity_bound_holds_on_neighbours():
 def test_logistic_result_fields_and_labels():
     x, y = _classification_data(1_000, 3)
     signed = np.where(y == 1, 1, -1)
-    result = dp_logistic_regression(x * 3, signed, epsilon=1.0, delta=1e-6, l2_reg=0.01, noise=SeededNoise(0))
+    result = dp_logistic_regression(x * 3, signed, epsilon=1.0, delta=1e-6, l2_reg=0.01,
+                                    noise=SeededNoise(0))
     assert result.labels == (-1.0, 1.0)
     assert set(np.unique(result.predict(x))) <= {-1.0, 1.0}
     assert result.event == dp_accounting.GaussianDpEvent(result.noise_multiplier)

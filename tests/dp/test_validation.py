@@ -78,7 +78,8 @@ def test_result_reports_only_dp_quantities():
 def test_bernstein_matches_list2_for_b_equal_1():
     loss, n, eta = np.array([0.0, 0.05, 0.3, 0.9]), np.array([10, 100, 1000, 50]), 0.01
     paper = loss + np.sqrt(2 * 1.0 * loss * np.log(1 / eta) / n) + 4 * np.log(1 / eta) / n
-    np.testing.assert_allclose(sla_bounds.bernstein_upper_bound(loss, n, eta, 1.0), paper, rtol=1e-15)
+    np.testing.assert_allclose(sla_bounds.bernstein_upper_bound(loss, n, eta, 1.0),
+                               paper, rtol=1e-15)
 
 
 def test_bernstein_keeps_b_in_last_term():
@@ -115,7 +116,9 @@ def test_bernstein_bounds_monotone_and_ordered():
 def test_laplace_correction_is_the_list2_expression():
     eps, eta, big_b = 0.3, 0.05, 2.5
     # List. 2 lines 13-14 and 17-18 (η is the test's, the tail is η/3).
-    assert sla_bounds.laplace_upper_tail(2 / eps, eta / 3) == pytest.approx(2 * math.log(3 / (2 * eta)) / eps)
+    assert sla_bounds.laplace_upper_tail(2 / eps,
+                                         eta / 3) == pytest.approx(
+                                             2 * math.log(3 / (2 * eta)) / eps)
     assert sla_bounds.laplace_upper_tail(2 * big_b / eps, eta / 3) == pytest.approx(
         2 * big_b * math.log(3 / (2 * eta)) / eps)
 
@@ -142,7 +145,8 @@ def test_noise_scales_of_dp_count_and_loss_sum():
     losses = big_b * _beta_losses(_rng(), 0.3, 500)
     validator = v.LossValidator(target=1.0, loss_bound=big_b, eta=0.05)
     rng = _rng(11)
-    results = [validator.validate(losses, epsilon=eps, noise=SeededNoise(rng=rng)) for _ in range(2000)]
+    results = [
+        validator.validate(losses, epsilon=eps, noise=SeededNoise(rng=rng)) for _ in range(2000)]
     count_noise = np.array([r.n_test_dp for r in results]) - losses.size
     sum_noise = np.array([r.details["dp_loss_sum"] for r in results]) - losses.sum()
     for noise, scale in ((count_noise, 2 / eps), (sum_noise, 2 * big_b / eps)):
@@ -158,7 +162,8 @@ def test_validate_reports_the_public_bounds_and_eta_split():
     validator = v.LossValidator(target=0.5, loss_bound=big_b, eta=eta)
     rng = _rng(5)
     for _ in range(50):
-        result = validator.validate(big_b * _beta_losses(rng, 0.25, 300), epsilon=eps, noise=SeededNoise(rng=rng))
+        result = validator.validate(big_b * _beta_losses(rng, 0.25, 300), epsilon=eps,
+                                    noise=SeededNoise(rng=rng))
         s, n = result.details["dp_loss_sum"], result.n_test_dp
         # List. 2 line 3: ACCEPT (and REJECT) get (1 - conf)/2 = η/2.
         up = sla_bounds.sage_loss_upper_bound(s, n, epsilon=eps, eta=eta / 2, loss_bound=big_b)
@@ -192,8 +197,10 @@ def _violation_rates(total_loss_sums: np.ndarray, n: int, eps: float, eta: float
     s_dp = total_loss_sums + rng.laplace(0, 2 / eps, trials)
     accepts = {
         v.NO_SLA: np.where(n_dp > 0, s_dp / n_dp, np.inf) <= target,
-        v.NP_SLA: sla_bounds.np_loss_upper_bound(total_loss_sums, n, eta=eta / 2, loss_bound=1.0) <= target,
-        v.UC_DP_SLA: sla_bounds.uc_dp_loss_upper_bound(s_dp, n_dp, eta=eta / 2, loss_bound=1.0) <= target,
+        v.NP_SLA: sla_bounds.np_loss_upper_bound(total_loss_sums, n, eta=eta / 2,
+                                                 loss_bound=1.0) <= target,
+        v.UC_DP_SLA: sla_bounds.uc_dp_loss_upper_bound(s_dp, n_dp, eta=eta / 2,
+                                                       loss_bound=1.0) <= target,
         v.SAGE_SLA: sla_bounds.sage_loss_upper_bound(s_dp, n_dp, epsilon=eps, eta=eta / 2,
                                             loss_bound=1.0)["upper_bound"] <= target,
     }
@@ -242,7 +249,8 @@ def test_reject_violation_rate():
 
 def test_loss_accept_when_well_below_target():
     validator = v.LossValidator(target=0.2, loss_bound=1.0, eta=0.05, metric_name="mse")
-    result = validator.validate(_beta_losses(_rng(), 0.1, 20_000), epsilon=0.5, noise=SeededNoise(rng=_rng(1)))
+    result = validator.validate(_beta_losses(_rng(), 0.1, 20_000), epsilon=0.5,
+                                noise=SeededNoise(rng=_rng(1)))
     assert result.outcome is v.Outcome.ACCEPT
     assert result.lower_bound <= 0.1 <= result.upper_bound <= 0.2
     assert result.metric_name == "mse" and result.epsilon == 0.5 and result.delta == 0.0
@@ -285,7 +293,9 @@ def test_more_data_or_budget_moves_retry_to_accept():
     """Privacy-adaptive training (§3.3): doubling n or ε eventually ACCEPTs a good model."""
     validator = v.LossValidator(target=0.12, loss_bound=1.0, eta=0.05)
     rng = _rng(4)
-    outcomes = [validator.validate(_beta_losses(rng, 0.08, n), epsilon=0.1, noise=SeededNoise(rng=rng)).outcome
+    outcomes = [
+        validator.validate(_beta_losses(rng, 0.08, n), epsilon=0.1,
+                           noise=SeededNoise(rng=rng)).outcome
                 for n in (500, 1000, 2000, 4000, 8000, 16_000, 32_000)]
     assert outcomes[0] is v.Outcome.RETRY and outcomes[-1] is v.Outcome.ACCEPT
 
@@ -305,7 +315,8 @@ def test_accuracy_accept_reject_retry():
 
 def test_accuracy_is_the_loss_validator_on_the_error():
     correct = _rng(1).random(5000) < 0.85
-    acc = v.AccuracyValidator(target=0.8, eta=0.05).validate(correct, epsilon=0.3, noise=SeededNoise(rng=_rng(2)))
+    acc = v.AccuracyValidator(target=0.8, eta=0.05).validate(correct, epsilon=0.3,
+                                                             noise=SeededNoise(rng=_rng(2)))
     loss = v.LossValidator(target=0.2, loss_bound=1.0, eta=0.05).validate(
         1.0 - correct, epsilon=0.3, noise=SeededNoise(rng=_rng(2)))
     assert acc.dp_estimate == pytest.approx(1 - loss.dp_estimate)
@@ -354,7 +365,8 @@ def test_sum_statistic_error_bound_covers():
 
 def test_sum_statistic_validate_release_is_post_processing():
     validator = v.SumStatisticValidator(target=0.05, value_bound=2.0, eta=0.05)
-    released = validator.validate(2 * _rng().random(5000), epsilon=1.0, noise=SeededNoise(rng=_rng(1)))
+    released = validator.validate(2 * _rng().random(5000), epsilon=1.0,
+                                  noise=SeededNoise(rng=_rng(1)))
     again = validator.validate_release(dp_sum=released.details["dp_sum"],
                                        dp_count=released.n_test_dp, epsilon=1.0)
     assert again == released
@@ -413,7 +425,8 @@ def test_epsilon_is_not_clamped():
 @pytest.mark.parametrize("metric,target", [("loss", 0.3), ("accuracy", 0.6)])
 def test_tab2_validators(metric, target):
     validators = sla_baselines.tab2_validators(metric=metric, target=target, eta=0.05)
-    assert tuple(validators) == sla_baselines.TAB2_SLAS == ("No SLA", "NP SLA", "UC DP SLA", "Sage SLA")
+    assert tuple(validators) == sla_baselines.TAB2_SLAS == ("No SLA", "NP SLA",
+                                                            "UC DP SLA", "Sage SLA")
     rng = _rng(21)
     values = (rng.random(50_000) < 0.8).astype(float) if metric == "accuracy" else \
         _beta_losses(rng, 0.2, 50_000)
@@ -423,13 +436,15 @@ def test_tab2_validators(metric, target):
         assert result.outcome is v.Outcome.ACCEPT, name
     thin = values[:50]
     for name in (v.NP_SLA, v.UC_DP_SLA, v.SAGE_SLA):
-        assert validators[name].validate(thin, epsilon=1.0, noise=SeededNoise(rng=_rng(1))).outcome \
+        assert validators[name].validate(thin, epsilon=1.0,
+                                         noise=SeededNoise(rng=_rng(1))).outcome \
             is not v.Outcome.ACCEPT
 
 
 def test_no_sla_uses_the_uncorrected_dp_metric():
     validator = sla_baselines.NoSlaValidator(target=0.1, loss_bound=1.0, eta=0.05)
-    result = validator.validate(_beta_losses(_rng(), 0.09, 300), epsilon=1.0, noise=SeededNoise(rng=_rng(1)))
+    result = validator.validate(_beta_losses(_rng(), 0.09, 300), epsilon=1.0,
+                                noise=SeededNoise(rng=_rng(1)))
     assert result.upper_bound == result.dp_estimate
     assert result.outcome is (v.Outcome.ACCEPT if result.dp_estimate <= 0.1 else v.Outcome.RETRY)
 
@@ -500,7 +515,8 @@ def test_values_must_be_one_dimensional(values):
         v.LossValidator(target=0.1, loss_bound=1.0, eta=0.05).validate(
             values, epsilon=1.0, noise=SeededNoise(rng=_rng()))
     with pytest.raises(ValueError):
-        v.AccuracyValidator(target=0.9, eta=0.05).validate(values, epsilon=1.0, noise=SeededNoise(rng=_rng()))
+        v.AccuracyValidator(target=0.9, eta=0.05).validate(values, epsilon=1.0,
+                                                           noise=SeededNoise(rng=_rng()))
 
 
 @pytest.mark.parametrize("noise", [0, np.random.default_rng(0), np.random.RandomState(0)])
@@ -547,7 +563,8 @@ def test_laplace_sum_tail_fails_with_probability_eta(k):
 
 def test_laplace_sum_tail_vectorized_and_rejects_bad_input():
     got = sla_bounds.laplace_sum_upper_tail(np.array([1.0, 2.0, 2.0]), np.array([1, 4, 4]), 0.01)
-    assert got[1] == got[2] == pytest.approx(2 * float(sla_bounds.laplace_sum_upper_tail(1.0, 4, 0.01)))
+    assert got[1] == got[2] == pytest.approx(
+        2 * float(sla_bounds.laplace_sum_upper_tail(1.0, 4, 0.01)))
     assert np.all(np.diff([float(sla_bounds.laplace_sum_upper_tail(1.0, k, 0.01))
                            for k in (1, 2, 4, 8, 64)]) > 0)
     for bad_k in (0, 2.5, -1):
@@ -566,10 +583,12 @@ def test_sage_bound_for_per_block_releases_needs_the_k_correction():
     n_dp = n + rng.laplace(0, 2 / eps, (trials, k)).sum(axis=1)
     sum_dp = true_sum + rng.laplace(0, 2 / eps, (trials, k)).sum(axis=1)
     tol = 5 * math.sqrt((eta / 3) * (1 - eta / 3) / trials)
-    good = sla_bounds.sage_loss_upper_bound(sum_dp, n_dp, epsilon=eps, eta=eta, loss_bound=1.0, blocks=k)
+    good = sla_bounds.sage_loss_upper_bound(sum_dp, n_dp, epsilon=eps, eta=eta,
+                                            loss_bound=1.0, blocks=k)
     assert np.mean(good["n_test_dp_min"] > n) == pytest.approx(eta / 3, abs=tol)
     assert np.mean(good["corrected_dp_loss_sum"] < true_sum) == pytest.approx(eta / 3, abs=tol)
     naive = sla_bounds.sage_loss_upper_bound(sum_dp, n_dp, epsilon=eps, eta=eta, loss_bound=1.0)
     assert np.mean(naive["corrected_dp_loss_sum"] < true_sum) > 5 * eta / 3
-    same = sla_bounds.sage_loss_upper_bound(sum_dp, n_dp, epsilon=eps, eta=eta, loss_bound=1.0, blocks=1)
+    same = sla_bounds.sage_loss_upper_bound(sum_dp, n_dp, epsilon=eps, eta=eta,
+                                            loss_bound=1.0, blocks=1)
     np.testing.assert_array_equal(same["upper_bound"], naive["upper_bound"])

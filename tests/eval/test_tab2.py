@@ -49,7 +49,8 @@ def test_adassp_from_moments_is_adassp():
     y = rng.uniform(size=500)
     x_bound = math.sqrt(4)
     for eps in (0.25, 1.0):
-        ref = adassp(x, y, epsilon=eps, delta=1e-6, x_bound=x_bound, y_bound=1.0, noise=SeededNoise(7))
+        ref = adassp(x, y, epsilon=eps, delta=1e-6, x_bound=x_bound, y_bound=1.0,
+                     noise=SeededNoise(7))
         ours = fl.adassp_from_moments(
             x.T @ x, x.T @ y, noise_multiplier=adassp_noise_multiplier(eps, 1e-6), delta=1e-6,
             x_bound=x_bound, y_bound=1.0, rho=0.1, gen=np.random.default_rng(7))
@@ -78,7 +79,8 @@ def test_vectorized_decisions_match_validator_classes(task, eta):
         noise = np.random.default_rng(seed)
         n_dp = n + noise.laplace(0.0, 2.0 / eps)
         sum_dp = losses.sum() + noise.laplace(0.0, 2.0 / eps)
-        for sla, validator in sla_baselines.tab2_validators(metric=metric, target=target, eta=eta).items():
+        for sla, validator in sla_baselines.tab2_validators(metric=metric, target=target,
+                                                            eta=eta).items():
             result = validator.validate(values, epsilon=eps, noise=SeededNoise(seed))
             upper = t2.loss_upper_bound(sla, loss_sum=losses.sum(), n_test=n, n_dp=n_dp,
                                         sum_dp=sum_dp, epsilon=eps, eta=eta)

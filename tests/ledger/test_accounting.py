@@ -157,7 +157,8 @@ def test_rdp_epsilon_uses_dp_accounting_conversion():
     curve = accounting.rdp_curve(event, ORDERS)
     accountant = rdp_lib.RdpAccountant(list(ORDERS))
     accountant.compose(event)
-    assert accounting.rdp_epsilon(curve, ORDERS, 1e-6) == pytest.approx(accountant.get_epsilon(1e-6))
+    assert accounting.rdp_epsilon(curve, ORDERS,
+                                  1e-6) == pytest.approx(accountant.get_epsilon(1e-6))
     assert accounting.rdp_epsilon([0.0] * len(ORDERS), ORDERS, 1e-6) == 0.0
 
 

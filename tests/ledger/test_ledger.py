@@ -122,7 +122,8 @@ def test_operator_retirement(ledger):
 
 BAD_COSTS = [
     dict(epsilon=-0.1), dict(epsilon=0.0), dict(epsilon=float("nan")), dict(epsilon=float("inf")),
-    dict(epsilon=0.1, delta=1.0), dict(epsilon=0.1, delta=-1e-9), dict(epsilon=0.1, delta=float("nan")),
+    dict(epsilon=0.1, delta=1.0), dict(epsilon=0.1, delta=-1e-9),
+    dict(epsilon=0.1, delta=float("nan")),
     dict(epsilon="0.1"), dict(delta=1e-6),
 ]
 

@@ -44,7 +44,8 @@ def _check_invariants(url, stream, results):
         led.close()
 
 
-@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.mark.parametrize("backend",
+                         ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def test_sixteen_writers_overlapping_requests(backend, tmp_path, request):
     url = (f"sqlite:///{tmp_path}/ledger.db" if backend == "sqlite"
            else request.getfixturevalue("postgres_url"))
@@ -65,7 +66,8 @@ def test_sixteen_writers_overlapping_requests(backend, tmp_path, request):
     assert sum(b.epsilon_spent == 1.0 for b in led.blocks("s")) >= 2
 
 
-@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.mark.parametrize("backend",
+                         ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def test_writer_killed_inside_the_transaction_leaves_no_partial_charge(backend, tmp_path, request):
     url = (f"sqlite:///{tmp_path}/ledger.db" if backend == "sqlite"
            else request.getfixturevalue("postgres_url"))

@@ -1,5 +1,4 @@
 """PostgreSQL faults: sessions terminated mid-request, conflicts retried, never a lost grant."""
-import os
 import random
 import threading
 import time

@@ -17,7 +17,6 @@ missing Secret or key fails the task, as Kubernetes refuses to start such a cont
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -162,7 +161,8 @@ def run_job(path: str, *, env: Dict[str, str] = None, job_uuid: str = None,
         log = os.path.join(log_dir or task_root, f"{name}.log")
         os.makedirs(os.path.dirname(log), exist_ok=True)
         with open(log, "w") as f:
-            subprocess.run(argv, env=dict(run_env, **from_secrets.get(component.executor_label, {})),
+            subprocess.run(argv,
+                           env=dict(run_env, **from_secrets.get(component.executor_label, {})),
                            stdout=f, stderr=subprocess.STDOUT, check=True)
         executor_output = pb.ExecutorOutput()
         with open(executor_input.outputs.output_file) as f:

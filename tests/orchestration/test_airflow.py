@@ -120,7 +120,7 @@ def test_parallel_dag_runs_share_one_postgres_ledger(postgres_url, airflow_home,
         assert compile_lib.main([
             "--target", "airflow", "gate-stats", "--pipeline-name", config["pipeline_name"],
             "--pipeline-root", config["pipeline_root"], "--metadata-path",
-            config["metadata_path"], "--ledger-url", postgres_url, "--stream", STREAM,
+            config["metadata_path"], "--ledger", postgres_url, "--stream", STREAM,
             "--window-last", "2", "--epsilon", "1", "--output-dir", str(tmp_path / "dags"),
             *[f"--beam-arg={f}" for f in BEAM_ARGS.split()]]) == 0
         dag_source = tmp_path / "dags" / f"gate_stats_{name}_dag.py"

@@ -50,15 +50,15 @@ def test_compile_refuses_a_password_and_maps_kubernetes_secrets(tmp_path, capsys
 
     monkeypatch.delenv("SAGE_LEDGER_URL", raising=False)
     for target in ("kubeflow", "airflow"):
-        assert _compile(tmp_path, target, "--ledger-url", DSN) == 2
+        assert _compile(tmp_path, target, "--ledger", DSN) == 2
         err = capsys.readouterr().err
         assert "carries a password" in err and "env:SAGE_LEDGER_URL" in err
         assert PASSWORD not in err and ("--ledger-secret" in err) == (target == "kubeflow")
     assert not (tmp_path / "out").exists()  # nothing written
     for bad, message in ((["--ledger-secret", "Bad_Name:url"], "NAME:KEY"),
                          (["--ledger-secret", "sage-ledger"], "NAME:KEY"),
-                         (["--ledger-secret", "sage-ledger:url", "--ledger-url",
-                           "postgresql://etl@db/ledger"], "leave out --ledger-url")):
+                         (["--ledger-secret", "sage-ledger:url", "--ledger",
+                           "postgresql://etl@db/ledger"], "leave out --ledger")):
         assert _compile(tmp_path, "kubeflow", *bad) == 2
         assert message in capsys.readouterr().err
     assert _compile(tmp_path, "airflow", "--ledger-secret", "sage-ledger:url") == 2

@@ -141,7 +141,7 @@ def test_checked_in_schema_describes_the_block_records(tmp_path):
     gives it (int64 / float / bytes), and marks as optional exactly the columns with gaps."""
     from tensorflow_metadata.proto.v0 import schema_pb2
     from google.protobuf import text_format
-    from sage_tfx.streams import datasets, records, splitter
+    from sage_tfx.streams import datasets, records
 
     schema = text_format.Parse(open(fp.SCHEMA_PATH).read(), schema_pb2.Schema())
     types = {f.name: schema_pb2.FeatureType.Name(f.type) for f in schema.feature}

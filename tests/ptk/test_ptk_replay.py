@@ -3,7 +3,6 @@ process, another store directory, a server restart, two concurrent processes —
 charge and one release per output, the replay byte for byte what was first released, no noise
 drawn again, and the ledger consistent."""
 import json
-import multiprocessing as mp
 
 import pytest
 from fastapi.testclient import TestClient

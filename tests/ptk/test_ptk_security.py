@@ -323,5 +323,6 @@ def test_kek_rotation_rewraps_open_window_keys(make_store, tmp_path, monkeypatch
     got = store.windows.files.read_block(0, block, info["files"][0])
     assert len(next(iter(got.values()))) == info["blocks"][0][2]
     with pytest.raises(Exception, match="does not open"):
-        keys.DataKey.unwrap(kek, old_wrapped.encode(), keys.aad_for("ptk", store.windows.files.stream,
+        keys.DataKey.unwrap(kek, old_wrapped.encode(),
+                            keys.aad_for("ptk", store.windows.files.stream,
                                                                     "w000000"))

@@ -130,7 +130,7 @@ def test_plan_command_prints_the_plan(make_store, capsys):
     store.advance_window(window(10000, 0), user_key="user")
     pid = store.register_ptk(HS, config=HS_CONFIG, tau=0.2,
                              menu=[(0.5, 1234)])
-    assert main(["plan", "--url", store.url]) == 0
+    assert main(["plan", "--ledger", store.url]) == 0
     out = capsys.readouterr().out
     assert "K = 1" in out and "1,234" in out and pid in out
 
@@ -142,7 +142,7 @@ def test_sage_tfx_ptk_plan_is_the_same_command(make_store, capsys):
     store.advance_window(window(10000, 0), user_key="user")
     pid = store.register_ptk(HS, config=HS_CONFIG, tau=0.2,
                              menu=[(0.5, 1234)])
-    assert cli.main(["ptk", "plan", "--url", store.url]) == 0
+    assert cli.main(["ptk", "plan", "--ledger", store.url]) == 0
     out = capsys.readouterr().out
     assert "K = 1" in out and pid in out
 
@@ -157,7 +157,7 @@ def test_serve_binds_loopback_and_prints_the_token_file(tmp_path):
 
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sage_tfx.cli", "ptk", "serve", "--url",
+        [sys.executable, "-m", "sage_tfx.cli", "ptk", "serve", "--ledger",
          f"sqlite:///{tmp_path}/ledger.db", "--data-root", str(tmp_path / "data"), "--port",
          str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

@@ -9,7 +9,7 @@ from sage_tfx.ptk import (FunctionReferenceError, PerformanceTargetError, Reject
                           SubscriberError, UnaccountableEventError, UnknownPTKError)
 from sage_tfx.ptk.allocator import dec
 
-from ptk_data import CV, CV_CONFIG, HS, HS_CONFIG, register_hist, window
+from ptk_data import CV, CV_CONFIG, HS_CONFIG, register_hist, window
 
 
 def snapshot(store):

@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from sage_tfx.streams import blocks
-from sage_tfx.streams.blocks import (BlockKey, HashBucketScheme, MalformedValueError, TimeWindowScheme,
+from sage_tfx.streams.blocks import (BlockKey, HashBucketScheme, MalformedValueError,
+                                     TimeWindowScheme,
                              block_files_glob, block_location, parse_utc_seconds, scheme_from_spec)
 
 UTC = datetime.timezone.utc
@@ -357,7 +358,8 @@ def test_single_bucket_holds_everyone():
     assert {scheme.block_of(i).block_id for i in range(100)} == {"bucket-0"}
 
 
-@pytest.mark.parametrize("block_id", ["bucket-7", "bucket-064", "bucket-64", "bucket-x", "b-07", ""])
+@pytest.mark.parametrize("block_id",
+                         ["bucket-7", "bucket-064", "bucket-64", "bucket-x", "b-07", ""])
 def test_bucket_block_key_rejects_foreign_ids(block_id):
     with pytest.raises(ValueError):
         HashBucketScheme("u", 64, "s").block_key(block_id)

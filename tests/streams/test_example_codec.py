@@ -1,4 +1,5 @@
-"""tf.train.Example serialization without TensorFlow: golden bytes (fast) and TF cross-check (slow)."""
+"""tf.train.Example serialization without TensorFlow: golden bytes (fast) and TF cross-check (slow).
+"""
 
 import math
 import random

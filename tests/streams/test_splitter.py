@@ -234,7 +234,8 @@ def test_place_blocks_refuses_blocks_older_than_the_newest(tmp_path):
         splitter._place_blocks(staging, written, "s", day, root, (), "2013-01-11T00:00:00+00:00")
     assert not os.path.exists(block_location(root, "s", "2013-01-12"))
     # The newest block's end is a valid start (half-open windows); offsets are compared as times.
-    moved = splitter._place_blocks(staging, written, "s", day, root, (), "2013-01-04T19:00:00-05:00")
+    moved = splitter._place_blocks(staging, written, "s", day, root, (),
+                                   "2013-01-04T19:00:00-05:00")
     assert [m.block_id for m in moved] == ["2013-01-05", "2013-01-12"]
 
 
@@ -399,8 +400,8 @@ def test_csv_split_puts_every_record_in_exactly_its_block(tmp_path, boundary_csv
     got = collections.Counter(freeze(r) for records in stored.values() for r in records)
     assert got == collections.Counter(freeze(r) for r in expected)
     # Each record in the block its timestamp names.
-    for block_id, records in stored.items():
-        for r in records:
+    for block_id, block_records in stored.items():
+        for r in block_records:
             assert scheme.block_of(r["t"]).block_id == block_id
     # Manifests: one per block directory, counts, boundaries, time order.
     assert [b.block_id for b in result.blocks] == sorted(stored)
@@ -546,8 +547,8 @@ def test_hash_bucket_split(tmp_path):
     assert set(stored) <= {f"bucket-{k}" for k in range(8)}
     assert [b.block_id for b in result.blocks] == sorted(stored)
     users_in = collections.defaultdict(set)
-    for block_id, records in stored.items():
-        for r in records:
+    for block_id, block_records in stored.items():
+        for r in block_records:
             assert scheme.block_of(r["user_id"]).block_id == block_id
             users_in[r["user_id"]].add(block_id)
     assert len(users_in) == 60 and all(len(b) == 1 for b in users_in.values())

@@ -66,4 +66,5 @@ def split_dataset(seed: int = 0, data=None) -> Split:
     sd[sd == 0] = 1.0
     scale = lambda A: (A - mu) / sd  # noqa: E731
     priv, test = which == 0, which == 2
-    return Split(scale(X[priv]), y[priv], person[priv], scale(X[pub]), y[pub], scale(X[test]), y[test])
+    return Split(scale(X[priv]), y[priv], person[priv], scale(X[pub]), y[pub],
+                 scale(X[test]), y[test])

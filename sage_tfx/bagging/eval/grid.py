@@ -22,7 +22,8 @@ from sage_tfx.bagging.labelling import noisy_argmax, train_student
 from sage_tfx.bagging.partition import chunk_assignment
 from sage_tfx.bagging.teachers import train_teachers, vote_counts
 
-__all__ = ["GridConfig", "run_grid", "paper_answer_count", "metrics", "PAPER_TABLE2", "PAPER_TABLE1"]
+__all__ = ["GridConfig", "run_grid", "paper_answer_count", "metrics",
+           "PAPER_TABLE2", "PAPER_TABLE1"]
 
 # Table 2 of the paper (labels answered), keyed (method, n, k) -> {ε: labels}.
 PAPER_TABLE2 = {
@@ -96,7 +97,8 @@ def run_grid(cfg: GridConfig = GridConfig(), *, log: Optional[Callable[[str], No
         noise = SeededNoise(10_000 + seed)
         npb = LogisticRegression(max_iter=1000).fit(split.X, split.y)
         for eps in cfg.epsilons:
-            rows.append(dict(seed=seed, method="NPB", n=0, k=0, epsilon=eps, delta=0.0, labels=len(split.y),
+            rows.append(
+                dict(seed=seed, method="NPB", n=0, k=0, epsilon=eps, delta=0.0, labels=len(split.y),
                              **metrics(npb, split.X_test, split.y_test)))
         uniq, inverse = np.unique(split.units, return_inverse=True)
         P = len(split.X_public)
@@ -111,20 +113,25 @@ def run_grid(cfg: GridConfig = GridConfig(), *, log: Optional[Callable[[str], No
                 counts = vote_counts(ens, split.X_public)
                 pma = acc.PersonalisedMomentsAccountant(chunks, n=n, lam=lam, delta=cfg.delta,
                                                         max_order=cfg.max_order)
-                running = np.concatenate([pma.trajectory(pred, 2) for _, pred in ens.predict_batches(split.X_public)])
-                log(f"seed {seed} n={n} k={k}: teachers, votes and accountant in {time.time() - t0:.1f}s")
+                running = np.concatenate(
+                    [pma.trajectory(pred, 2) for _, pred in ens.predict_batches(split.X_public)])
+                log(f"seed {seed} n={n} k={k}: teachers, votes and accountant in "
+                    f"{time.time() - t0:.1f}s")
 
                 def emit(method, p, eps, delta, accountant=None, **extra):
                     labels = noisy_argmax(counts[:p], k=k, lam=lam, noise=noise)
                     student = train_student(split.X_public[:p], labels)
                     rows.append(dict(seed=seed, method=method, n=n, k=k, epsilon=eps, delta=delta,
                                      accountant=accountant or "", labels=p,
-                                     label_accuracy=float((labels == split.y_public[:p]).mean()) if p else float("nan"),
+                                     label_accuracy=float(
+                                         (labels == split.y_public[:p]).mean()) if p else float(
+                                             "nan"),
                                      **metrics(student, split.X_test, split.y_test), **extra))
 
                 for eps in cfg.epsilons:
                     for delta in cfg.paper_deltas:
-                        p = paper_answer_count(running, epsilon=eps, delta=delta, lam=lam, max_order=cfg.max_order)
+                        p = paper_answer_count(running, epsilon=eps, delta=delta, lam=lam,
+                                               max_order=cfg.max_order)
                         hat = float(acc.moments_epsilon(running[p - 1], lam=lam, delta=delta,
                                                         max_order=cfg.max_order)) if p else 0.0
                         if k == 1:

@@ -13,7 +13,8 @@ METRICS = ("accuracy", "auroc", "auprc")
 
 
 def aggregate(rows) -> dict:
-    """(method, n, k, ε, δ, accountant) -> mean labels and metrics over seeds (and the seed count)."""
+    """(method, n, k, ε, δ, accountant) -> mean labels and metrics over seeds (and the seed count).
+    """
     groups = defaultdict(list)
     for r in rows:
         key = (r["method"], int(r["n"]), int(r["k"]), float(r["epsilon"]), float(r["delta"]),
@@ -50,9 +51,12 @@ def _lines(agg, epsilons):
         for acct in ("rdp", "pld"):
             for n in ns:
                 for k in ks:
-                    lines.append((f"DPBag fixed_queries {acct.upper()} δ={d:g}", "DPBag-fixed", n, k, d, acct))
+                    lines.append(
+                        (f"DPBag fixed_queries {acct.upper()} δ={d:g}",
+                         "DPBag-fixed", n, k, d, acct))
             for n in ns:
-                lines.append((f"SAA fixed_queries {acct.upper()} δ={d:g}", "SAA-fixed", n, 1, d, acct))
+                lines.append(
+                    (f"SAA fixed_queries {acct.upper()} δ={d:g}", "SAA-fixed", n, 1, d, acct))
     lines.append(("NPB (non-private)", "NPB", 0, 0, 0.0, ""))
     return lines
 
@@ -63,7 +67,8 @@ def _paper_key(method, n, k):
 
 
 def table1_markdown(agg, epsilons) -> str:
-    head = "| model | n | k | " + " | ".join(f"{m} ε={e:g}" for m in METRICS for e in epsilons) + " |"
+    head = "| model | n | k | " + " | ".join(
+        f"{m} ε={e:g}" for m in METRICS for e in epsilons) + " |"
     out = [head, "|" + "---|" * (3 + len(METRICS) * len(epsilons))]
     for label, method, n, k, d, acct in _lines(agg, epsilons):
         vals = []
@@ -73,7 +78,10 @@ def table1_markdown(agg, epsilons) -> str:
                 ours = row[m] if row else None
                 paper = PAPER_TABLE1.get(_paper_key(method, n, k) or ("", 0, 0))
                 pv = paper[mi][list(epsilons).index(e)] if paper and e in (1, 3, 5) else None
-                vals.append(_fmt(ours) + (f" ({_fmt(pv)})" if pv is not None and ("δ=0.001" in label or method == "NPB")
+                vals.append(
+                    _fmt(ours) + (
+                        f" ({_fmt(pv)})" if pv is not None and (
+                            "δ=0.001" in label or method == "NPB")
                                            and "fixed" not in label else ""))
         if any(v != "–" for v in vals):
             out.append(f"| {label} | {n or '–'} | {k or '–'} | " + " | ".join(vals) + " |")
@@ -91,7 +99,9 @@ def table2_markdown(agg, epsilons) -> str:
             row = agg.get((method, n, k, float(e), d, acct))
             paper = PAPER_TABLE2.get((method.replace("-fixed", ""), n, k), {}).get(int(e)) \
                 if method in ("DPBag", "SAA") else None
-            vals.append(("–" if row is None else f"{row['labels']:,.0f}") + (f" ({paper:,})" if paper else ""))
+            vals.append(
+                ("–" if row is None else f"{row['labels']:,.0f}") + (
+                    f" ({paper:,})" if paper else ""))
         if any(v != "–" for v in vals):
             out.append(f"| {label} | {n} | {k} | " + " | ".join(vals) + " |")
     return "\n".join(out)

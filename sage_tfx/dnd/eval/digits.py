@@ -12,7 +12,6 @@ import dataclasses
 import math
 from typing import Optional
 
-import numpy as np
 
 from sage_tfx.dnd.client import ClientConfig
 from sage_tfx.dnd.eval.simulate import Curve, RunConfig, run_curve

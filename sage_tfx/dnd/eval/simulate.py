@@ -3,8 +3,8 @@
 Clients are disjoint groups of N_c training examples; a pass visits every client once in a
 random order; each visit is Alg. 1 on a drawn instance, returned under the chosen strategy. The
 curves record, against the number of examples ingested (the paper's x-axis), the training loss
-and the test accuracy of the averaged model. Noise is seeded (:class:`~sage_tfx.dp.noise.SeededNoise`):
-these are reproducible experiments, not releases.
+and the test accuracy of the averaged model. Noise is seeded
+(:class:`~sage_tfx.dp.noise.SeededNoise`): these are reproducible experiments, not releases.
 """
 from __future__ import annotations
 

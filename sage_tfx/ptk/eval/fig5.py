@@ -112,7 +112,8 @@ def _run_fig5(dataset, source, target_train, target_test, label, kernel, kernel_
               base_features, model_factory, metric, fractions, epsilons, seeds, kernel_name,
               noise_factory) -> list:
     if metric not in LOWER_IS_BETTER:
-        raise InvalidRequestError(f"metric must be one of {sorted(LOWER_IS_BETTER)}, got {metric!r}")
+        raise InvalidRequestError(
+            f"metric must be one of {sorted(LOWER_IS_BETTER)}, got {metric!r}")
     fractions = [float(f) for f in fractions]
     if not fractions or any(not (0 < f <= 1) for f in fractions):
         raise InvalidRequestError(f"fractions must lie in (0, 1], got {fractions!r}")
@@ -231,7 +232,8 @@ def run_and_write(dataset: str, task: dict, kernels: Mapping[str, tuple], *, out
     """Runs :func:`run_fig5` for each ``{name: (kernel, config)}`` on ``task`` (a dict with
     ``source``, ``target_train``, ``target_test``, ``label``, ``base_features``; see
     :mod:`sage_tfx.ptk.eval.fig5_data`), and writes ``<stem>.csv`` (all rows),
-    ``<stem>_summary.csv``, ``<stem>_headline.csv`` (:func:`headline`) and ``<stem>.png`` under ``out_dir``. ``kw`` go to :func:`run_fig5`."""
+    ``<stem>_summary.csv``, ``<stem>_headline.csv`` (:func:`headline`) and ``<stem>.png`` under
+    ``out_dir``. ``kw`` go to :func:`run_fig5`."""
     import os
     os.makedirs(out_dir, exist_ok=True)
     rows = []

@@ -68,7 +68,8 @@ def workload(cols: dict) -> list[dict]:
           ("air_time by route", "route", "air_time", 20, 400),
           ("speed by route", "route", "speed", 200, 600)]
     out = [{"name": n, "kind": "histstats", "config": {
-        "key": k, "domain": dom(k), "value": v, "lower": lo, "upper": hi}} for n, k, v, lo, hi in hs]
+        "key": k, "domain": dom(k), "value": v, "lower": lo, "upper": hi}} for n, k,
+        v, lo, hi in hs]
     pca = [("pca delays+times", ["dep_delay", "arr_delay", "air_time", "distance"], 2),
            ("pca clock times", ["sched_dep_time", "dep_time", "sched_arr_time", "arr_time"], 2),
            ("pca delays (for clusters)", ["dep_delay", "arr_delay"], 1),

@@ -108,7 +108,8 @@ def _tables(batches, config) -> dict:
 
 
 def noise_plan(epsilon_train: float, config: dict) -> dict:
-    """``{column: (l1_sensitivity, epsilon_share, discrete_laplace_scale)}`` for ``epsilon_train``."""
+    """``{column: (l1_sensitivity, epsilon_share, discrete_laplace_scale)}`` for ``epsilon_train``.
+    """
     _, n_labels, features, _, _ = check_config(config)
     shares = dp_counts.table_epsilons(epsilon_train, n_tables=len(features))
     plan = {}
@@ -119,6 +120,8 @@ def noise_plan(epsilon_train: float, config: dict) -> dict:
 
 
 def dp_event(epsilon_train: float, config: dict) -> PrivacyCharge:
+    """The :class:`PrivacyCharge` of :func:`train_dp` at ``epsilon_train``: one Laplace event per
+    table (:func:`noise_plan`), composed."""
     plan = noise_plan(epsilon_train, config)
     events = [dp_event_lib.LaplaceDpEvent(noise_multiplier=scale / sens)
               for sens, _, scale in plan.values()]
@@ -136,6 +139,8 @@ def _state(tables: dict, config: dict) -> dict:
 
 
 def train_dp(trainset_iter, epsilon_train, prev_state, prev_config, *, config, noise=None):
+    """A new DP state from the window's training batches at ``epsilon_train`` (noise from
+    ``noise``, OpenDP by default; ``prev_state`` / ``prev_config``: the previous version's)."""
     noise = noise or dp_noise.SECURE
     plan = noise_plan(epsilon_train, config)
     tables = _tables(trainset_iter, config)
@@ -148,6 +153,7 @@ def train_dp(trainset_iter, epsilon_train, prev_state, prev_config, *, config, n
 
 
 def erm(trainset_iter, *, config):
+    """The same model trained without privacy: the profiler's non-private reference."""
     return _state(_tables(trainset_iter, config), config)
 
 
@@ -162,6 +168,7 @@ def label_rates(keys, col: str, state: dict, config: dict) -> np.ndarray:
 
 
 def eval(testset_iter, state, *, config):  # noqa: A001 - the paper's name
+    """Per-example losses in [0, 1] of ``state`` on the test batches (the profiler's metric)."""
     label, n_labels, features, _, _ = check_config(config)
     data = concat(testset_iter)
     if not data:

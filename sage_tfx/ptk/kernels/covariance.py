@@ -30,13 +30,15 @@ from sage_tfx.ptk.kernels._common import check_epsilon, numeric_matrix
 
 
 def check_config(config: dict) -> tuple:
+    """The declared config's typed fields, or :class:`InvalidRequestError`."""
     try:
         cols = list(config["columns"])
         center = np.asarray(config["center"], dtype=float)
         scale = np.asarray(config["scale"], dtype=float)
         k, delta = int(config["k"]), float(config["delta"])
     except (KeyError, TypeError, ValueError) as exc:
-        raise InvalidRequestError(f"covariance config needs columns, center, scale, k, delta: {exc}")
+        raise InvalidRequestError(
+            f"covariance config needs columns, center, scale, k, delta: {exc}")
     if not cols or center.shape != (len(cols),) or scale.shape != (len(cols),) \
             or not np.all(scale > 0) or not 1 <= k <= len(cols) or not 0 < delta < 1:
         raise InvalidRequestError(f"bad covariance config {config!r}")
@@ -73,6 +75,8 @@ def gaussian_sigma(epsilon: float, delta: float) -> float:
 
 
 def dp_event(epsilon_train: float, config: dict) -> PrivacyCharge:
+    """The :class:`PrivacyCharge` of :func:`train_dp` at ``epsilon_train``: Analyze-Gauss: a
+    Gaussian event calibrated to (ε, ``delta``)."""
     delta = check_config(config)[4]
     epsilon_train = check_epsilon(epsilon_train)
     return PrivacyCharge(dp_event_lib.GaussianDpEvent(gaussian_sigma(epsilon_train, delta)),
@@ -85,6 +89,8 @@ def _top(a: np.ndarray, k: int) -> np.ndarray:
 
 
 def train_dp(trainset_iter, epsilon_train, prev_state, prev_config, *, config, noise=None):
+    """A new DP state from the window's training batches at ``epsilon_train`` (noise from
+    ``noise``, OpenDP by default; ``prev_state`` / ``prev_config``: the previous version's)."""
     noise = noise or dp_noise.SECURE
     epsilon_train = check_epsilon(epsilon_train)
     cols, _, _, k, delta = check_config(config)
@@ -100,12 +106,14 @@ def train_dp(trainset_iter, epsilon_train, prev_state, prev_config, *, config, n
 
 
 def erm(trainset_iter, *, config):
+    """The same model trained without privacy: the profiler's non-private reference."""
     cols, _, _, k, _ = check_config(config)
     x = _rows(trainset_iter, config)
     return {"columns": cols, "components": _top(x.T @ x, k).tolist()}
 
 
 def eval(testset_iter, state, *, config):  # noqa: A001 - the paper's name
+    """Per-example losses in [0, 1] of ``state`` on the test batches (the profiler's metric)."""
     x = _rows(testset_iter, config)
     p = np.asarray(state["components"], dtype=float)
     resid = x - (x @ p) @ p.T

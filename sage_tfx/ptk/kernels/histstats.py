@@ -33,6 +33,7 @@ from sage_tfx.ptk.kernels._common import check_epsilon, require_columns
 
 
 def check_config(config: dict) -> tuple:
+    """The declared config's typed fields, or :class:`InvalidRequestError`."""
     try:
         key, value, domain = config["key"], config["value"], list(config["domain"])
         lower, upper = float(config["lower"]), float(config["upper"])
@@ -70,6 +71,8 @@ def _table(batches, config):
 
 
 def dp_event(epsilon_train: float, config: dict) -> PrivacyCharge:
+    """The :class:`PrivacyCharge` of :func:`train_dp` at ``epsilon_train``: two Laplace halves
+    (counts and clipped sums), composed."""
     check_config(config)
     epsilon_train = check_epsilon(epsilon_train)
     half = dp_event_lib.LaplaceDpEvent(noise_multiplier=2.0 / epsilon_train)
@@ -77,6 +80,8 @@ def dp_event(epsilon_train: float, config: dict) -> PrivacyCharge:
 
 
 def train_dp(trainset_iter, epsilon_train, prev_state, prev_config, *, config, noise=None):
+    """A new DP state from the window's training batches at ``epsilon_train`` (noise from
+    ``noise``, OpenDP by default; ``prev_state`` / ``prev_config``: the previous version's)."""
     noise = noise or dp_noise.SECURE
     epsilon_train = check_epsilon(epsilon_train)
     counts, sums, domain, lower, upper = _table(trainset_iter, config)
@@ -86,7 +91,8 @@ def train_dp(trainset_iter, epsilon_train, prev_state, prev_config, *, config, n
     noisy_sums = np.asarray(noise.laplace(sums, (upper - lower) / epsilon_train), dtype=float)
     denom = np.maximum(noisy_counts, 1.0)
     means = np.clip(centre + noisy_sums / denom, lower, upper)
-    if prev_state is not None and carry > 0 and prev_state.get("domain") == [str(d) for d in domain]:
+    if prev_state is not None and carry > 0 and prev_state.get("domain") == [
+        str(d) for d in domain]:
         means = carry * np.asarray(prev_state["means"]) + (1 - carry) * means
         noisy_counts = carry * np.asarray(prev_state["counts"]) + (1 - carry) * noisy_counts
     return {"domain": [str(d) for d in domain], "counts": noisy_counts.tolist(),
@@ -94,6 +100,7 @@ def train_dp(trainset_iter, epsilon_train, prev_state, prev_config, *, config, n
 
 
 def erm(trainset_iter, *, config):
+    """The same model trained without privacy: the profiler's non-private reference."""
     counts, sums, domain, lower, upper = _table(trainset_iter, config)
     means = (lower + upper) / 2.0 + sums / np.maximum(counts, 1)
     return {"domain": [str(d) for d in domain], "counts": counts.astype(float).tolist(),
@@ -101,6 +108,7 @@ def erm(trainset_iter, *, config):
 
 
 def eval(testset_iter, state, *, config):  # noqa: A001 - the paper's name
+    """Per-example losses in [0, 1] of ``state`` on the test batches (the profiler's metric)."""
     key, value, domain, lower, upper, _ = check_config(config)
     data = concat(testset_iter)
     if not data:

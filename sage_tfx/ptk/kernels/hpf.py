@@ -49,6 +49,7 @@ HYPER = {"a": 0.3, "a1": 0.3, "b1": 1.0, "c": 0.3, "c1": 0.3, "d1": 1.0}
 
 
 def check_config(config: dict) -> dict:
+    """The declared config's typed fields, or :class:`InvalidRequestError`."""
     if not isinstance(config, dict):
         raise InvalidRequestError("hpf config must be a dict")
     try:
@@ -107,6 +108,8 @@ def _matrix(batches, c: dict) -> dp_counts.DomainTable:
 
 
 def dp_event(epsilon_train: float, config: dict) -> PrivacyCharge:
+    """The :class:`PrivacyCharge` of :func:`train_dp` at ``epsilon_train``: Laplace with noise
+    multiplier 1/ε on the interaction counts."""
     check_config(config)
     eps = check_epsilon(epsilon_train)
     return PrivacyCharge(dp_event_lib.LaplaceDpEvent(noise_multiplier=1.0 / eps), eps, 0.0)
@@ -149,6 +152,8 @@ def _state(counts: np.ndarray, y: np.ndarray, c: dict) -> dict:
 
 
 def train_dp(trainset_iter, epsilon_train, prev_state, prev_config, *, config, noise=None):
+    """A new DP state from the window's training batches at ``epsilon_train`` (noise from
+    ``noise``, OpenDP by default; ``prev_state`` / ``prev_config``: the previous version's)."""
     noise = noise or dp_noise.SECURE
     c = check_config(config)
     scale = 1.0 / check_epsilon(epsilon_train)
@@ -160,6 +165,7 @@ def train_dp(trainset_iter, epsilon_train, prev_state, prev_config, *, config, n
 
 
 def erm(trainset_iter, *, config):
+    """The same model trained without privacy: the profiler's non-private reference."""
     c = check_config(config)
     counts = _matrix(trainset_iter, c).cells
     return _state(counts, counts.astype(float), c)
@@ -171,6 +177,7 @@ def _user_rows(values, state) -> np.ndarray:
 
 
 def eval(testset_iter, state, *, config):  # noqa: A001 - the paper's name
+    """Per-example losses in [0, 1] of ``state`` on the test batches (the profiler's metric)."""
     c = check_config(config)
     data = concat(testset_iter)
     if not data:

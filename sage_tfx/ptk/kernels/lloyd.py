@@ -65,7 +65,8 @@ def check_config(config: dict) -> dict:
             or not np.all(np.isfinite(lower)) or not np.all(np.isfinite(upper)) \
             or not np.all(lower < upper):
         raise InvalidRequestError(
-            f"lloyd: declare distinct columns and finite per-column bounds lower < upper: {config!r}")
+            "lloyd: declare distinct columns and finite per-column bounds lower < upper: "
+            f"{config!r}")
     for name, v in (("k", k), ("iterations", iterations), ("seed", seed)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < (0 if name == "seed"
                                                                                 else 1):
@@ -73,7 +74,8 @@ def check_config(config: dict) -> dict:
                 f"lloyd: {name} must be an integer >= {0 if name == 'seed' else 1}, got {v!r}")
     if not 0.0 < share < 1.0 or not np.isfinite(min_count) or min_count < 0:
         raise InvalidRequestError(
-            f"lloyd: count_share must lie in (0, 1) and min_count be >= 0, got {share}, {min_count}")
+            f"lloyd: count_share must lie in (0, 1) and min_count be >= 0, got {share}, "
+            f"{min_count}")
     init = None
     if config.get("init") is not None:
         init = np.asarray(config["init"], dtype=float)
@@ -99,6 +101,8 @@ def noise_multipliers(epsilon_train: float, config: dict) -> tuple[float, float]
 
 
 def dp_event(epsilon_train: float, config: dict) -> PrivacyCharge:
+    """The :class:`PrivacyCharge` of :func:`train_dp` at ``epsilon_train``: per iteration a Laplace
+    count and a Laplace sum, self-composed over the iterations."""
     m_c, m_s = noise_multipliers(epsilon_train, config)
     per_iteration = dp_event_lib.ComposedDpEvent([dp_event_lib.LaplaceDpEvent(m_c),
                                                  dp_event_lib.LaplaceDpEvent(m_s)])
@@ -164,6 +168,8 @@ def _state(cent: np.ndarray, counts: np.ndarray, c: dict) -> dict:
 
 
 def train_dp(trainset_iter, epsilon_train, prev_state, prev_config, *, config, noise=None):
+    """A new DP state from the window's training batches at ``epsilon_train`` (noise from
+    ``noise``, OpenDP by default; ``prev_state`` / ``prev_config``: the previous version's)."""
     noise = noise or dp_noise.SECURE
     m_c, m_s = noise_multipliers(epsilon_train, config)
     c = check_config(config)
@@ -185,6 +191,7 @@ def train_nonprivate(trainset_iter, *, config, prev_state=None) -> dict:
 
 
 def eval(testset_iter, state, *, config):  # noqa: A001 - the paper's name
+    """Per-example losses in [0, 1] of ``state`` on the test batches (the profiler's metric)."""
     c = check_config(config)
     u = _unit_rows(testset_iter, c)
     if not len(u):

@@ -78,7 +78,8 @@ def check_config(config: dict) -> dict:
         t = np.asarray(thr, dtype=float) if isinstance(thr, (list, tuple)) else np.zeros(0)
         if t.size == 0 or not np.all(np.isfinite(t)) or np.any(np.diff(t) <= 0):
             raise InvalidRequestError(
-                f"numeric feature {col!r}: thresholds must be a non-empty increasing list of finite "
+                f"numeric feature {col!r}: thresholds must be a non-empty increasing list of "
+                "finite "
                 f"numbers (declared, public), got {thr!r}")
     for col, dom in categorical.items():
         if not isinstance(dom, (list, tuple)) or not dom or len(set(map(str, dom))) != len(dom):
@@ -111,6 +112,8 @@ def level_epsilon(epsilon_train: float, config: dict) -> float:
 
 
 def dp_event(epsilon_train: float, config: dict) -> PrivacyCharge:
+    """The :class:`PrivacyCharge` of :func:`train_dp` at ``epsilon_train``: one Laplace event per
+    tree level (``n_trees`` × (``depth`` + 1)), self-composed."""
     c = check_config(config)
     eps_l = level_epsilon(epsilon_train, config)
     level = dp_event_lib.LaplaceDpEvent(noise_multiplier=1.0 / eps_l)
@@ -214,6 +217,8 @@ def _state(trees: list, c: dict) -> dict:
 
 
 def train_dp(trainset_iter, epsilon_train, prev_state, prev_config, *, config, noise=None):
+    """A new DP state from the window's training batches at ``epsilon_train`` (noise from
+    ``noise``, OpenDP by default; ``prev_state`` / ``prev_config``: the previous version's)."""
     noise = noise or dp_noise.SECURE
     c = check_config(config)
     eps_level = level_epsilon(epsilon_train, config)
@@ -227,6 +232,7 @@ def train_dp(trainset_iter, epsilon_train, prev_state, prev_config, *, config, n
 
 
 def erm(trainset_iter, *, config):
+    """The same model trained without privacy: the profiler's non-private reference."""
     c = check_config(config)
     data = concat(trainset_iter)
     if not data:
@@ -270,6 +276,7 @@ def leaf_rates(columns: dict, state: dict, config: dict) -> np.ndarray:
 
 
 def eval(testset_iter, state, *, config):  # noqa: A001 - the paper's name
+    """Per-example losses in [0, 1] of ``state`` on the test batches (the profiler's metric)."""
     c = check_config(config)
     data = concat(testset_iter)
     if not data:
