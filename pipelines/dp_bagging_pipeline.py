@@ -47,7 +47,8 @@ def create_pipeline(pipeline_name: str, pipeline_root: str, metadata_path: str, 
     config = BaggingConfig(k=k, n=n, lam=lam, mode=mode, accountant=accountant,
                            accept_not_differentially_private=accept_not_differentially_private,
                            votes=votes)
-    cost = bagging_cost(config, epsilon=epsilon, delta=delta, public_size=public_size, rdp=rdp_stream)
+    cost = bagging_cost(config, epsilon=epsilon, delta=delta, public_size=public_size,
+                        rdp=rdp_stream)
     # min_records=n: a window whose ledger block sizes hold fewer than n records cannot give every
     # partition n non-empty chunks (units <= records), so the gate denies it and refunds the
     # reservation before any data is read, instead of the trainer failing after the charge. A

@@ -28,7 +28,8 @@ PROMISES = {
     "04_dp_bagging.ipynb": (
         ("labels paid for", "bound)", "buys no label", "granted: True", "formally DP: True",
          "student AUROC", "replayed: True",
-         "teachers reused: True", "not formally DP", "granted: False", "audit chain intact: True"), 1),
+         "teachers reused: True", "not formally DP", "granted: False",
+         "audit chain intact: True"), 1),
     "05_draw_and_discard.ipynb": (
         ("granted: True charged epsilon per block: 3.0", "test accuracy per pass",
          "Theorem 1 spread", "noise-free test accuracy", "has used its 3 update(s)",

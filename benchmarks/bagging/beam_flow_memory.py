@@ -7,7 +7,8 @@ growth over the process's baseline after imports and data (``ru_maxrss``), and t
 ``--flow-module`` loads another implementation of ``run_teacher_flow`` from a file, for a
 before/after comparison (e.g. ``git show <commit>:components/dp_bagging_trainer/beam_flow.py``).
 
-    OPENBLAS_NUM_THREADS=1 .venv/bin/python benchmarks/bagging/beam_flow_memory.py [--private 4000 --k 80 --n 50] [--library] [--flow-module FILE]
+    OPENBLAS_NUM_THREADS=1 .venv/bin/python benchmarks/bagging/beam_flow_memory.py
+        [--private 4000 --k 80 --n 50] [--library] [--flow-module FILE]
 """
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ def _rss_mb():
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--private", type=int, default=4000)
     ap.add_argument("--public", type=int, default=1000)
     ap.add_argument("--k", type=int, default=80)

@@ -12,7 +12,8 @@ AUPRC on the test third with the first p public points labelled (capped by the p
 beside the paper's Table 1 (DPBag, n = 250, k = 50). Noise: ``SeededNoise`` (reproducible
 experiments only; pipeline runs draw from OpenDP).
 
-    OPENBLAS_NUM_THREADS=1 .venv/bin/python benchmarks/bagging/votes.py [--seeds 0,1,2] [--labels-only]
+    OPENBLAS_NUM_THREADS=1 .venv/bin/python benchmarks/bagging/votes.py
+        [--seeds 0,1,2] [--labels-only]
 
 Writes ``votes.csv`` and the AUTO part of ``votes.md`` into ``--out`` (benchmarks/results/bagging).
 """
@@ -54,7 +55,8 @@ def label_rows(ns=(100, 250), deltas=(1e-5, 1e-3), log=print):
 
 
 def _cell(rows, n, delta, scheme, eps, before):
-    r = next(x for x in rows if (x["n"], x["delta"], x["scheme"], x["epsilon"]) == (n, delta, scheme, eps))
+    r = next(x for x in rows
+             if (x["n"], x["delta"], x["scheme"], x["epsilon"]) == (n, delta, scheme, eps))
     if scheme.endswith("(before)"):
         return f"{r['labels']:,}"
     return f"**{r['labels']:,}** ({r['labels'] / before:.2f}×, {r['bound']})"
@@ -67,14 +69,17 @@ def label_markdown(rows):
             out += [f"#### n = {n}, δ = {delta:g} (λ = 2/n; any k; uncapped by the public set)", "",
                      "| votes, accountant | " + " | ".join(f"ε = {e:g}" for e in EPSILONS) + " |",
                      "|---|" + "---|" * len(EPSILONS)]
-            before = {e: next(x["labels"] for x in rows if (x["n"], x["delta"], x["scheme"], x["epsilon"])
+            before = {e: next(x["labels"] for x in rows
+                              if (x["n"], x["delta"], x["scheme"], x["epsilon"])
                               == (n, delta, SCHEMES[0][0], e)) for e in EPSILONS}
             for name, _, _ in SCHEMES:
                 out.append(f"| {name} | " + " | ".join(_cell(rows, n, delta, name, e, before[e])
                                                       for e in EPSILONS) + " |")
             for key in sorted(k for k in PAPER_TABLE2 if k[1] == n):
-                out.append(f"| paper's Table 2, {key[0]} k = {key[2]} (paper accountant, not formally DP) | "
-                           + " | ".join(f"({PAPER_TABLE2[key][int(e)]:,})" for e in EPSILONS) + " |")
+                out.append(f"| paper's Table 2, {key[0]} k = {key[2]} "
+                           f"(paper accountant, not formally DP) | "
+                           + " | ".join(f"({PAPER_TABLE2[key][int(e)]:,})" for e in EPSILONS)
+                           + " |")
             out.append("")
     return out
 
@@ -96,7 +101,8 @@ def student_rows(seeds, n=250, k=50, log=print):
         counts = vote_counts(ens, split.X_public)
         plurality = np.argmax(counts, axis=1)
         P = len(counts)
-        log(f"seed {seed}: {n * k} teachers and votes on {P} public points in {time.time() - t0:.0f}s")
+        log(f"seed {seed}: {n * k} teachers and votes on {P} public points "
+            f"in {time.time() - t0:.0f}s")
         for name, votes, accountant in SCHEMES:
             mech = V.mechanism(votes, k=k, lam=2.0 / n)
             labels = V.draw_labels(counts, mech, noise=SeededNoise(10_000 + seed))
@@ -127,13 +133,16 @@ def student_markdown(rows):
         for i, e in enumerate(EPSILONS):
             m = lambda key: float(np.mean([r[key] for r in sel if r["epsilon"] == e]))  # noqa: E731
             cells.append(f"{m('labels'):,.0f} / {m('accuracy'):.4f} ({paper[0][i]:.4f}) / "
-                         f"{m('auroc'):.4f} ({paper[1][i]:.4f}) / {m('auprc'):.4f} ({paper[2][i]:.4f})")
-        out.append(f"| {name} | {np.mean([r['flip_rate'] for r in sel]):.4f} | " + " | ".join(cells) + " |")
+                         f"{m('auroc'):.4f} ({paper[1][i]:.4f}) / "
+                         f"{m('auprc'):.4f} ({paper[2][i]:.4f})")
+        out.append(f"| {name} | {np.mean([r['flip_rate'] for r in sel]):.4f} | "
+                   + " | ".join(cells) + " |")
     return out + [""]
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--labels-only", action="store_true", help="part 1 only (no data, no teachers)")
     ap.add_argument("--out", default="benchmarks/results/bagging")
@@ -147,7 +156,8 @@ def main(argv=None):
     if not args.labels_only:
         srows = student_rows([int(s) for s in args.seeds.split(",")])
         rows += srows
-        parts += ["### Label quality and the student on the stand-in data", ""] + student_markdown(srows)
+        parts += (["### Label quality and the student on the stand-in data", ""]
+                  + student_markdown(srows))
     parts.append(END)
     write_csv(os.path.join(args.out, "votes.csv"), rows)
     write_auto_markdown(os.path.join(args.out, "votes.md"), "\n".join(parts),

@@ -46,15 +46,19 @@ def sampler(rows_out):
     opendp_noise.laplace(small[:10], cfg.noise_scale)
     od_gauss = _per_weight(lambda v: opendp_noise.gaussian(v, cfg.noise_scale), small, 2)
     od_lap = _per_weight(lambda v: opendp_noise.laplace(v, cfg.noise_scale), small, 2)
-    rows = [{"sampler": "opendp make_gaussian (vector)", "weights": 2000, "us_per_weight": od_gauss},
-            {"sampler": "opendp make_laplace (vector)", "weights": 2000, "us_per_weight": od_lap}]
+    rows = [{"sampler": "opendp make_gaussian (vector)", "weights": 2000,
+             "us_per_weight": od_gauss},
+            {"sampler": "opendp make_laplace (vector)", "weights": 2000,
+             "us_per_weight": od_lap}]
     for d in (7850, 50000):
         x = rng.normal(size=d) * 0.01
         t = time.perf_counter()
         vector_noise.gaussian_vector(x, m, sens, max_extra_delta=1e-9)
         first = (time.perf_counter() - t) * 1e3
-        us = _per_weight(lambda v: vector_noise.gaussian_vector(v, m, sens, max_extra_delta=1e-9), x)
-        rows.append({"sampler": "dnd.noise.gaussian_vector (CDT)", "weights": d, "us_per_weight": us,
+        us = _per_weight(lambda v: vector_noise.gaussian_vector(v, m, sens, max_extra_delta=1e-9),
+                         x)
+        rows.append({"sampler": "dnd.noise.gaussian_vector (CDT)", "weights": d,
+                     "us_per_weight": us,
                      "first_call_ms": first, "table_entries": vector_noise.table_size(m, sens, d),
                      "speedup_vs_opendp_gaussian": od_gauss / us})
     for r in rows:
@@ -66,9 +70,12 @@ def sampler(rows_out):
 def _configs(gamma, k, clip):
     g = dict(unit="gaussian", l2_norm_clip=clip)
     return [
-        (f"gaussian eps=8 delta=1e-6 (C2={clip})", ClientConfig(gamma, epsilon=8.0, delta=1e-6, **g)),
-        (f"gaussian eps=4 delta=1e-6 (C2={clip})", ClientConfig(gamma, epsilon=4.0, delta=1e-6, **g)),
-        (f"gaussian eps=1 delta=1e-6 (C2={clip})", ClientConfig(gamma, epsilon=1.0, delta=1e-6, **g)),
+        (f"gaussian eps=8 delta=1e-6 (C2={clip})",
+         ClientConfig(gamma, epsilon=8.0, delta=1e-6, **g)),
+        (f"gaussian eps=4 delta=1e-6 (C2={clip})",
+         ClientConfig(gamma, epsilon=4.0, delta=1e-6, **g)),
+        (f"gaussian eps=1 delta=1e-6 (C2={clip})",
+         ClientConfig(gamma, epsilon=1.0, delta=1e-6, **g)),
         ("laplace model unit eps=8 (L1 C=10)", ClientConfig(gamma, 10.0, 8.0, "model")),
         ("no noise", ClientConfig(gamma, epsilon=None, **g)),
     ]
@@ -133,7 +140,8 @@ def gap(a, rows_out):
         mine = [r for r in rows_out if r["epsilon_per_weight"] == eps]
         for key in ("loss_dndstate", "loss_batched"):
             v = np.array([r[key] for r in mine])
-            print(f"  eps=log({round(math.exp(eps))}) {key}: mean {v.mean():.3f} sd {v.std(ddof=1):.3f}"
+            print(f"  eps=log({round(math.exp(eps))}) {key}: mean {v.mean():.3f} "
+                  f"sd {v.std(ddof=1):.3f}"
                   f" over {len(v)} seeds", flush=True)
 
 

@@ -62,7 +62,8 @@ def main(argv=None) -> int:
               "paper: first feasible K | paper's total (gap) | paper / all-K |",
               "|---|---|---|---|---|---|---|---|---|---|"]
     for h in hard:
-        lines.append(f"| {h['seed']} | {h['seconds']:.1f} | {h['cpu_seconds']:.1f} | {h['K']} | {h['total']:,} | "
+        lines.append(f"| {h['seed']} | {h['seconds']:.1f} | {h['cpu_seconds']:.1f} | "
+                     f"{h['K']} | {h['total']:,} | "
                      f"{h['gap']:.2%} | {h['lower_bound']:,} | {h['paper_K']} | "
                      f"{h['paper_total']:,} ({h['paper_gap']:.2%}) | "
                      f"{h['paper_total'] / h['total']:.1f}x |")

@@ -3,7 +3,8 @@ even split) and Fig. 6(c) (count-median vs count-min), Laplace and Gaussian tabl
 
     .venv/bin/python benchmarks/pyramid/many_windows.py [--seeds 3] [--windows 4,16,64,256]
 
-Writes benchmarks/results/pyramid/many_windows_fig{6,7}.csv (--only 6 / 7 for one figure) and prints the tables of REPORT.md.
+Writes benchmarks/results/pyramid/many_windows_fig{6,7}.csv (--only 6 / 7 for one figure) and
+prints the tables of REPORT.md.
 
 Fig. 7 protocol: the 5 % hot window of MovieLens (dslabs 100k, label rating >= 4) trains a count
 LR and a count GBT; the history before it (time windows 2-11 of the workload, window 1 set aside)

@@ -1,6 +1,7 @@
 """The Beam flow of DPBaggingTrainer: teachers and their votes.
 
-    private tf.Examples ──parse──> (unit, x, y) ──one packed copy: X [N, d], y [N], chunk ids [N, k]──>
+    private tf.Examples ──parse──> (unit, x, y)
+        ──one packed copy: X [N, d], y [N], chunk ids [N, k]──>
         partitions 0..k-1, each trains its n teachers from the packed copy (a side input)
         ──votes on the first p public points──> one int count matrix
 

@@ -303,7 +303,8 @@ class Executor(base_beam_executor.BaseBeamExecutor):
                 if counts is None:      # cached teachers: votes in the driver
                     from sage_tfx.bagging import vote_counts
                     counts = vote_counts(ensemble, pool[:plan.queries])
-                return fixed_labels(counts, k=config.k, lam=config.lam, accountant=config.accountant,
+                return fixed_labels(counts, k=config.k, lam=config.lam,
+                                    accountant=config.accountant,
                                     epsilon=plan.epsilon, delta=plan.delta, votes=config.votes,
                                     bound=plan.bound)
             unit_chunks = chunk_assignment(units_all, k=config.k, n=config.n, salt=salt)

@@ -102,7 +102,8 @@ class LabellingResult:
         return cls(labels, np.arange(public_start, public_start + len(labels)), len(labels),
                    report["mode"], report["accountant"], report["epsilon"], report["delta"],
                    report["lambda"], report["noise_scale"], report["per_query_epsilon"],
-                   report["formally_dp"], event=event, votes=report.get("vote_mechanism", "laplace"),
+                   report["formally_dp"], event=event,
+                   votes=report.get("vote_mechanism", "laplace"),
                    bound=report.get("bound"), rho=report.get("per_query_rho"))
 
 

@@ -79,7 +79,8 @@ def purchase_request(config, *, stream: str, blocks, salt: bytes, X_public, sett
                      max_labels: Optional[int]) -> dict:
     """The public description of a purchase; a replay must ask for exactly the same."""
     return {"k": config.k, "n": config.n, "lambda": float(config.lam), "mode": config.mode,
-            "accountant": config.accountant, "vote_mechanism": config.votes, "teacher": config.teacher, "l2": float(config.l2),
+            "accountant": config.accountant, "vote_mechanism": config.votes,
+            "teacher": config.teacher, "l2": float(config.l2),
             "not_differentially_private": bool(config.accept_not_differentially_private),
             "stream": stream, "blocks": sorted(blocks),
             "salt_sha256": hashlib.sha256(salt).hexdigest(), "settings": settings,

@@ -57,7 +57,8 @@ class BaggingConfig:
         votes_lib.check_accountant(self.accountant)
         votes_lib.check_votes(self.votes)
         if self.mode == "paper" and self.votes != "laplace":
-            raise InvalidRequestError("paper mode (Alg. 1's accountant) accounts Laplace votes only")
+            raise InvalidRequestError(
+                "paper mode (Alg. 1's accountant) accounts Laplace votes only")
         if self.teacher not in TEACHER_KINDS:
             raise InvalidRequestError(f"teacher must be one of {TEACHER_KINDS}")
 

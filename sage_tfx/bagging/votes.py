@@ -59,7 +59,8 @@ def check_votes(votes) -> str:
 
 def check_accountant(accountant) -> str:
     if accountant not in ACCOUNTANTS:
-        raise InvalidPrivacyParameterError(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
+        raise InvalidPrivacyParameterError(
+            f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
     return accountant
 
 
@@ -69,7 +70,8 @@ def check_eps_delta(epsilon, delta):
     check_epsilon(epsilon)
     check_delta(delta)
     if not 0 < float(epsilon) < math.inf or not 0 <= float(delta) < 1:
-        raise InvalidPrivacyParameterError(f"need 0 < epsilon < inf and 0 <= delta < 1, got ({epsilon}, {delta})")
+        raise InvalidPrivacyParameterError(
+            f"need 0 < epsilon < inf and 0 <= delta < 1, got ({epsilon}, {delta})")
     return float(epsilon), float(delta)
 
 

@@ -7,7 +7,8 @@ privacy units), :mod:`~sage_tfx.dnd.noise` (the float-safe vector Gaussian sampl
 :mod:`~sage_tfx.dnd.state` (Alg. 2 and the paper's alternative strategies),
 :mod:`~sage_tfx.dnd.spam` (the calibrated spam check), :mod:`~sage_tfx.dnd.budget` (ledger grants
 and their enforcement), :mod:`~sage_tfx.dnd.theory` (Theorem 1, Lemmas 1–3, reported, never
-charged), :mod:`~sage_tfx.dnd.server` (the HTTP service), :mod:`~sage_tfx.dnd.simulator` (asyncio client load) and :mod:`~sage_tfx.dnd.eval`
+charged), :mod:`~sage_tfx.dnd.server` (the HTTP service), :mod:`~sage_tfx.dnd.simulator`
+(asyncio client load) and :mod:`~sage_tfx.dnd.eval`
 (the paper's evaluation).
 """
 from sage_tfx.dnd.client import ClientConfig, client_update

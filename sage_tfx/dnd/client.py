@@ -156,7 +156,8 @@ class ClientConfig:
     def noise_multiplier(self) -> float:
         """m of ``GaussianDpEvent(m)`` (gaussian unit): σ = m·Δ₂."""
         if self.epsilon is None or not self.gaussian:
-            raise InvalidPrivacyParameterError("only a private gaussian unit has a noise multiplier")
+            raise InvalidPrivacyParameterError(
+                "only a private gaussian unit has a noise multiplier")
         return gaussian_noise_multiplier(float(self.epsilon), float(self.delta))
 
     @property
@@ -246,7 +247,8 @@ def client_update(spec: GLMSpec, weights: np.ndarray, x: np.ndarray, y: np.ndarr
     Args:
       spec: the model.
       weights: the drawn instance B^t.
-      x: the client's features, already normalised to [0, 1] (:class:`~sage_tfx.dnd.glm.FeatureBounds`).
+      x: the client's features, already normalised to [0, 1]
+        (:class:`~sage_tfx.dnd.glm.FeatureBounds`).
       y: the client's responses (normalised to [0, 1] for linear models).
       config: γ, C, ε, unit (and δ, C₂ for the gaussian unit).
       noise: noise source; the float-safe samplers (OpenDP's Laplace, :mod:`sage_tfx.dnd.noise`'s

@@ -94,7 +94,8 @@ def _tau(s: float) -> int:
 def _tau0(s: float) -> float:
     """|z| up to which P(z) ≥ 2^-(128-40): counts ≥ 2⁴⁰, relative precision better than 2⁻³⁹."""
     # P(z) ≈ exp(−z²/2s²)/(s√2π) ≥ 2^-88  ⟺  z² ≤ 2s²(88 ln 2 − ln(s√2π))
-    return s * math.sqrt(2.0 * ((_BITS - _STORE_BITS) * math.log(2.0) - math.log(s * math.sqrt(2 * math.pi))))
+    return s * math.sqrt(2.0 * ((_BITS - _STORE_BITS) * math.log(2.0)
+                                - math.log(s * math.sqrt(2 * math.pi))))
 
 
 def sampler_delta(noise_multiplier: float, l2_sensitivity: float, dim: int) -> float:
@@ -200,7 +201,8 @@ def table_size(noise_multiplier: float, l2_sensitivity: float, dim: int) -> int:
     return 2 * _tau(g.discrete_std) + 1
 
 
-__all__ = ["SAMPLER_EPSILON", "SAMPLER_DELTA_SHARE", "MAX_DIM", "Grid", "sampler_grid", "sampler_delta", "gaussian_vector", "noise_std",
+__all__ = ["SAMPLER_EPSILON", "SAMPLER_DELTA_SHARE", "MAX_DIM", "Grid", "sampler_grid",
+           "sampler_delta", "gaussian_vector", "noise_std",
            "discrete_gaussian_noise", "table_size"]
 
 

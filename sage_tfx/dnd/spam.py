@@ -256,7 +256,8 @@ class SpamCheck:
     """
 
     def __init__(self, noise_scale: float, *, z: float = 3.0, false_reject: float = 0.005,
-                 recalibrate_every: Optional[int] = None, step_l1: float = 0.0, step_linf: float = 0.0,
+                 recalibrate_every: Optional[int] = None, step_l1: float = 0.0,
+                 step_linf: float = 0.0,
                  tail_shift: float = 0.0, step_l2: float = 0.0, noise: str = "laplace"):
         if not noise_scale > 0 or not math.isfinite(noise_scale):
             raise ValueError("the spam check needs the (finite, > 0) noise scale of honest updates")

@@ -36,7 +36,8 @@ from sage_tfx.dp.counts import encode_key
 from sage_tfx.errors import InvalidRequestError
 from sage_tfx.ledger.accounting import check_epsilon
 
-__all__ = ["quantile_candidates", "quantile_d_in", "quantile_epsilon", "private_count_quantile", "mi_score", "mi_score_sensitivity",
+__all__ = ["quantile_candidates", "quantile_d_in", "quantile_epsilon", "private_count_quantile",
+           "mi_score", "mi_score_sensitivity",
            "private_top_k"]
 
 

@@ -275,7 +275,8 @@ class Featurization:
         self.max_variance = check_max_variance(max_variance)
         if isinstance(max_cached_keys, bool) or not isinstance(max_cached_keys, int) \
                 or max_cached_keys < 0:
-            raise InvalidRequestError(f"max_cached_keys must be an int >= 0, got {max_cached_keys!r}")
+            raise InvalidRequestError(
+                f"max_cached_keys must be an int >= 0, got {max_cached_keys!r}")
         self.max_cached_keys = max_cached_keys
         self.kinds = None if kinds is None else {f: sorted(v) for f, v in kinds.items()}
         self.spec = spec
@@ -382,7 +383,8 @@ class Featurization:
         meta = {"spec": self.spec.to_json(), "noise_var": self.noise_var,
                 "windows": list(self.windows), "max_variance": self.max_variance,
                 "kinds": self.kinds}
-        np.savez_compressed(path, prior=self.prior_counts, meta=np.array(json.dumps(meta)), **arrays)
+        np.savez_compressed(path, prior=self.prior_counts, meta=np.array(json.dumps(meta)),
+                            **arrays)
 
     @classmethod
     def load(cls, path: str) -> "Featurization":

@@ -163,7 +163,8 @@ def plan_window(spec: CountSpec, weights: Optional[Sequence[float]] = None, *,
         scales = np.array([secure_laplace_scale(float(e) / d, spec.k) for e, d in zip(eps, depths)])
         return NoisePlan(CONTINUOUS_LAPLACE, scales, eps, spec.epsilon, 0.0,
                          _repeated(event, repeat))
-    scales = np.append(noise_scales(eps[:-1], spec.depth, spec.k), noise_scales(eps[-1:], 1, spec.k))
+    scales = np.append(noise_scales(eps[:-1], spec.depth, spec.k),
+                       noise_scales(eps[-1:], 1, spec.k))
     return NoisePlan(DISCRETE_LAPLACE, scales, eps, spec.epsilon, 0.0, None)
 
 

@@ -16,7 +16,8 @@ sensitivity with Cauchy noise (J-List); we use OpenDP's exponential-mechanism qu
 implementation). One observation changes every group's key totals, so the ``n`` quantiles are
 composed sequentially: each gets ``ε_w / n``, calibrated by OpenDP's map at the spec's
 neighbour distance (``2k`` key totals for groups of ``k`` observations); the whole weight
-release is ``ε_w``-DP for such groups and is charged to the window it reads (:meth:`sage_tfx.pyramid.windows.PyramidStore.seal`).
+release is ``ε_w``-DP for such groups and is charged to the window it reads
+(:meth:`sage_tfx.pyramid.windows.PyramidStore.seal`).
 The label prior (one key, counted by every observation) keeps the even share ``ε / n_tables``:
 weighting it by its single huge count would drown the back-off rates in noise.
 """

@@ -226,7 +226,8 @@ def test_delta_zero_gumbel_purchase_under_a_grant(tmp_path):
     res = fit_dp_bagging(X, y, units, Xp, config=cfg, salt=b"s", public_declared=True,
                          ledger=ledger, grant_id=d.grant.grant_id)
     rep = res.report
-    assert (rep["queries"], rep["vote_mechanism"], rep["bound"], rep["delta"]) == (10, "gumbel", "pure", 0.0)
+    assert ((rep["queries"], rep["vote_mechanism"], rep["bound"], rep["delta"])
+            == (10, "gumbel", "pure", 0.0))
     assert len(res.labelling.labels) == 10 and rep["noise_scale"] == pytest.approx(30.0)
     assert rep["epsilon"] <= d.grant.epsilon
     again = fit_dp_bagging(X, y, units, Xp, config=cfg, salt=b"s", public_declared=True,

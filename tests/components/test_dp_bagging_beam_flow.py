@@ -29,7 +29,8 @@ def test_beam_flow_equals_the_library_teachers(tmp_path, kind):
         label_key="label", unit_key="user", mean=np.zeros(2), std=np.ones(2), k=k, n=n,
         salt=salt, kind=kind, l2=1.0, X_vote=X_vote, scratch=str(tmp_path / "scratch"))
     assert sorted(seen) == sorted(set(units.tolist()))
-    lib = train_teachers(X, y, chunk_assignment(units.tolist(), k=k, n=n, salt=salt), n=n, kind=kind)
+    lib = train_teachers(X, y, chunk_assignment(units.tolist(), k=k, n=n, salt=salt), n=n,
+                         kind=kind)
     if kind == "logistic":
         np.testing.assert_allclose(ens.coef, lib.coef, atol=1e-8)
     np.testing.assert_array_equal(counts, vote_counts(lib, X_vote))

@@ -341,7 +341,8 @@ def test_paper_mode_opt_in_is_on_the_model_and_the_validator_refuses_it(world, c
     stopping = report.pop("stopping_rule")
     assert "not differentially private" in stopping
     assert report == {"accountant": None, "bound": None, "per_query_rho": None,
-                      "vote_mechanism": "laplace", "delta": DELTA, "epsilon": TRAIN_EPS, "event": None,
+                      "vote_mechanism": "laplace", "delta": DELTA, "epsilon": TRAIN_EPS,
+                      "event": None,
                       "formally_dp": False, "grant_id": g, "k": K, "lambda": LAM, "mode": "paper",
                       "n": N, "noise_scale": K / LAM, "not_differentially_private": True,
                       "per_block_charge": {b: {"delta": DELTA, "epsilon": TRAIN_EPS + 1.0}

@@ -209,7 +209,8 @@ def test_dpsgd_basic_run_exports_serving_model_and_records_guarantee(mods, tmp_p
     assert props["dp_epochs"] == 2.0 and props["dp_steps"] == math.ceil(2 * n / 30)
     assert props["dp_algorithm"] == "dpsgd" and props["dp_mode"] == "basic"
     assert props["dp_accounting"] == "pld" and props["dp_delta"] == 1e-5  # PLD by default
-    assert props["dp_sampling"] == "poisson (each example independently with probability q per step)"
+    assert props["dp_sampling"] == ("poisson (each example independently "
+                                    "with probability q per step)")
     assert props["dp_l2_norm_clip"] == 1.0 and props["grant_id"] == grant.grant_id
     # ε recomputed with dp_accounting from the recorded σ, q and steps: the recorded ε, ≤ part.
     eps = pld_eps(30 / n, props["dp_noise_multiplier"], props["dp_steps"], 1e-5)

@@ -9,7 +9,8 @@ import pytest
 
 from sage_tfx.dp import dpsgd
 
-SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "sage" / "bench_accountants.py"
+SCRIPT = (pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "sage"
+          / "bench_accountants.py")
 TINY = dict(name="tiny", epsilon=0.3, delta=1e-5, batch_size=25, num_examples=1000, epochs=1)
 
 

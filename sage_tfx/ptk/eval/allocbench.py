@@ -179,7 +179,8 @@ def hard_run(count: int = 200, *, k_max: int = 8, time_limit: float = 25.0,
         if p.feasible:
             paper = {"K": K, "total": p.total, "gap": p.gap, "optimal": p.optimal}
             break
-    return {"ptks": count, "seed": seed, "seconds": secs, "cpu_seconds": cpu, "K": plan.K, "total": plan.total,
+    return {"ptks": count, "seed": seed, "seconds": secs, "cpu_seconds": cpu, "K": plan.K,
+            "total": plan.total,
             "gap": plan.gap, "lower_bound": plan.lower_bound, "optimal": plan.optimal,
             "paper_K": paper and paper["K"], "paper_total": paper and paper["total"],
             "paper_optimal": paper and paper["optimal"], "paper_gap": paper and paper["gap"]}

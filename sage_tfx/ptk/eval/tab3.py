@@ -144,7 +144,8 @@ def run(*, c: float = 0.8, tau_min: float = 0.04, n_max: int = 4096, menu=MENU,
                                    n_max=n_max_total, k_max=k)
         if paper.feasible:
             break
-    return {"rows": rows, "plan": plan, "paper_plan": paper, "rejected": rejected, "epsilon_profile": eps_p,
+    return {"rows": rows, "plan": plan, "paper_plan": paper, "rejected": rejected,
+            "epsilon_profile": eps_p,
             "n_max": n_max, "T": T, "c": c, "tau_min": tau_min}
 
 
@@ -169,11 +170,12 @@ def markdown(result: dict) -> str:
                      f"paper: K = 1, 𝒩 = 357,009.")
         paper = result.get("paper_plan")
         if paper is not None and paper.feasible:
-            lines.append(f"The paper's procedure (stop at the first feasible K) on these menus: "
-                         f"K = {paper.K}, 𝒩 = {paper.total:,}. Allocated n_i at the profiler's "
-                         f"n_max = {result['n_max']:,}: "
-                         f"{sum(a.n >= result['n_max'] for p in plan.partitions for a in p.members)}"
-                         f" of {sum(len(p.members) for p in plan.partitions)}.")
+            lines.append(
+                f"The paper's procedure (stop at the first feasible K) on these menus: "
+                f"K = {paper.K}, 𝒩 = {paper.total:,}. Allocated n_i at the profiler's "
+                f"n_max = {result['n_max']:,}: "
+                f"{sum(a.n >= result['n_max'] for p in plan.partitions for a in p.members)}"
+                f" of {sum(len(p.members) for p in plan.partitions)}.")
     else:
         lines.append(f"REJECT: {plan.reason}")
     for name, why in result["rejected"].items():
