@@ -17,6 +17,11 @@
         --output-dir $AIRFLOW_HOME/dags
     # -> $AIRFLOW_HOME/dags/gate_stats_dag.py
 
+All six pipelines of ``pipelines/catalog.py`` compile (``--help`` lists what each needs; options
+without a flag are ``--set KEY=VALUE``). On Kubeflow, the window and, where the gate charges it
+directly, ε are runtime parameters of the compiled pipeline, set per run by ``sage-tfx submit``.
+Compiling reads no data and needs no ledger; paths are only recorded.
+
 The ledger URL defaults to ``$SAGE_LEDGER_URL``; with several pods or workers it must be a
 shared PostgreSQL ledger. It is never embedded with a password: ``--ledger-url`` with one is
 refused; a password-bearing ``$SAGE_LEDGER_URL`` becomes the reference ``env:SAGE_LEDGER_URL``,

@@ -3,14 +3,12 @@
 slow test in test_runtime_parameters.py submits a real compiled package and runs it."""
 import json
 import socket
-import sys
 
 import pytest
 import yaml
 
 from fake_kfp import RUNS_PATH, FakeKfp
 
-from sage_tfx import cli
 from sage_tfx.pipelines import kfp_package, submit
 
 TOKEN = "kfp-bearer-7d1c0e"
@@ -139,14 +137,3 @@ def test_server_refusal_and_unreachable_endpoint_are_clear_errors(tmp_path, monk
         port = s.getsockname()[1]
     rc = submit.main([path, "--host", f"http://127.0.0.1:{port}", "--timeout", "5"])
     assert rc == 1 and "cannot reach" in capsys.readouterr().err
-
-
-def test_cli_submit_runs_the_pipeline_layers_command(monkeypatch):
-    calls = []
-    monkeypatch.setattr("subprocess.call", lambda argv, env: calls.append((argv, env)) or 0)
-    monkeypatch.delenv("SAGE_LEDGER_URL", raising=False)
-    args = ["out/gate-stats.yaml", "--host", "http://127.0.0.1:1", "--param", "epsilon=1"]
-    assert cli.main(["--ledger", "postgresql://sage@h/l", "submit", *args]) == 0
-    [(argv, env)] = calls
-    assert argv == [sys.executable, "-m", "sage_tfx.pipelines.submit", *args]
-    assert "SAGE_LEDGER_URL" not in env  # --ledger is compile's business, not the run's
