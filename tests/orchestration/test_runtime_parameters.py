@@ -154,3 +154,52 @@ def test_a_run_submitted_with_other_values_charges_and_reads_those(flights_block
         charged = 0.25 if b in block_ids[-2:] else 0.0
         assert by_block[b][0] == pytest.approx(before[b][0] + charged), b
     assert inconsistencies == [] and audit.ok
+
+
+def test_ptk_compiled_without_a_ledger_trains_at_the_submitted_epsilon(tmp_path, capsys,
+                                                                      monkeypatch):
+    """PTK: ε set at submit time is what the gate charges and what PTKTrainer trains at (the
+    lineage the PTK store records for the version)."""
+    import kfp_pods
+    from fake_kfp import FakeKfp
+    from sage_tfx.ledger import open_ledger
+    from sage_tfx.pipelines import compile as compile_cli, submit
+    from sage_tfx.ptk import PTKStore, StoreConfig
+
+    # The PTK tests' data and block writer (tests/ptk/).
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(os.path.dirname(__file__)), "ptk"))
+    from ptk_data import HS, HS_CONFIG
+    from test_ptk_pipeline_e2e import STREAM as PTK_STREAM, write_blocks
+
+    monkeypatch.delenv("SAGE_LEDGER_URL", raising=False)
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    write_blocks(str(tmp_path / "blocks"), url)
+    store = PTKStore(url, str(tmp_path / "ptkdata"), StoreConfig(stream="ptk"))
+    pid = store.register_ptk(HS, config=HS_CONFIG, tau=0.2, menu=[(0.5, 200)])
+    store.close()
+    argv = _args("ptk", tmp_path, url)
+    argv[argv.index("gs://b/tfx")] = str(tmp_path / "root")
+    argv[argv.index(STREAM)] = PTK_STREAM
+    argv[argv.index("ptk_id=ptk-1")] = f"ptk_id={pid}"
+    assert compile_cli.main(argv) == 0, capsys.readouterr().err
+    _, package = capsys.readouterr().out.split()
+    with FakeKfp() as kfp:
+        assert submit.main([package, "--host", kfp.url, "--param", "epsilon=0.3"]) == 0
+    body = kfp.requests[0]["body"]
+    job = kfp_pods.write_job(str(tmp_path / "submitted.json"), body["pipeline_spec"],
+                             dict(body["runtime_config"], pipeline_root=str(tmp_path / "root")))
+    results = kfp_pods.run_job(job, job_uuid="7c1d0e2f-0000-4000-8000-0000000000ef",
+                               log_dir=str(tmp_path / "logs"))
+    assert all(r["ran"] for r in results.values()), results.keys()
+    with open_ledger(url) as ledger:
+        (grant,) = ledger.grants(PTK_STREAM)
+        spent = {b.block_id: b.epsilon_spent for b in ledger.blocks(PTK_STREAM)}
+    assert (grant.epsilon, grant.delta) == (0.3, 0.0)
+    assert spent == {"2024-01-01": 0.0, "2024-01-02": 0.3, "2024-01-03": 0.3}
+    store = PTKStore(url, str(tmp_path / "ptkdata"), StoreConfig(stream="ptk"))
+    try:
+        lineage = store.lineage(pid)
+    finally:
+        store.close()
+    assert lineage["grant_id"] == grant.grant_id and lineage["epsilon"] == 0.3
+    assert lineage["blocks"] == ["2024-01-02", "2024-01-03"]
