@@ -2,45 +2,68 @@
 #
 # One image serves every place a pipeline step runs off the laptop:
 #   - Kubeflow Pipelines v2 pods: KubeflowV2DagRunner's container command is
-#     `python -m tfx.orchestration.kubeflow.v2.container.kubeflow_v2_run_executor`; the pod finds
-#     sage-tfx's executors and its SageGrant artifact type by import path in this image.
-#   - Airflow workers (apache-airflow 2.9.3 is in the lock), with the DAG file
-#     pipelines/flights_airflow_dag.py (or one written by `sage-tfx compile --target airflow`).
+#     `python -m tfx.orchestration.kubeflow.v2.container.kubeflow_v2_run_executor` (it replaces
+#     the entrypoint); the pod finds sage-tfx's executors and its SageGrant artifact type by
+#     import path in this image.
+#   - Airflow workers (apache-airflow 2.9.3 is in the lock), with a DAG file written by
+#     `sage-tfx compile --target airflow` (or pipelines/flights_airflow_dag.py); run them with
+#     `--entrypoint airflow`.
 #   - Beam SDK workers of a portable runner (Flink, Spark: --environment_type=DOCKER
-#     --environment_config=<this image>; Dataflow: --sdk_container_image=<this image>).
+#     --environment_config=<this image>; Dataflow: --sdk_container_image=<this image>): the
+#     entrypoint is Beam's SDK harness boot program, copied from the Beam SDK image of the
+#     locked apache-beam version, which starts the worker with this image's Python.
 #
-# Build and compile inside the image, so that file paths baked into the compiled pipeline
-# (the flights schema, module files under /sage-tfx) are the paths the pods see:
+# Build, then compile and submit inside the image, so that file paths baked into the compiled
+# pipeline (the flights schema, module files under /sage-tfx) are the paths the pods see:
 #   docker build -t registry.example.com/sage-tfx:0.1 .
-#   docker run --rm -v "$PWD/out:/out" -e SAGE_LEDGER_URL=postgresql://sage@ledger:5432/sage \
-#     registry.example.com/sage-tfx:0.1 sage-tfx compile --target kubeflow flights-dp \
-#     --image registry.example.com/sage-tfx:0.1 --stream flights --window-last 10 --epsilon 1 \
-#     --delta 1e-6 --quality-target 500 --pipeline-root gs://bucket/tfx \
-#     --serving-dir gs://bucket/serving --output-dir /out
+#   docker run --rm --entrypoint sage-tfx -v "$PWD/out:/out" registry.example.com/sage-tfx:0.1 \
+#     compile --target kubeflow gate-stats --image registry.example.com/sage-tfx:0.1 \
+#     --ledger-secret sage-ledger:url --token-secret sage-etl:token --stream flights \
+#     --window-last 3 --epsilon 0.5 --pipeline-root gs://bucket/tfx --output-dir /out
 #
-# The ledger: every pod, worker and the gate must see ONE ledger, so use a PostgreSQL URL
-# (`postgresql://user@host:port/db`). `sage-tfx compile` takes it from --ledger-url or
-# $SAGE_LEDGER_URL (as below) and bakes it into the gate's and readers' exec properties; an
-# embedded SQLite ledger only works when all steps share one filesystem.
-FROM python:3.10-slim
+# The ledger: every pod, worker and the gate must see ONE ledger, a PostgreSQL URL given as a
+# Kubernetes Secret (--ledger-secret) or $SAGE_LEDGER_URL; an embedded SQLite ledger only works
+# when all steps share one filesystem. The image holds no ledger URL, token or key.
+#
+# tests/orchestration/test_dockerfile.py checks what can be checked without a Docker daemon:
+# pinned base images, the Beam stage matching the locked apache-beam, a compiler where the lock
+# has sdist-only packages (pyfarmhash), the lock installed, the entrypoint, a non-root user.
 
-ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-WORKDIR /sage-tfx
+# Beam's SDK harness boot program (the version of apache-beam in requirements/lock.txt).
+FROM apache/beam_python3.10_sdk:2.56.0 AS beam
 
-# The pinned stack first (a layer that changes only with the lock).
-COPY requirements/lock.txt requirements/lock.txt
+# Build stage: a C/C++ toolchain for the lock's packages that ship no wheel (pyfarmhash 0.3.2,
+# a C++ extension), installed into a virtualenv that the runtime stage copies.
+FROM python:3.10.13-slim-bookworm AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends build-essential=12.9 \
+ && rm -rf /var/lib/apt/lists/*
 RUN python -m pip install uv==0.13.9 \
- && uv pip install --system -r requirements/lock.txt
+ && python -m venv /opt/venv
+COPY requirements/lock.txt /tmp/lock.txt
+RUN uv pip install --python /opt/venv/bin/python -r /tmp/lock.txt
+
+# Runtime stage: no compiler, the built virtualenv, Beam's boot, sage-tfx, a non-root user.
+FROM python:3.10.13-slim-bookworm
+ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PATH=/opt/venv/bin:$PATH VIRTUAL_ENV=/opt/venv TF_CPP_MIN_LOG_LEVEL=2
+COPY --from=build /opt/venv /opt/venv
+COPY --from=beam /opt/apache/beam /opt/apache/beam
+WORKDIR /sage-tfx
 
 # sage-tfx itself, installed in place so that compiled paths under /sage-tfx stay valid.
 COPY setup.py README.md ./
 COPY sage_tfx sage_tfx
 COPY components components
 COPY pipelines pipelines
-RUN uv pip install --system --no-deps -e . \
- && python -c "import sage_tfx, sage_tfx.components.gate.executor, tfx, tensorflow_privacy"
+RUN python -m pip install --no-deps --no-build-isolation -e . \
+ && python -c "import sage_tfx, sage_tfx.components.gate.executor, tfx, tensorflow_privacy, farmhash, kfp_server_api" \
+ && test -x /opt/apache/beam/boot \
+ && useradd --uid 1000 --user-group --create-home --shell /usr/sbin/nologin sage
 
-# The shared ledger, set at deploy time (Kubernetes env, Airflow worker env, ...).
-ENV SAGE_LEDGER_URL=""
+# Pods and workers run as this user (Kubernetes runAsNonRoot: a numeric UID).
+USER 1000:1000
+ENV HOME=/home/sage
 
-CMD ["sage-tfx", "--help"]
+ENTRYPOINT ["/opt/apache/beam/boot"]

@@ -17,6 +17,11 @@
         --output-dir $AIRFLOW_HOME/dags
     # -> $AIRFLOW_HOME/dags/gate_stats_dag.py
 
+All six pipelines of ``pipelines/catalog.py`` compile (``--help`` lists what each needs; options
+without a flag are ``--set KEY=VALUE``). On Kubeflow, the window and, where the gate charges it
+directly, ε are runtime parameters of the compiled pipeline, set per run by ``sage-tfx submit``.
+Compiling reads no data and needs no ledger; paths are only recorded.
+
 The ledger URL defaults to ``$SAGE_LEDGER_URL``; with several pods or workers it must be a
 shared PostgreSQL ledger. It is never embedded with a password: ``--ledger`` with one is
 refused; a password-bearing ``$SAGE_LEDGER_URL`` becomes the reference ``env:SAGE_LEDGER_URL``,
@@ -27,28 +32,39 @@ every Beam-backed component.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
+import warnings
 from typing import Optional, Sequence
 
-from sage_tfx.errors import InvalidRequestError
-from sage_tfx.ledger import flags, secrets
-from sage_tfx.pipelines import orchestration
+# Before TensorFlow is imported (lazily, after the arguments are parsed): no C++ log lines.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+from sage_tfx.errors import InvalidRequestError, SageError  # noqa: E402
+from sage_tfx.ledger import flags  # noqa: E402
+from sage_tfx.pipelines import catalog  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="sage-tfx compile", description=(
-        "Compile a sage-tfx pipeline for Kubeflow Pipelines (v2 IR JSON) or Airflow (a DAG file)."))
-    p.add_argument("--target", choices=(orchestration.KUBEFLOW, orchestration.AIRFLOW),
+    p = argparse.ArgumentParser(
+        prog="sage-tfx compile", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Compile a sage-tfx pipeline for Kubeflow Pipelines (v2 IR JSON and the "
+                    "KFP package YAML, for sage-tfx submit) or Airflow (a DAG file).",
+        epilog="pipelines (options not covered by a flag: --set KEY=VALUE):\n"
+               + catalog.help_text())
+    p.add_argument("--target", choices=(catalog.KUBEFLOW, catalog.AIRFLOW),
                    required=True, help="the orchestrator")
-    p.add_argument("pipeline", choices=sorted(orchestration.PIPELINES))
+    p.add_argument("pipeline", choices=sorted(catalog.PIPELINES))
     p.add_argument("--output-dir", default=".", help="where the JSON / DAG file is written")
     p.add_argument("--image", default="sage-tfx:latest",
                    help="kubeflow: the container image of every pod (see Dockerfile)")
     p.add_argument("--pipeline-name", help="default: the pipeline's name ([a-z0-9-], KFP rule)")
     p.add_argument("--pipeline-root", required=True)
-    p.add_argument("--metadata-path", help="ML Metadata SQLite file (Airflow; unused by KFP, "
-                                           "which keeps its own)")
+    p.add_argument("--metadata-path",
+                   help="ML Metadata SQLite file. Airflow: a path on the workers (default "
+                        "PIPELINE_ROOT/metadata.db when that is a local path). Kubeflow keeps "
+                        "its own; nothing is created there")
     flags.add_ledger_argument(
         p, default=None, dest="ledger_url", deprecated=("--ledger-url",),
         help="the shared block ledger, without a password (default $SAGE_LEDGER_URL, "
@@ -61,17 +77,65 @@ def build_parser() -> argparse.ArgumentParser:
                    help="kubeflow: a Kubernetes Secret key holding the pipeline principal's "
                         "token, set as $SAGE_LEDGER_TOKEN in every pod")
     p.add_argument("--stream", required=True)
-    p.add_argument("--window-last", type=int)
+    p.add_argument("--window-last", type=int,
+                   help="the window (kubeflow: a runtime parameter, this its default)")
     p.add_argument("--blocks", help="comma-separated block ids instead of --window-last")
-    p.add_argument("--epsilon", type=float, required=True)
+    p.add_argument("--epsilon", type=float,
+                   help="the run's ε (kubeflow: a runtime parameter where the gate charges it "
+                        "directly, see below)")
     p.add_argument("--delta", type=float, default=None)
-    p.add_argument("--quality-target", type=float, help="flights-dp: ACCEPT target (min²)")
-    p.add_argument("--serving-dir", help="flights-dp: where Pusher pushes ACCEPTed models")
+    p.add_argument("--quality-target", type=float,
+                   help="flights-dp, dnd: the validator's ACCEPT target")
+    p.add_argument("--serving-dir", help="flights-dp, dnd, pyramid: where Pusher pushes models")
     p.add_argument("--no-transform", action="store_true", help="flights-dp: skip DP Transform")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
+                   help="one more create_pipeline option (VALUE as JSON, else a string), "
+                        "e.g. --set ptk_id=ptk-1 --set 'count_blocks=[\"d1\",\"d2\"]' "
+                        "(repeatable)")
     p.add_argument("--beam-arg", action="append", default=[], metavar="FLAG",
                    help="one Beam pipeline option, e.g. --beam-arg=--runner=PortableRunner "
                         "(repeatable)")
     return p
+
+
+def parse_settings(values: Sequence[str]) -> dict:
+    """``--set KEY=VALUE`` values as a dict (VALUE parsed as JSON when it is JSON).
+
+    Raises:
+      InvalidRequestError: not KEY=VALUE, or a key twice.
+    """
+    out: dict = {}
+    for text in values:
+        key, sep, value = text.partition("=")
+        if not sep or not key.isidentifier():
+            raise InvalidRequestError(f"--set takes KEY=VALUE with KEY a create_pipeline "
+                                      f"option name, got {text!r}")
+        if key in out:
+            raise InvalidRequestError(f"--set {key} given twice")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out
+
+
+def metadata_path_of(args: argparse.Namespace) -> str:
+    """``--metadata-path``, else a local default: Kubeflow keeps its own ML Metadata (the path
+    is never opened), Airflow needs one its workers share.
+
+    Raises:
+      InvalidRequestError: Airflow without --metadata-path and a remote pipeline root.
+    """
+    if args.metadata_path:
+        return args.metadata_path
+    name = args.pipeline_name or args.pipeline
+    if args.target == catalog.KUBEFLOW:
+        return os.path.join(os.path.abspath(args.output_dir), f"{name}.mlmd.db")
+    if "://" in args.pipeline_root:
+        raise InvalidRequestError(
+            f"Airflow keeps ML Metadata in a SQLite file its workers share; the pipeline root "
+            f"{args.pipeline_root} is not a local path: give --metadata-path")
+    return os.path.join(args.pipeline_root, "metadata.db")
 
 
 def ledger_url_of(args: argparse.Namespace, environ=os.environ) -> Optional[str]:
@@ -81,6 +145,9 @@ def ledger_url_of(args: argparse.Namespace, environ=os.environ) -> Optional[str]
       InvalidRequestError: ``--ledger`` holds a password, or conflicts with
         ``--ledger-secret``; a Secret for Airflow.
     """
+    from sage_tfx.ledger import secrets
+    from sage_tfx.pipelines import orchestration
+
     kfp = args.target == orchestration.KUBEFLOW
     if (args.ledger_secret or args.token_secret) and not kfp:
         raise InvalidRequestError(
@@ -110,10 +177,12 @@ def ledger_url_of(args: argparse.Namespace, environ=os.environ) -> Optional[str]
 
 def config_from_args(args: argparse.Namespace, environ=os.environ) -> dict:
     """The :func:`orchestration.build` config of parsed arguments (unset options left out)."""
+    from sage_tfx.pipelines import orchestration
+
     config = {
         "pipeline_name": args.pipeline_name,
         "pipeline_root": args.pipeline_root,
-        "metadata_path": args.metadata_path or os.path.join(args.pipeline_root, "metadata.db"),
+        "metadata_path": metadata_path_of(args),
         "ledger_url": ledger_url_of(args, environ),
         "stream": args.stream,
         "window_last": args.window_last,
@@ -122,15 +191,32 @@ def config_from_args(args: argparse.Namespace, environ=os.environ) -> dict:
         "delta": args.delta,
         "beam_pipeline_args": orchestration.parse_beam_args(args.beam_arg),
     }
+    if args.pipeline in ("flights-dp", "dnd"):
+        config.update(target=args.quality_target, serving_model_dir=args.serving_dir)
     if args.pipeline == "flights-dp":
-        config.update(target=args.quality_target, serving_model_dir=args.serving_dir,
-                      use_transform=not args.no_transform)
+        config.update(use_transform=not args.no_transform)
+    if args.pipeline == "pyramid":
+        config.update(serving_dir=args.serving_dir)
+    settings = parse_settings(args.settings)
+    clash = sorted(k for k in settings if config.get(k) is not None)
+    if clash:
+        raise InvalidRequestError(f"--set {', '.join(clash)}: given by a flag already")
+    config.update(settings)
     return {k: v for k, v in config.items() if v is not None}
+
+
+def _is_tf_error(exc: BaseException) -> bool:
+    """A TensorFlow I/O error (e.g. a gs:// path without credentials or network)."""
+    return any(c.__module__.startswith("tensorflow.") and c.__name__ == "OpError"
+               for c in type(exc).__mro__)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"google\.")
     try:
+        from sage_tfx.pipelines import orchestration
+
         config = config_from_args(args)
         if args.target == orchestration.KUBEFLOW:
             k8s = orchestration.token_env_secret(args.token_secret)
@@ -140,8 +226,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             path = orchestration.compile_kubeflow(
                 orchestration.build(args.pipeline, config, orchestration.KUBEFLOW),
                 args.output_dir, image=args.image, k8s_secrets=k8s)
-            if k8s:
-                path += "\n" + os.path.splitext(path)[0] + ".yaml"
+            path += "\n" + os.path.splitext(path)[0] + ".yaml"
         else:
             orchestration.build(args.pipeline, config, orchestration.AIRFLOW)  # fails early
             os.makedirs(args.output_dir, exist_ok=True)
@@ -149,9 +234,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             path = os.path.join(args.output_dir, f"{name.replace('-', '_')}_dag.py")
             with open(path, "w") as f:
                 f.write(orchestration.airflow_dag_file(args.pipeline, config))
-    except ValueError as exc:
+    except (ValueError, SageError) as exc:  # bad arguments: nothing was written
         print(f"sage-tfx compile: error: {exc}", file=sys.stderr)
         return 2
+    except TypeError as exc:  # an option the pipeline does not take (--set)
+        print(f"sage-tfx compile: error: {args.pipeline}: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"sage-tfx compile: error: cannot write or read a file: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # noqa: BLE001 -- only TensorFlow's file system errors
+        if not _is_tf_error(exc):
+            raise
+        print(f"sage-tfx compile: error: {type(exc).__name__}: {exc.message} (the pipeline "
+              f"root or an output path is not reachable from here; compile paths are only "
+              f"recorded, so give paths this machine can reach or --metadata-path)",
+              file=sys.stderr)
+        return 1
     print(path)
     return 0
 

@@ -27,8 +27,10 @@ platform spec); Airflow workers from their own environment (an Airflow connectio
 ``AIRFLOW_CONN_...`` works too: ``env:AIRFLOW_CONN_SAGE_LEDGER``). Tokens travel the same way, as
 ``$SAGE_LEDGER_TOKEN`` or ``$SAGE_LEDGER_TOKEN_FILE``.
 
-:data:`PIPELINES` names the pipelines ``sage-tfx compile`` knows, each built from one flat config
-dict (:func:`build`), so the command line, a DAG file and a test build the same pipeline.
+:data:`PIPELINES` (``catalog.py``) names the pipelines ``sage-tfx compile`` knows, each built
+from one flat config dict (:func:`build`), so the command line, a DAG file and a test build the
+same pipeline. On Kubeflow, ε and the window are KFP pipeline parameters where the gate charges
+them directly (``catalog.RUNTIME_PARAMETERS``), set per run by ``sage-tfx submit``.
 """
 from __future__ import annotations
 
@@ -42,10 +44,13 @@ from sage_tfx.components.gate import driver as gate_driver
 from sage_tfx.components.gate import spec as gate_spec
 from sage_tfx.errors import InvalidRequestError
 from sage_tfx.ledger import access, secrets
+from sage_tfx.pipelines import catalog
+from sage_tfx.pipelines.kfp_package import (  # noqa: F401  (re-exported)
+    kubernetes_platform_spec, parse_secret_ref)
+from sage_tfx.pipelines.catalog import AIRFLOW, KUBEFLOW, LOCAL, PIPELINES  # noqa: F401
 
 # Kubeflow Pipelines' pipeline-name rule.
 KFP_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,127}$")
-KUBEFLOW, AIRFLOW, LOCAL = "kubeflow", "airflow", "local"
 LEDGER_URL_ENV = "SAGE_LEDGER_URL"
 LEDGER_URL_REF = secrets.ENV_PREFIX + LEDGER_URL_ENV  # what compiled pipelines hold
 SPECS = "the pipeline's component properties (ML Metadata, compiled specs, DAG files)"
@@ -97,34 +102,14 @@ def for_orchestrator(pipeline, orchestrator: str):
     return pipeline
 
 
-# --- the pipelines `sage-tfx compile` knows -------------------------------------------------------
-
-def _flights_dp(config: Mapping[str, Any]):
-    from sage_tfx.pipelines import flights_dp_pipeline as fp
-    c = dict(config)
-    shares = {k: float(c.pop(k)) for k in ("transform_share", "validate_share") if k in c}
-    if not c.get("use_transform", True):
-        shares["transform_share"] = 0.0
-    plan = fp.make_plan(float(c.pop("epsilon")), float(c.pop("delta")), **shares)
-    return fp.create_pipeline(plan=plan, **c)
-
-
-def _gate_stats(config: Mapping[str, Any]):
-    from sage_tfx.pipelines import gate_stats_pipeline
-    return gate_stats_pipeline.create_pipeline(**config)
-
-
-# name -> (builder of config, required config keys). Every config also takes pipeline_name,
-# pipeline_root, metadata_path, ledger_url, stream and beam_pipeline_args.
-PIPELINES: Dict[str, tuple] = {
-    "flights-dp": (_flights_dp, ("epsilon", "delta", "target", "serving_model_dir")),
-    "gate-stats": (_gate_stats, ("window_last", "epsilon")),
-}
-_COMMON = ("pipeline_root", "metadata_path", "ledger_url", "stream")
-
+# --- the pipelines `sage-tfx compile` knows (pipelines/catalog.py) --------------------------------
 
 def build(name: str, config: Mapping[str, Any], orchestrator: str = LOCAL):
     """Builds pipeline ``name`` of :data:`PIPELINES` from a flat config, for ``orchestrator``.
+
+    For Kubeflow, the config values named in ``catalog.RUNTIME_PARAMETERS`` become KFP pipeline
+    parameters (TFX ``RuntimeParameter``) with the config's values as defaults; those values are
+    checked first, by building the pipeline once with them.
 
     Args:
       name: a key of :data:`PIPELINES` (the default pipeline name too).
@@ -138,14 +123,31 @@ def build(name: str, config: Mapping[str, Any], orchestrator: str = LOCAL):
     """
     if name not in PIPELINES:
         raise ValueError(f"unknown pipeline {name!r}; known: {sorted(PIPELINES)}")
-    builder, required = PIPELINES[name]
-    missing = [k for k in (*_COMMON, *required) if config.get(k) is None]
+    builder, required, _ = PIPELINES[name]
+    missing = [k for k in (*catalog.COMMON, *required) if config.get(k) is None]
     if missing:
         raise ValueError(f"pipeline {name} needs {missing}")
     config = dict(config)
     config["pipeline_name"] = check_pipeline_name(config.get("pipeline_name") or name)
     config["beam_pipeline_args"] = list(config.get("beam_pipeline_args") or [])
-    return for_orchestrator(builder(config), orchestrator)
+    pipeline = builder(dict(config))  # the compile-time values, checked by the constructors
+    if orchestrator == KUBEFLOW and catalog.runtime_parameters(name, config):
+        from tfx.orchestration.data_types import RuntimeParameter
+
+        for key, (ptype, value) in catalog.runtime_parameters(name, config).items():
+            config[key] = RuntimeParameter(name=key, ptype=ptype, default=value)
+        pipeline = builder(config)
+    return for_orchestrator(pipeline, orchestrator)
+
+
+def runtime_defaults(pipeline) -> Dict[str, Any]:
+    """``{name: default}`` of the RuntimeParameters in a built pipeline's component properties."""
+    found: Dict[str, Any] = {}
+    for node in pipeline.components:
+        for value in node.exec_properties.values():
+            if type(value).__name__ == "RuntimeParameter":
+                found[value.name] = value.default
+    return found
 
 
 def compile_kubeflow(pipeline, output_dir: str, *, image: str,
@@ -160,8 +162,11 @@ def compile_kubeflow(pipeline, output_dir: str, *, image: str,
       image: the container image every pod runs (the sage-tfx ``Dockerfile``).
       output_filename: default ``<pipeline name>.json``.
       k8s_secrets: ``{env var: (Kubernetes Secret name, key)}`` set in every pod, e.g.
-        ``{"SAGE_LEDGER_URL": ("sage-ledger", "url")}``: also writes the KFP package
-        ``<name>.yaml`` beside the JSON (:func:`write_kfp_package`).
+        ``{"SAGE_LEDGER_URL": ("sage-ledger", "url")}`` (the platform spec of the package).
+
+    The KFP package ``<name>.yaml`` (:func:`write_kfp_package`) is written beside the JSON; it
+    is what ``sage-tfx submit`` sends. The pipeline's RuntimeParameters are the root's input
+    parameters, with their defaults as ``defaultValue`` (and in the job's runtime config).
 
     Returns:
       The path of the written JSON.
@@ -173,12 +178,22 @@ def compile_kubeflow(pipeline, output_dir: str, *, image: str,
     for_orchestrator(pipeline, KUBEFLOW)
     filename = output_filename or f"{pipeline.pipeline_info.pipeline_name}.json"
     os.makedirs(output_dir, exist_ok=True)
+    defaults = runtime_defaults(pipeline)
     kfp_v2.KubeflowV2DagRunner(
         config=kfp_v2.KubeflowV2DagRunnerConfig(default_image=image, use_pipeline_spec_2_1=True),
-        output_dir=output_dir, output_filename=filename).run(pipeline)
+        output_dir=output_dir, output_filename=filename).run(
+            pipeline, parameter_values=defaults or None)
     path = os.path.join(output_dir, filename)
-    if k8s_secrets:
-        write_kfp_package(path, k8s_secrets)
+    if defaults:
+        # KFP reads a parameter's default from the spec (the UI, a run that leaves it out).
+        with open(path) as f:
+            job = json.load(f)
+        declared = job["pipelineSpec"]["root"]["inputDefinitions"]["parameters"]
+        for key, value in defaults.items():
+            declared[key].update(defaultValue=value, isOptional=True)
+        with open(path, "w") as f:
+            json.dump(job, f, indent=2, sort_keys=True)
+    write_kfp_package(path, k8s_secrets or {})
     return path
 
 
@@ -206,14 +221,30 @@ def airflow_dag(pipeline, *, schedule: Optional[str] = None, start_date=None):
     return AirflowDagRunner(AirflowPipelineConfig(airflow_dag_config=dag_config)).run(pipeline)
 
 
+def deployment_from_env(environ: Mapping[str, str] = os.environ, prefix: str = "SAGE_"
+                        ) -> Dict[str, Any]:
+    """What the environment of a pod or worker decides about a compiled pipeline: where the
+    ledger is (``$SAGE_LEDGER_URL``) and how Beam runs (``$SAGE_BEAM_ARGS``, space-separated
+    flags) — never a stream, window or privacy parameter, which stay those compiled in.
+
+    A ledger URL with a password becomes the reference ``env:SAGE_LEDGER_URL``
+    (:func:`ledger_url_from_env`): the pipeline holds the reference, each task resolves it.
+    """
+    config: Dict[str, Any] = {}
+    url = ledger_url_from_env(environ, prefix + "LEDGER_URL")
+    if url:
+        config["ledger_url"] = url
+    if environ.get(prefix + "BEAM_ARGS"):
+        config["beam_pipeline_args"] = environ[prefix + "BEAM_ARGS"].split()
+    return config
+
+
 def config_from_env(environ: Mapping[str, str] = os.environ, prefix: str = "SAGE_"
                     ) -> Dict[str, Any]:
-    """A :func:`build` config from environment variables (for DAG files and pods).
-
-    ``$SAGE_PIPELINE_CONFIG`` holds the whole config as JSON; ``$SAGE_LEDGER_URL`` (the shared
-    ledger) and ``$SAGE_BEAM_ARGS`` (space-separated Beam flags) override its keys. A ledger URL
-    with a password becomes the reference ``env:SAGE_LEDGER_URL`` (:func:`ledger_url_from_env`):
-    the pipeline holds the reference, each task resolves it when it connects.
+    """The whole :func:`build` config of the environment-configured flights DAG file
+    (``pipelines/flights_airflow_dag.py``): ``$SAGE_PIPELINE_CONFIG`` (JSON), then
+    :func:`deployment_from_env`. DAG files written by ``sage-tfx compile`` never read
+    ``$SAGE_PIPELINE_CONFIG``: their stream, window and ε are the compiled ones.
 
     Raises:
       InvalidRequestError: ``$SAGE_PIPELINE_CONFIG`` holds a password-bearing ledger URL.
@@ -221,11 +252,7 @@ def config_from_env(environ: Mapping[str, str] = os.environ, prefix: str = "SAGE
     config: Dict[str, Any] = json.loads(environ.get(prefix + "PIPELINE_CONFIG", "{}"))
     if config.get("ledger_url"):
         secrets.check_no_password(config["ledger_url"], f"${prefix}PIPELINE_CONFIG")
-    url = ledger_url_from_env(environ, prefix + "LEDGER_URL")
-    if url:
-        config["ledger_url"] = url
-    if environ.get(prefix + "BEAM_ARGS"):
-        config["beam_pipeline_args"] = environ[prefix + "BEAM_ARGS"].split()
+    config.update(deployment_from_env(environ, prefix))
     return config
 
 
@@ -252,7 +279,7 @@ import json
 from sage_tfx.pipelines import orchestration
 
 CONFIG = json.loads({config!r})
-CONFIG.update(orchestration.config_from_env())  # $SAGE_LEDGER_URL, $SAGE_BEAM_ARGS override
+CONFIG.update(orchestration.deployment_from_env())  # only $SAGE_LEDGER_URL, $SAGE_BEAM_ARGS
 DAG = orchestration.airflow_dag(orchestration.build({name!r}, CONFIG, "airflow"))
 ''')
 
@@ -307,49 +334,11 @@ def ledger_url_from_env(environ: Mapping[str, str] = os.environ,
     return secrets.ENV_PREFIX + name if secrets.has_password(value) else value
 
 
-_K8S_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
-_K8S_KEY_RE = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")
-_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-def parse_secret_ref(text: str) -> Tuple[str, str]:
-    """``NAME:KEY`` (a Kubernetes Secret and one of its keys) as ``(name, key)``.
-
-    Raises:
-      InvalidRequestError: not a Secret name (DNS subdomain) and a data key.
-    """
-    name, _, key = (text or "").partition(":")
-    if not _K8S_NAME_RE.match(name) or not _K8S_KEY_RE.match(key):
-        raise InvalidRequestError(
-            f"a Kubernetes Secret reference is NAME:KEY (a Secret in the pipeline's namespace "
-            f"and one of its data keys, e.g. sage-ledger:url), got {text!r}")
-    return name, key
-
-
-def kubernetes_platform_spec(executor_labels: Sequence[str],
-                             k8s_secrets: Mapping[str, Tuple[str, str]]) -> dict:
-    """The kfp-kubernetes platform spec that sets env vars from Secrets in every executor.
-
-    ``{"platforms": {"kubernetes": {"deploymentSpec": {"executors": {label: {"secretAsEnv":
-    [{"secretName": ..., "keyToEnv": [{"secretKey": ..., "envVar": ...}]}]}}}}}}`` — the
-    format ``kfp.kubernetes.use_secret_as_env`` writes (``KubernetesExecutorConfig``).
-    """
-    by_secret: Dict[str, list] = {}
-    for env, (name, key) in sorted(k8s_secrets.items()):
-        if not _ENV_RE.match(env):
-            raise InvalidRequestError(f"not an environment variable name: {env!r}")
-        parse_secret_ref(f"{name}:{key}")
-        by_secret.setdefault(name, []).append({"envVar": env, "secretKey": key})
-    config = {"secretAsEnv": [{"keyToEnv": pairs, "secretName": name}
-                              for name, pairs in sorted(by_secret.items())]}
-    return {"platforms": {"kubernetes": {"deploymentSpec": {
-        "executors": {label: config for label in sorted(executor_labels)}}}}}
-
-
 def write_kfp_package(job_path: str, k8s_secrets: Mapping[str, Tuple[str, str]]) -> str:
     """Writes ``<job>.yaml`` beside a compiled job JSON: the Kubeflow Pipelines package that
-    ``kfp.Client().create_run_from_pipeline_package`` submits — the pipeline spec, then the
-    platform spec (:func:`kubernetes_platform_spec`) as a second YAML document.
+    ``sage-tfx submit`` (or ``kfp.Client().create_run_from_pipeline_package``) submits — the
+    pipeline spec, then (with Secrets) the platform spec (:func:`kubernetes_platform_spec`) as
+    a second YAML document.
 
     (The job JSON is Vertex AI's PipelineJob, which has no platform spec: kfp-pipeline-spec
     0.1.16's ``PipelineJob`` holds ``pipeline_spec`` and ``runtime_config`` only.)
@@ -360,9 +349,9 @@ def write_kfp_package(job_path: str, k8s_secrets: Mapping[str, Tuple[str, str]])
         spec = json.load(f)["pipelineSpec"]
     labels = spec["deploymentSpec"]["executors"]
     path = os.path.splitext(job_path)[0] + ".yaml"
+    docs = [spec] + ([kubernetes_platform_spec(labels, k8s_secrets)] if k8s_secrets else [])
     with open(path, "w") as f:
-        yaml.safe_dump_all([spec, kubernetes_platform_spec(labels, k8s_secrets)], f,
-                           sort_keys=True)
+        yaml.safe_dump_all(docs, f, sort_keys=True)
     return path
 
 

@@ -43,9 +43,20 @@ def allocation(ledger_url: str, ptk_id: str) -> tuple[float, float]:
 def create_pipeline(pipeline_name: str, pipeline_root: str, metadata_path: str,
                     ledger_url: str, stream: str, window_last: int, ptk_id: str,
                     window_index: int, featurize_fn: Optional[str] = None, *,
+                    epsilon=None, delta=None,
                     beam_pipeline_args: Optional[Sequence[str]] = None) -> tfx.dsl.Pipeline:
+    """Builds the pipeline.
+
+    ``epsilon`` / ``delta``: the gate's charge, normally the PTK's allocation. Given (numbers or
+    KFP runtime parameters), nothing is read at build time; left out, the allocation is read
+    from the PTK store's current plan (a live ledger). PTKTrainer trains at the grant's ε and
+    refuses a grant whose (ε, δ) is not what the PTK type spends at that ε.
+    """
     check_ledger_url(ledger_url)  # no password into the pipeline, before the store is read
-    epsilon, delta = allocation(ledger_url, ptk_id)
+    if epsilon is None:
+        if delta is not None:
+            raise ValueError("give epsilon with delta (or neither: the PTK store's allocation)")
+        epsilon, delta = allocation(ledger_url, ptk_id)
     gate = SageGate(ledger_url=ledger_url, stream=stream, window_last=window_last,
                     epsilon=epsilon, delta=delta)
     with tfx.dsl.Cond(gate.outputs["grant"].future()[0].custom_property("granted") == 1):

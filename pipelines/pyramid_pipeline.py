@@ -23,7 +23,6 @@ Run locally::
 """
 from __future__ import annotations
 
-import os
 from typing import Optional, Sequence
 
 from tfx import v1 as tfx
@@ -39,7 +38,9 @@ from sage_tfx.ledger import accounting
 from sage_tfx.pyramid import CountSpec, pyramid_run_id
 from sage_tfx.pyramid.windows import window_event
 
-MODULE_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pyramid_module.py")
+# The trainer's run_fn by import path (installed with sage-tfx, in the image too): no module file
+# for TFX to package into a wheel under the pipeline root when the pipeline is compiled.
+RUN_FN = "sage_tfx.pipelines.pyramid_module.run_fn"
 
 
 def feature_names(spec: CountSpec) -> list[str]:
@@ -82,7 +83,7 @@ def create_pipeline(pipeline_name: str, pipeline_root: str, metadata_path: str, 
     transform = PyramidTransform(examples=example_gen.outputs["examples"],
                                  featurization=snapshot.outputs["featurization"])
     trainer = tfx.components.Trainer(
-        module_file=MODULE_FILE, examples=transform.outputs["transformed_examples"],
+        run_fn=RUN_FN, examples=transform.outputs["transformed_examples"],
         transform_graph=transform.outputs["transform_graph"],
         train_args=tfx.proto.TrainArgs(num_steps=train_steps),
         eval_args=tfx.proto.EvalArgs(num_steps=eval_steps),

@@ -147,15 +147,26 @@ PUBLIC_API: dict[str, tuple[str, ...]] = {
 }
 
 
+# Artifact type name ``sage_tfx.<Name>`` -> the module that defines the class.
+_ARTIFACT_TYPES = {
+    "SageGrant": "sage_tfx.components.artifacts",
+    "PTKState": "sage_tfx.components.ptk_trainer.spec",
+    "PyramidWindowTable": "sage_tfx.components.pyramid_artifacts",
+    "PyramidFeaturization": "sage_tfx.components.pyramid_artifacts",
+}
+
+
 def __getattr__(name: str):  # pylint: disable=invalid-name
-    """``sage_tfx.SageGrant``: the class behind the artifact type name ``sage_tfx.SageGrant``.
+    """``sage_tfx.SageGrant`` (and the other custom artifact types, ``sage_tfx.PTKState``,
+    ``sage_tfx.PyramidWindowTable``, ``sage_tfx.PyramidFeaturization``): the class behind the
+    artifact type name.
 
     A Kubeflow Pipelines v2 pod rebuilds a custom-typed artifact by importing its type name as a
-    class path (TFX's ``kubeflow_v2_entrypoint_utils``), so this one name must resolve. It is
+    class path (TFX's ``kubeflow_v2_entrypoint_utils``), so these names must resolve. They are
     looked up by name only when asked for: importing the core still imports no TFX and no
     components.
     """
-    if name == "SageGrant":
+    if name in _ARTIFACT_TYPES:
         import importlib
-        return importlib.import_module("sage_tfx.components.artifacts").SageGrant
+        return getattr(importlib.import_module(_ARTIFACT_TYPES[name]), name)
     raise AttributeError(f"module 'sage_tfx' has no attribute {name!r}")

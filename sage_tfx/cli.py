@@ -17,6 +17,7 @@ Examples::
     sage-tfx verify --anchors /mnt/worm/ledger-anchors.jsonl --key-file anchor.key
     sage-tfx compile --target kubeflow flights-dp --image IMAGE ...   # KFP v2 job JSON
     sage-tfx compile --target airflow gate-stats ...                  # an Airflow DAG file
+    sage-tfx submit out/gate-stats.yaml --host URL --param epsilon=0.25  # a KFP run
     sage-tfx ptk plan --ledger sqlite:///ledger.db                    # the PTK store's plan
     sage-tfx dnd serve --ledger sqlite:///ledger.db --stream s ...    # a Draw-and-Discard server
 
@@ -382,6 +383,11 @@ def build_parser() -> argparse.ArgumentParser:
                             "compile --target kubeflow|airflow PIPELINE ... (compile --help)")
     c.add_argument("args", nargs=argparse.REMAINDER)
     c.set_defaults(fn=None)
+    c = sub.add_parser("submit", add_help=False, prefix_chars="\0",
+                       help="start a Kubeflow Pipelines run of a compiled package: "
+                            "submit PACKAGE.yaml --host URL --param NAME=VALUE ... (submit --help)")
+    c.add_argument("args", nargs=argparse.REMAINDER)
+    c.set_defaults(fn=None)
 
     # The systems' own commands, passed through (each system parses its arguments).
     for name, help_text in (("ptk", "the PTK store: ptk serve|plan --ledger URL ... (ptk --help)"),
@@ -410,14 +416,15 @@ def _system_command(args: argparse.Namespace) -> int:
 
 
 def _compile(args: argparse.Namespace) -> int:
-    """``sage-tfx compile``: runs the pipeline layer's compiler (``sage_tfx.pipelines.compile``)
-    in a child process, as the core never imports the TFX layers."""
+    """``sage-tfx compile`` / ``submit``: runs the pipeline layer's command
+    (``sage_tfx.pipelines.compile`` / ``.submit``) in a child process, as the core never
+    imports the pipeline layers."""
     import subprocess
     env = dict(os.environ)
-    if args.ledger:  # --ledger given: the compiled pipeline's ledger
+    if args.ledger and args.command == "compile":  # --ledger: the compiled pipeline's ledger
         env["SAGE_LEDGER_URL"] = args.ledger
-    return subprocess.call([sys.executable, "-m", "sage_tfx.pipelines.compile", *args.args],
-                           env=env)
+    return subprocess.call([sys.executable, "-m", f"sage_tfx.pipelines.{args.command}",
+                            *args.args], env=env)
 
 
 def ledger_url(given: Optional[str], environ=os.environ) -> str:
@@ -430,7 +437,7 @@ def ledger_url(given: Optional[str], environ=os.environ) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "compile":
+    if args.command in ("compile", "submit"):
         return _compile(args)
     if args.command in ("ptk", "dnd"):
         return _system_command(args)

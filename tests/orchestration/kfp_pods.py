@@ -17,6 +17,7 @@ missing Secret or key fails the task, as Kubernetes refuses to start such a cont
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -97,6 +98,8 @@ def platform_env(path: str, k8s_secrets: Dict[str, Dict[str, str]]) -> Dict[str,
         return {}
     with open(package) as f:
         docs = list(yaml.safe_load_all(f))
+    if len(docs) < 2:  # no platform spec: no Secrets
+        return {}
     executors = docs[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
     out: Dict[str, Dict[str, str]] = {}
     for label, config in executors.items():
@@ -107,10 +110,36 @@ def platform_env(path: str, k8s_secrets: Dict[str, Dict[str, str]]) -> Dict[str,
     return out
 
 
+def parameter_values(spec: pb.PipelineSpec, job: pb.PipelineJob,
+                     parameters: Dict[str, object] = None) -> Dict[str, struct_pb2.Value]:
+    """The run's pipeline parameters as the KFP backend resolves them: the spec's defaults,
+    then the job's runtime config, then ``parameters`` (a run's submitted values)."""
+    values = {k: p.default_value for k, p in spec.root.input_definitions.parameters.items()
+              if p.HasField("default_value")}
+    values.update(job.runtime_config.parameter_values)
+    for k, v in (parameters or {}).items():
+        values[k] = json_format.ParseDict(v, struct_pb2.Value())
+    return values
+
+
+def write_job(path: str, pipeline_spec_dict: dict, runtime_config: dict) -> str:
+    """A job JSON (PipelineJob) from a submitted run's pipeline spec and runtime config."""
+    config = {"gcsOutputDirectory": runtime_config.get("pipeline_root")
+              or pipeline_spec_dict.get("defaultPipelineRoot", ""),
+              "parameterValues": runtime_config.get("parameters") or {}}
+    with open(path, "w") as f:
+        json.dump({"pipelineSpec": pipeline_spec_dict, "runtimeConfig": config}, f)
+    return path
+
+
 def run_job(path: str, *, env: Dict[str, str] = None, job_uuid: str = None,
             log_dir: str = None, k8s_secrets: Dict[str, Dict[str, str]] = None,
-            base_env: Dict[str, str] = None) -> Dict[str, dict]:
+            base_env: Dict[str, str] = None,
+            parameters: Dict[str, object] = None) -> Dict[str, dict]:
     """Runs every task of the compiled job at ``path``; returns ``{task: result}``.
+
+    ``parameters`` sets pipeline parameters (runtime parameters) as a submitted run does; a
+    task input bound to a pipeline parameter gets the resolved value (:func:`parameter_values`).
 
     A result is ``{"ran": bool, "outputs": {key: RuntimeArtifact as dict}, "seconds": float}``;
     a task whose trigger condition is false is skipped (``ran`` False), like KFP does.
@@ -127,6 +156,7 @@ def run_job(path: str, *, env: Dict[str, str] = None, job_uuid: str = None,
     job_uuid = job_uuid or str(uuid.uuid4())
     job_name = f"{spec.pipeline_info.name}-{job_uuid[:8]}"
     placeholders = {"{{$.pipeline_job_uuid}}": job_uuid, "{{$.pipeline_job_name}}": job_name}
+    values = parameter_values(spec, job, parameters)
     outputs: Dict[str, Dict[str, pb.RuntimeArtifact]] = {}
     results: Dict[str, dict] = {}
     run_env = dict(os.environ if base_env is None else base_env, **(env or {}))
@@ -137,8 +167,11 @@ def run_job(path: str, *, env: Dict[str, str] = None, job_uuid: str = None,
         component = spec.components[task.component_ref.name]
         executor_input = pb.ExecutorInput()
         for key, param in task.inputs.parameters.items():
-            executor_input.inputs.parameter_values[key].CopyFrom(
-                _substitute(param.runtime_value.constant, placeholders))
+            if param.component_input_parameter:  # KeyError: a required parameter not given
+                value = values[param.component_input_parameter]
+            else:
+                value = _substitute(param.runtime_value.constant, placeholders)
+            executor_input.inputs.parameter_values[key].CopyFrom(value)
         for key, art in task.inputs.artifacts.items():
             produced = outputs[art.task_output_artifact.producer_task][
                 art.task_output_artifact.output_artifact_key]
