@@ -31,9 +31,10 @@ PROMISES = {
          "teachers reused: True", "not formally DP", "granted: False",
          "audit chain intact: True"), 1),
     "05_draw_and_discard.ipynb": (
-        ("granted: True charged epsilon per block: 3.0", "test accuracy per pass",
-         "Theorem 1 spread", "noise-free test accuracy", "has used its 3 update(s)",
-         "second run granted: False", "shifted passes: False", "III (opportunistic"), 1),
+        ("granted: True; charged per block (epsilon, delta): (8.0, 1e-06)",
+         "a second update: refused:", "has used its 1 update(s)", "second run granted: False",
+         "released model test accuracy", "release recorded against the grant: ['dnd/average']",
+         "audit chain intact: True"), 1),
 }
 
 pytestmark = pytest.mark.slow
@@ -99,4 +100,31 @@ def _pyramid_numbers(text: str, outputs) -> None:
     assert distinct and int(distinct.group(1)) >= 10, "the hour feature backs off to the prior"
 
 
-NUMBERS = {"02_ptk_store.ipynb": _ptk_outputs, "03_pyramid.ipynb": _pyramid_numbers}
+def _dnd_numbers(text: str, outputs) -> None:
+    """Notebook 05's promise: Draw-and-Discard learns under model-level local DP, (8, 1e-6) per
+    update: the gaussian unit is far above chance (0.10), ahead of the Laplace unit at the same ε
+    and number of updates, below the noise-free reference; the ledger charged each block exactly
+    (8, 1e-6); honest updates pass the spam check.
+
+    Nothing is seeded (the served run's noise comes from the secure sampler, the simulated
+    curves from a fresh numpy generator), so the margins must hold with high probability: over
+    11 runs of this configuration at 200,000 updates the gaussian unit ranged 0.691-0.770 and the
+    Laplace unit 0.259-0.467 (the noise-free protocol 0.913-0.919 in 3); at 600,000 updates the
+    gaussian unit gave 0.806-0.807 in 3 runs (REPORT.md: 0.794-0.819 over 3 seeds at 630,000)."""
+    m = re.search(r"gaussian unit after 600,000 updates: test accuracy ([0-9.]+)", text)
+    assert m, "notebook 05 no longer prints its final accuracy"
+    assert float(m.group(1)) >= 0.6, m.group(0)
+    m = re.search(r"at 200,000 updates: gaussian ([0-9.]+), Laplace ([0-9.]+), "
+                  r"no noise ([0-9.]+), chance 0.100", text)
+    assert m, "notebook 05 no longer compares the units at 200,000 updates"
+    gauss, laplace, free = map(float, m.groups())
+    assert gauss >= 0.45 and gauss > laplace and free > gauss, m.group(0)
+    m = re.search(r"served run: 2000 clients in \d+s, accepted (\d+), rejected (\d+)", text)
+    assert m and int(m.group(1)) >= 1980, "the spam check rejects more than 1 % honest updates"
+    spent = re.search(r"\(epsilon, delta\) spent per block \(from the ledger\): (\{.*\})", text)
+    assert spent, "notebook 05 no longer prints the ledger's charge"
+    assert ast.literal_eval(spent.group(1)) == {f"bucket-{i}": (8.0, 1e-6) for i in range(8)}
+
+
+NUMBERS = {"02_ptk_store.ipynb": _ptk_outputs, "03_pyramid.ipynb": _pyramid_numbers,
+           "05_draw_and_discard.ipynb": _dnd_numbers}
