@@ -19,6 +19,9 @@ more explanation):
    ``--updates``, beside the Laplace model unit at the same ε and the noise-free protocol.
 5. Prints the accuracies, what the ledger charged (read back) and writes a picture.
 
+At the defaults it takes ~2.5 min on a loaded 2-core host (the service ~20 s, each curve
+35-50 s); one run gave 0.798 (gaussian), 0.650 (Laplace), 0.952 (no noise) at 10⁶ updates.
+
     python -m sage_tfx.pipelines.dnd_demo [--out out/dnd] [--served 2000] [--updates 1000000]
         [--epsilon 8] [--delta 1e-6]
 """
