@@ -378,8 +378,8 @@ class RunStore:
 
     def drawn_instance(self, grant_id: str, principal: str, ticket: str,
                        dim: int) -> Optional[np.ndarray]:
-        """The instance an outstanding ticket of ``principal`` drew, or None if the ticket was
-        issued without a record (by a server without the norm bound)."""
+        """The instance an outstanding ticket of ``principal`` drew, or None if the ticket has no
+        record (issued by a server from before draws were recorded)."""
         digest = ticket_digest(ticket)
 
         def read():

@@ -186,20 +186,17 @@ class DnDService:
                 raise UpdateRefused(f"no grant for this run: {self.refusal}")
             mine = self._blocks(principal, blocks)
             self.budget.check_blocks(principal, mine)
-            drawn = None
-            if self.norm_bound is not None:  # the ticket records what it drew
-                self._sync()
-                with self._lock:
-                    slot, vector = self._mirror.draw_slot()
-                    drawn = (slot, self._versions[slot], vector)
+            # The ticket records what it drew (with or without this process's norm bound, so
+            # every process on the run can check the update's step).
+            self._sync()
+            with self._lock:
+                slot, vector = self._mirror.draw_slot()
+                drawn = (slot, self._versions[slot], vector)
             ticket = self.store.issue_ticket(self.grant_id, principal, mine, passes=self.passes,
                                              ttl=self.ticket_ttl, drawn=drawn, rate=self.rate)
         except UpdateRefused:
             self._refuse()
             raise
-        if drawn is None:
-            self._sync()
-            _, vector = self._mirror.draw()
         return ticket, vector
 
     def discard(self, principal: str, ticket: str, update: np.ndarray) -> bool:
@@ -240,8 +237,8 @@ class DnDService:
     def _check_bound(self, principal: str, ticket: str, u: np.ndarray) -> None:
         base = self.store.drawn_instance(self.grant_id, principal, ticket, self.spec.dim)
         if base is None:
-            reason = ("the ticket has no recorded draw (issued without the norm bound): draw "
-                      "again once it expires")
+            reason = ("the ticket has no recorded draw (issued by an older server): draw again "
+                      "once it expires")
         else:
             reason = self.norm_bound.violation(base, u)
         if reason is not None:

@@ -9,7 +9,6 @@
   Retry-After, never 5xx, nothing counted for a limited draw.
 """
 import math
-import time
 
 import httpx
 import numpy as np
@@ -136,22 +135,36 @@ def test_the_step_is_measured_from_the_drawn_instance_after_it_is_overwritten(sq
     assert service.store.problems(gid) == []
 
 
+def _clock(*services_, start=1_000_000.25):
+    """A fixed database clock for the services' stores (SQLite's time is this machine's)."""
+    now = [start]
+    for svc in services_:
+        svc.store._time = lambda: now[0]
+    return now
+
+
 def test_rate_limit_is_shared_by_two_services_on_one_database(principals):
     p = principals
     rate = RateLimit(3, 2.0)
     one = _service(p, passes=20, rate=rate)
     two = _service(p, passes=20, rate=rate)  # the same run (the grant replayed)
     assert one.grant_id == two.grant_id
+    now = _clock(one, two)
     for svc in (one, two, one):
         svc.draw("alice")
     before = one.store.passes(one.grant_id)
     with pytest.raises(RateLimitedError) as caught:
         two.draw("alice")
-    assert 0 < caught.value.retry_after <= 2.0
+    assert caught.value.retry_after == pytest.approx(1.75)  # the window is [1e6, 1e6 + 2)
     assert one.store.passes(one.grant_id) == before  # a limited draw counts nothing
     two.draw("bob")  # another principal has its own count
-    time.sleep(caught.value.retry_after + 0.05)
+    now[0] += caught.value.retry_after
     one.draw("alice")  # the next window
+    two.draw("alice")
+    now[0] += 0.5
+    with pytest.raises(RateLimitedError):
+        one.draw("alice")
+        one.draw("alice")
 
 
 def test_rate_limit_input():
@@ -164,6 +177,7 @@ def test_http_answers_429_with_retry_after_and_422_for_an_out_of_bounds_update(p
     p = principals
     spec = GLMSpec("multinomial", 64, 10)
     service = _service(p, config=GAUSS, spec=spec, rate=RateLimit(2, 60.0))
+    _clock(service, start=6_000_001.0)
     app = create_app(service, services.Authenticator(p.url, token=p.server, cache_seconds=0))
     alice = bearer(p.client("alice"))
     with serving(app) as base, httpx.Client(base_url=base) as c:
@@ -175,7 +189,7 @@ def test_http_answers_429_with_retry_after_and_422_for_an_out_of_bounds_update(p
         assert c.post("/v1/draw", headers=alice).status_code == 200
         limited = c.post("/v1/draw", headers=alice)
         assert limited.status_code == 429 and "limit is 2" in limited.json()["refused"]
-        assert 1 <= int(limited.headers["retry-after"]) <= 60
+        assert limited.headers["retry-after"] == "59"
         stats = c.get("/v1/stats", headers=bearer(p.pipeline)).json()
         assert stats["draws"] == 2 and stats["updates"] == 0 and stats["out_of_bounds"] == 1
 
@@ -183,7 +197,8 @@ def test_http_answers_429_with_retry_after_and_422_for_an_out_of_bounds_update(p
 def test_rate_limit_across_two_server_processes(ledger_url):
     from test_server_restart import server_process
     p = make_ledger(ledger_url, clients=["alice"])
-    extra = ("--rate-limit", "4", "--rate-window", "600")
+    # a one-day window (aligned on the database clock's days): the 8 draws do not straddle two
+    extra = ("--rate-limit", "4", "--rate-window", "86400")
     alice = bearer(p.client("alice"))
     with server_process(p, passes=50, extra=extra) as (_, base1), \
             server_process(p, passes=50, extra=extra) as (_, base2), \
@@ -191,3 +206,15 @@ def test_rate_limit_across_two_server_processes(ledger_url):
         codes = [c.post(f"{b}/v1/draw", headers=alice).status_code
                  for b in (base1, base2) * 4]
         assert codes == [200] * 4 + [429] * 4
+
+
+def test_a_draw_of_a_process_without_the_bound_is_checked_by_one_with_it(principals):
+    p = principals
+    off = _service(p, norm_bound=False)
+    on = _service(p)
+    ticket, w = off.draw("alice")
+    assert off.discard("alice", ticket, 10 * w + 1.0) is False  # only the spam check there
+    ticket, w = off.draw("alice")
+    with pytest.raises(UpdateOutOfBoundsError):
+        on.discard("alice", ticket, 10 * w + 1.0)
+    assert on.store.passes(on.grant_id)["alice"] == (1, 2)
