@@ -320,8 +320,9 @@ class RunStore:
                     "ON CONFLICT (grant_id, principal) DO NOTHING", (grant_id, principal))
             used = self._q("SELECT used FROM dnd_passes WHERE grant_id = ? AND principal = ?"
                            + self._for_update, (grant_id, principal)).fetchone()[0]
-            self._q("DELETE FROM dnd_tickets WHERE grant_id = ? AND principal = ? AND "
-                    "expires_at <= ?", (grant_id, principal, t))
+            if self._q("DELETE FROM dnd_tickets WHERE grant_id = ? AND principal = ? AND "
+                       "expires_at <= ?", (grant_id, principal, t)).rowcount:
+                self._drop_orphans(grant_id)
             held = self._q("SELECT count(*) FROM dnd_tickets WHERE grant_id = ? AND "
                            "principal = ?", (grant_id, principal)).fetchone()[0]
             if used >= passes:
@@ -461,8 +462,26 @@ class RunStore:
         return self._write(txn)
 
     def _forget_drawn(self, grant_id: str, digest: str) -> None:
+        """Drops a consumed ticket's draw record, and the kept instance it alone referred to."""
+        row = self._q("SELECT slot, version FROM dnd_drawn WHERE grant_id = ? AND "
+                      "ticket_sha256 = ?", (grant_id, digest)).fetchone()
+        if row is None:
+            return
         self._q("DELETE FROM dnd_drawn WHERE grant_id = ? AND ticket_sha256 = ?",
                 (grant_id, digest))
+        self._q("DELETE FROM dnd_retired WHERE grant_id = ? AND slot = ? AND version = ? AND "
+                "NOT EXISTS (SELECT 1 FROM dnd_drawn d WHERE d.grant_id = dnd_retired.grant_id "
+                "AND d.slot = dnd_retired.slot AND d.version = dnd_retired.version)",
+                (grant_id, row[0], row[1]))
+
+    def _drop_orphans(self, grant_id: str) -> None:
+        """Draw records of tickets gone (expired, deleted) and kept instances nobody refers to."""
+        self._q("DELETE FROM dnd_drawn WHERE grant_id = ? AND NOT EXISTS (SELECT 1 FROM "
+                "dnd_tickets t WHERE t.grant_id = dnd_drawn.grant_id AND t.ticket_sha256 = "
+                "dnd_drawn.ticket_sha256)", (grant_id,))
+        self._q("DELETE FROM dnd_retired WHERE grant_id = ? AND NOT EXISTS (SELECT 1 FROM "
+                "dnd_drawn d WHERE d.grant_id = dnd_retired.grant_id AND d.slot = "
+                "dnd_retired.slot AND d.version = dnd_retired.version)", (grant_id,))
 
     def _retire(self, grant_id: str, slot: int) -> None:
         """Keeps the instance about to be overwritten while an outstanding ticket drew it."""
@@ -480,12 +499,7 @@ class RunStore:
         def txn() -> int:
             gone = self._q("DELETE FROM dnd_tickets WHERE grant_id = ? AND expires_at <= ?",
                            (grant_id, self._time())).rowcount
-            self._q("DELETE FROM dnd_drawn WHERE grant_id = ? AND NOT EXISTS (SELECT 1 FROM "
-                    "dnd_tickets t WHERE t.grant_id = dnd_drawn.grant_id AND t.ticket_sha256 = "
-                    "dnd_drawn.ticket_sha256)", (grant_id,))
-            self._q("DELETE FROM dnd_retired WHERE grant_id = ? AND NOT EXISTS (SELECT 1 FROM "
-                    "dnd_drawn d WHERE d.grant_id = dnd_retired.grant_id AND d.slot = "
-                    "dnd_retired.slot AND d.version = dnd_retired.version)", (grant_id,))
+            self._drop_orphans(grant_id)
             return gone
         return self._write(txn)
 

@@ -112,26 +112,29 @@ def test_a_refused_update_changes_nothing_and_its_ticket_stays_usable(principals
 
 def test_the_step_is_measured_from_the_drawn_instance_after_it_is_overwritten(sqlite_url):
     """Every outstanding ticket's drawn instance is recoverable byte for byte while accepted
-    updates overwrite instances; the kept copies go once their tickets are gone."""
-    p = make_ledger(sqlite_url, clients=[f"c{i}" for i in range(16)])
+    updates overwrite instances; the kept copies go with the last ticket that drew them."""
+    p = make_ledger(sqlite_url, clients=[f"c{i}" for i in range(40)])
     service = _service(p, passes=1, spam_check=False)
-    drawn = {f"c{i}": service.draw(f"c{i}") for i in range(16)}
+    drawn = {f"c{i}": service.draw(f"c{i}") for i in range(40)}
     gid = service.grant_id
     noise = SeededNoise(5)
-    for name in list(drawn)[:10]:  # ten accepted updates overwrite ten random slots
+    store = RunStore(p.url)
+
+    def kept():
+        return tuple(store._read(lambda: store._q(
+            "SELECT (SELECT count(*) FROM dnd_retired), (SELECT count(*) FROM dnd_drawn)"
+        ).fetchone()))
+    for name in list(drawn)[:30]:  # 30 accepted updates overwrite random slots of the k = 10
         ticket, w = drawn.pop(name)
         assert service.discard(name, ticket, noise.laplace(w, CFG.noise_scale))
+    assert kept()[0] > 0 and kept()[1] == 10  # some drawn instances were overwritten
     for name, (ticket, w) in drawn.items():
         assert np.array_equal(service.store.drawn_instance(gid, name, ticket, SPEC.dim), w)
         assert service.discard(name, ticket, noise.laplace(w, CFG.noise_scale))
-    service.sweep()
-    store = RunStore(p.url)
     try:
-        left = store._read(lambda: store._q("SELECT (SELECT count(*) FROM dnd_retired), "
-                                            "(SELECT count(*) FROM dnd_drawn)").fetchone())
+        assert kept() == (0, 0)  # without a sweep
     finally:
         store.close()
-    assert tuple(left) == (0, 0)
     assert service.store.problems(gid) == []
 
 
