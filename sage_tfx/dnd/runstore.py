@@ -17,7 +17,13 @@ workers, machines on one PostgreSQL ledger) serve one run:
 * ``dnd_passes`` — updates returned and draws made per authenticated principal;
 * ``dnd_tickets`` — outstanding draws by SHA-256 of the ticket, the principal that drew it and
   its expiry time (a ticket abandoned by its client expires after ``ttl`` seconds and no longer
-  holds one of its passes).
+  holds one of its passes);
+* ``dnd_drawn`` — per outstanding ticket, the slot and version of the instance it drew, and
+  ``dnd_retired`` — an overwritten instance's weights while an outstanding ticket drew it: the
+  server measures a returned update's step from the instance it was drawn from
+  (:meth:`RunStore.drawn_instance`). Both go with their tickets;
+* ``dnd_rate`` — draws per principal in the current rate window (a per-client rate limit shared
+  by every server process on the database).
 
 A returned update is one transaction: the ticket is consumed, the principal's pass counted and,
 if the spam check accepted it, one uniformly drawn instance overwritten with the next version —
@@ -53,6 +59,34 @@ class RunReleasedError(SageError):
     """The run's model was released: it takes no more draws or updates (HTTP 409)."""
 
 
+class RateLimitedError(UpdateRefused):
+    """The principal drew its ``limit`` updates of the current rate window (HTTP 429);
+    ``retry_after`` seconds until the next window."""
+
+    def __init__(self, message: str, retry_after: float):
+        super().__init__(message)
+        self.retry_after = float(retry_after)
+
+
+@dataclasses.dataclass(frozen=True)
+class RateLimit:
+    """At most ``draws`` draws (so updates) per principal in every aligned window of ``seconds``
+    (windows start at multiples of ``seconds`` of the database clock): at most 2·draws in any
+    interval of ``seconds``, and draws·⌈T/seconds⌉ + draws over T seconds."""
+
+    draws: int
+    seconds: float
+
+    def __post_init__(self):
+        if isinstance(self.draws, bool) or not isinstance(self.draws, int) or self.draws < 1:
+            raise InvalidRequestError(f"the rate limit must be >= 1 draw per window, got "
+                                      f"{self.draws!r}")
+        if isinstance(self.seconds, bool) or not isinstance(self.seconds, (int, float)) \
+                or not 0 < self.seconds <= MAX_TTL:
+            raise InvalidRequestError(f"the rate window must be in (0, {MAX_TTL:g}] seconds, "
+                                      f"got {self.seconds!r}")
+
+
 def _tables(b) -> list[str]:
     i, blob = b.bigint, b.blob
     return [
@@ -77,6 +111,16 @@ def _tables(b) -> list[str]:
         "CREATE INDEX IF NOT EXISTS dnd_tickets_principal ON dnd_tickets "
         "(grant_id, principal, expires_at)",
         "CREATE INDEX IF NOT EXISTS dnd_tickets_expiry ON dnd_tickets (grant_id, expires_at)",
+        f"""CREATE TABLE IF NOT EXISTS dnd_drawn (
+            grant_id TEXT NOT NULL, ticket_sha256 TEXT NOT NULL, slot {i} NOT NULL,
+            version {i} NOT NULL, PRIMARY KEY (grant_id, ticket_sha256))""",
+        "CREATE INDEX IF NOT EXISTS dnd_drawn_slot ON dnd_drawn (grant_id, slot, version)",
+        f"""CREATE TABLE IF NOT EXISTS dnd_retired (
+            grant_id TEXT NOT NULL, slot {i} NOT NULL, version {i} NOT NULL,
+            weights {blob} NOT NULL, PRIMARY KEY (grant_id, slot, version))""",
+        f"""CREATE TABLE IF NOT EXISTS dnd_rate (
+            grant_id TEXT NOT NULL, principal TEXT NOT NULL, window_start {b.real} NOT NULL,
+            draws {i} NOT NULL, PRIMARY KEY (grant_id, principal))""",
     ]
 
 
@@ -243,11 +287,18 @@ class RunStore:
     # -- draws and updates --
 
     def issue_ticket(self, grant_id: str, principal: str, blocks: Sequence[str], *, passes: int,
-                     ttl: float) -> str:
+                     ttl: float, drawn: Optional[tuple[int, int, np.ndarray]] = None,
+                     rate: Optional[RateLimit] = None) -> str:
         """A new ticket for one update of ``principal`` (whose data lies in ``blocks``),
         expiring in ``ttl`` seconds.
 
+        ``drawn`` = (slot, version, weights) of the instance handed out: recorded with the ticket
+        (the weights are stored only if that version was overwritten meanwhile). ``rate``: the
+        principal's draws are counted in the current window and refused beyond the limit.
+
         Raises:
+          RateLimitedError: the principal drew ``rate.draws`` times in this window (nothing
+            changed).
           UpdateRefused: the principal has used its passes, or holds unexpired tickets for all
             of the passes it has left.
           RunReleasedError: the run was released.
@@ -269,8 +320,9 @@ class RunStore:
                     "ON CONFLICT (grant_id, principal) DO NOTHING", (grant_id, principal))
             used = self._q("SELECT used FROM dnd_passes WHERE grant_id = ? AND principal = ?"
                            + self._for_update, (grant_id, principal)).fetchone()[0]
-            self._q("DELETE FROM dnd_tickets WHERE grant_id = ? AND principal = ? AND "
-                    "expires_at <= ?", (grant_id, principal, t))
+            if self._q("DELETE FROM dnd_tickets WHERE grant_id = ? AND principal = ? AND "
+                       "expires_at <= ?", (grant_id, principal, t)).rowcount:
+                self._drop_orphans(grant_id)
             held = self._q("SELECT count(*) FROM dnd_tickets WHERE grant_id = ? AND "
                            "principal = ?", (grant_id, principal)).fetchone()[0]
             if used >= passes:
@@ -281,14 +333,71 @@ class RunStore:
                     f"client {principal!r} holds {held} unexpired draw(s) for the {passes - used} "
                     f"update(s) it has left: return one, or wait until it expires ({ttl:g} s "
                     "after its draw)")
+            if rate is not None:
+                self._count_rate(grant_id, principal, rate, t)
             self._q("INSERT INTO dnd_tickets (grant_id, ticket_sha256, principal, blocks, "
                     "issued_at, expires_at) VALUES (?,?,?,?,?,?)",
                     (grant_id, digest, principal, json.dumps(list(blocks)), t, t + ttl))
+            if drawn is not None:
+                self._record_drawn(grant_id, digest, *drawn)
             self._q("UPDATE dnd_passes SET draws = draws + 1 WHERE grant_id = ? AND "
                     "principal = ?", (grant_id, principal))
 
         self._write(txn)
         return ticket
+
+    def _count_rate(self, grant_id: str, principal: str, rate: RateLimit, t: float) -> None:
+        start = (t // rate.seconds) * rate.seconds
+        self._q("INSERT INTO dnd_rate (grant_id, principal, window_start, draws) VALUES "
+                "(?,?,?,0) ON CONFLICT (grant_id, principal) DO NOTHING",
+                (grant_id, principal, start))
+        window, draws = self._q("SELECT window_start, draws FROM dnd_rate WHERE grant_id = ? AND "
+                                "principal = ?" + self._for_update,
+                                (grant_id, principal)).fetchone()
+        if window < start:
+            window, draws = start, 0
+        if draws >= rate.draws:
+            raise RateLimitedError(
+                f"client {principal!r} drew {draws} update(s) in this {rate.seconds:g} s window, "
+                f"the limit is {rate.draws}", retry_after=max(window + rate.seconds - t, 0.0))
+        self._q("UPDATE dnd_rate SET window_start = ?, draws = ? WHERE grant_id = ? AND "
+                "principal = ?", (window, draws + 1, grant_id, principal))
+
+    def _record_drawn(self, grant_id: str, digest: str, slot: int, version: int,
+                      weights: np.ndarray) -> None:
+        self._q("INSERT INTO dnd_drawn (grant_id, ticket_sha256, slot, version) VALUES (?,?,?,?)",
+                (grant_id, digest, int(slot), int(version)))
+        # The instance row's lock orders this against an overwrite (:meth:`_retire` takes it too):
+        # either the overwrite sees this record and keeps the weights, or this sees the new
+        # version and keeps the weights the mirror handed out.
+        row = self._q("SELECT version FROM dnd_instances WHERE grant_id = ? AND slot = ?"
+                      + self._for_update, (grant_id, int(slot))).fetchone()
+        if row is not None and int(row[0]) != int(version):  # overwritten since the mirror's sync
+            self._q("INSERT INTO dnd_retired (grant_id, slot, version, weights) VALUES (?,?,?,?) "
+                    "ON CONFLICT (grant_id, slot, version) DO NOTHING",
+                    (grant_id, int(slot), int(version), encode(weights)))
+
+    def drawn_instance(self, grant_id: str, principal: str, ticket: str,
+                       dim: int) -> Optional[np.ndarray]:
+        """The instance an outstanding ticket of ``principal`` drew, or None if the ticket has no
+        record (issued by a server from before draws were recorded)."""
+        digest = ticket_digest(ticket)
+
+        def read():
+            row = self._q("SELECT d.slot, d.version FROM dnd_drawn d JOIN dnd_tickets t ON "
+                          "t.grant_id = d.grant_id AND t.ticket_sha256 = d.ticket_sha256 WHERE "
+                          "d.grant_id = ? AND d.ticket_sha256 = ? AND t.principal = ?",
+                          (grant_id, digest, principal)).fetchone()
+            if row is None:
+                return None
+            w = self._q("SELECT weights FROM dnd_instances WHERE grant_id = ? AND slot = ? AND "
+                        "version = ?", (grant_id, row[0], row[1])).fetchone()
+            if w is None:
+                w = self._q("SELECT weights FROM dnd_retired WHERE grant_id = ? AND slot = ? "
+                            "AND version = ?", (grant_id, row[0], row[1])).fetchone()
+            return None if w is None else w[0]
+        data = self._read(read)
+        return None if data is None else decode(data, dim)
 
     def ticket_blocks(self, grant_id: str, principal: str, ticket: str) -> list[str]:
         """The blocks of an outstanding, unexpired ticket drawn by ``principal``.
@@ -335,10 +444,13 @@ class RunStore:
             if run[2] is not None:
                 raise RunReleasedError(f"the run's model was released at {run[2]}")
             if not accepted:
+                self._forget_drawn(grant_id, ticket_digest(ticket))
                 self._q("UPDATE dnd_runs SET rejected = rejected + 1 WHERE grant_id = ?",
                         (grant_id,))
                 return None
+            self._forget_drawn(grant_id, ticket_digest(ticket))
             version, slot = run[0] + 1, self._rng.randrange(run[1])
+            self._retire(grant_id, slot)
             self._q("UPDATE dnd_instances SET version = ?, weights = ? WHERE grant_id = ? AND "
                     "slot = ?", (version, data, grant_id, slot))
             self._q("INSERT INTO dnd_versions (grant_id, version, slot, digest, created_at) "
@@ -349,11 +461,47 @@ class RunStore:
 
         return self._write(txn)
 
+    def _forget_drawn(self, grant_id: str, digest: str) -> None:
+        """Drops a consumed ticket's draw record, and the kept instance it alone referred to."""
+        row = self._q("SELECT slot, version FROM dnd_drawn WHERE grant_id = ? AND "
+                      "ticket_sha256 = ?", (grant_id, digest)).fetchone()
+        if row is None:
+            return
+        self._q("DELETE FROM dnd_drawn WHERE grant_id = ? AND ticket_sha256 = ?",
+                (grant_id, digest))
+        self._q("DELETE FROM dnd_retired WHERE grant_id = ? AND slot = ? AND version = ? AND "
+                "NOT EXISTS (SELECT 1 FROM dnd_drawn d WHERE d.grant_id = dnd_retired.grant_id "
+                "AND d.slot = dnd_retired.slot AND d.version = dnd_retired.version)",
+                (grant_id, row[0], row[1]))
+
+    def _drop_orphans(self, grant_id: str) -> None:
+        """Draw records of tickets gone (expired, deleted) and kept instances nobody refers to."""
+        self._q("DELETE FROM dnd_drawn WHERE grant_id = ? AND NOT EXISTS (SELECT 1 FROM "
+                "dnd_tickets t WHERE t.grant_id = dnd_drawn.grant_id AND t.ticket_sha256 = "
+                "dnd_drawn.ticket_sha256)", (grant_id,))
+        self._q("DELETE FROM dnd_retired WHERE grant_id = ? AND NOT EXISTS (SELECT 1 FROM "
+                "dnd_drawn d WHERE d.grant_id = dnd_retired.grant_id AND d.slot = "
+                "dnd_retired.slot AND d.version = dnd_retired.version)", (grant_id,))
+
+    def _retire(self, grant_id: str, slot: int) -> None:
+        """Keeps the instance about to be overwritten while an outstanding ticket drew it."""
+        self._q("SELECT version FROM dnd_instances WHERE grant_id = ? AND slot = ?"
+                + self._for_update, (grant_id, slot))
+        self._q("INSERT INTO dnd_retired (grant_id, slot, version, weights) SELECT i.grant_id, "
+                "i.slot, i.version, i.weights FROM dnd_instances i WHERE i.grant_id = ? AND "
+                "i.slot = ? AND EXISTS (SELECT 1 FROM dnd_drawn d WHERE d.grant_id = i.grant_id "
+                "AND d.slot = i.slot AND d.version = i.version) "
+                "ON CONFLICT (grant_id, slot, version) DO NOTHING", (grant_id, slot))
+
     def sweep(self, grant_id: str) -> int:
-        """Deletes every expired ticket of the run; returns how many."""
-        return self._write(lambda: self._q(
-            "DELETE FROM dnd_tickets WHERE grant_id = ? AND expires_at <= ?",
-            (grant_id, self._time())).rowcount)
+        """Deletes every expired ticket of the run, the draw records of tickets gone and the
+        retired instances no ticket refers to; returns how many tickets."""
+        def txn() -> int:
+            gone = self._q("DELETE FROM dnd_tickets WHERE grant_id = ? AND expires_at <= ?",
+                           (grant_id, self._time())).rowcount
+            self._drop_orphans(grant_id)
+            return gone
+        return self._write(txn)
 
     # -- reads --
 

@@ -10,13 +10,18 @@ JSON otherwise.
   ε per update, k, the run's id and passes, the ticket ttl.
 * ``POST /v1/draw[?blocks=b1,b2]`` (role ``client``) — admits one update of the calling principal
   (403 with the reason when the grant does not cover it or its passes are used or held by
-  unexpired draws; 409 once the run is released) and returns a drawn instance: binary body with
+  unexpired draws; 429 with ``Retry-After`` past the server's per-client rate limit,
+  ``--rate-limit R --rate-window S``; 409 once the run is released) and returns a drawn instance:
+  binary body with
   the ticket in ``X-DnD-Ticket``, or ``{"ticket", "weights"}``. Passes are the principal's: no
   self-declared client id is accepted.
 * ``POST /v1/discard/{ticket}`` (role ``client``, the principal that drew it) — the updated
   model (binary, or ``{"weights": [...]}``: exactly ``dim`` finite numbers, no booleans);
   answers ``{"accepted": true|false}``, nothing about slots. 404 for an unknown, used, expired or
-  another principal's ticket; 422 for a bad body (nothing changes, the ticket stays usable).
+  another principal's ticket; 422 for a bad body, or (``{"refused": reason}``) for an update
+  whose step from its drawn instance exceeds the unit's norm bound
+  (:class:`~sage_tfx.dnd.spam.NormBound`, checked before the spam check; ``--no-norm-bound``
+  turns it off) — in both cases nothing changes and the ticket stays usable.
 * ``GET  /v1/average`` (``pipeline``) — the prediction model: the run's recorded release once it
   is released (``final``), else the live mean of the k instances.
 * ``POST /v1/release`` (``pipeline``) — closes the run and records the average against the grant,
@@ -38,6 +43,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import sys
 from typing import Annotated, Optional, Sequence
@@ -49,8 +55,8 @@ from sage_tfx.dnd.budget import RunBudget, UpdateRefused, request_run
 from sage_tfx.dnd.client import ClientConfig, check_update_matches_ledger_epsilon
 from sage_tfx.dnd.glm import GLMSpec
 from sage_tfx.dnd.runstore import RunStore, check_ticket_ttl, decode, encode
-from sage_tfx.dnd.service import (DEFAULT_TICKET_TTL, DnDService, RunReleasedError,
-                                  UnknownTicketError)
+from sage_tfx.dnd.service import (DEFAULT_TICKET_TTL, DnDService, RateLimit, RateLimitedError,
+                                  RunReleasedError, UnknownTicketError, UpdateOutOfBoundsError)
 from sage_tfx.errors import InvalidRequestError, PermissionDeniedError, SageError
 from sage_tfx.ledger import access, flags
 
@@ -129,6 +135,7 @@ def create_app(service: DnDService, auth: services.Authenticator, *,
         accepted: int
         rejected_spam: int
         refused: int
+        out_of_bounds: int
         outstanding_tickets: int
         version: int
         released: bool
@@ -190,7 +197,8 @@ def create_app(service: DnDService, auth: services.Authenticator, *,
     @app.post("/v1/draw", response_model=Drawn, responses={
         **_AUTH_ERRORS, 200: {"content": {BINARY: binary_weights}},
         403: _error("refused: no grant, block not granted or stopped, no pass left"),
-        409: _error("the run's model was released")})
+        409: _error("the run's model was released"),
+        429: _error("the client's rate limit: retry after the Retry-After seconds")})
     def draw(request: Request, who=client,
              blocks: Optional[str] = Query(None, max_length=MAX_BLOCKS_QUERY,
                                            description="the client's blocks, comma separated "
@@ -201,6 +209,9 @@ def create_app(service: DnDService, auth: services.Authenticator, *,
                                           "of its bearer token"}, status_code=400)
         try:
             tid, w = service.draw(who.name, [b for b in (blocks or "").split(",") if b])
+        except RateLimitedError as exc:
+            return JSONResponse({"refused": str(exc)}, status_code=429,
+                                headers={"Retry-After": str(max(1, math.ceil(exc.retry_after)))})
         except UpdateRefused as exc:
             return refused(exc)
         except RunReleasedError as exc:
@@ -213,6 +224,7 @@ def create_app(service: DnDService, auth: services.Authenticator, *,
         **_AUTH_ERRORS, 403: _error("the client's block was stopped since its draw"),
         404: _error("unknown, used or expired ticket, or another principal's"),
         409: _error("the run's model was released"),
+        422: _error("bad body, or the update's step exceeds the norm bound (nothing changed)"),
         415: _error("the body is neither JSON nor application/octet-stream")},
         openapi_extra={"requestBody": {"required": True, "content": {
             "application/json": {"schema": Update.model_json_schema()},
@@ -243,6 +255,8 @@ def create_app(service: DnDService, auth: services.Authenticator, *,
             accepted = await run_in_threadpool(service.discard, who.name, ticket, u)
         except UnknownTicketError:
             return JSONResponse({"error": "unknown, used or expired ticket"}, status_code=404)
+        except UpdateOutOfBoundsError as exc:
+            return refused(exc, 422)
         except UpdateRefused as exc:
             return refused(exc)
         except RunReleasedError as exc:
@@ -305,13 +319,16 @@ def build_service(*, ledger_url: str, stream: str, run_id: str, spec: GLMSpec,
                   config: ClientConfig, k: int = 20, passes: int = 1, window_last: int = 1,
                   context: str = "default", block_scheme=None, spam_check: bool = True,
                   b0: Optional[np.ndarray] = None, ticket_ttl: float = DEFAULT_TICKET_TTL,
-                  token: Optional[str] = None, refresh: bool = False) -> DnDService:
+                  token: Optional[str] = None, refresh: bool = False, norm_bound: bool = True,
+                  rate: Optional[RateLimit] = None) -> DnDService:
     """Charges the run to the ledger (a restart replays its grant), then opens its stored state.
 
     ``block_scheme`` (e.g. a :class:`~sage_tfx.streams.HashBucketScheme` on the client id) maps
     principals to their blocks; without it clients name their blocks. ``token`` is the server's
     ledger credential (default: ``$SAGE_LEDGER_TOKEN``). With ``refresh`` the server reads the
     audit log to stop clients of retired blocks: its principal needs the auditor role too.
+    ``norm_bound`` checks every update's step against the unit's bound; ``rate`` limits each
+    principal's draws per window (counted in the ledger's database, shared by every process).
     """
     from sage_tfx.ledger import Window, open_ledger
     if not config.private:
@@ -344,7 +361,7 @@ def build_service(*, ledger_url: str, stream: str, run_id: str, spec: GLMSpec,
         block_of = lambda client: [block_scheme.block_of(client).block_id]  # noqa: E731
     return DnDService.open(RunStore(ledger_url), budget, spec, config, k=k,
                            spam_check=spam_check, b0=b0, ticket_ttl=ticket_ttl,
-                           block_of=block_of, ledger=ledger)
+                           block_of=block_of, ledger=ledger, norm_bound=norm_bound, rate=rate)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -371,6 +388,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--l2-norm-clip", type=float, help="L2 clip of the gradient (gaussian unit)")
     p.add_argument("--passes", type=int, default=1, help="updates per client in this run")
     p.add_argument("--no-spam-check", action="store_true")
+    p.add_argument("--no-norm-bound", action="store_true",
+                   help="do not refuse updates whose step exceeds the unit's norm bound")
+    p.add_argument("--rate-limit", type=int,
+                   help="draws per client per --rate-window (default: no limit)")
+    p.add_argument("--rate-window", type=float, default=60.0,
+                   help="seconds of a rate-limit window")
     p.add_argument("--ticket-ttl", type=float, default=DEFAULT_TICKET_TTL,
                    help="seconds before an unreturned draw expires and frees its pass")
     p.add_argument("--host", default="127.0.0.1")
@@ -394,7 +417,10 @@ def _service_of(a) -> DnDService:
                                              a.delta, a.l2_norm_clip),
                          k=a.k, passes=a.passes, window_last=a.window_last, context=a.context,
                          block_scheme=scheme, spam_check=not a.no_spam_check,
-                         ticket_ttl=a.ticket_ttl, refresh=a.refresh_seconds > 0)
+                         ticket_ttl=a.ticket_ttl, refresh=a.refresh_seconds > 0,
+                         norm_bound=not a.no_norm_bound,
+                         rate=(RateLimit(a.rate_limit, a.rate_window) if a.rate_limit is not None
+                               else None))
 
 
 def _app_of(a, service: DnDService):

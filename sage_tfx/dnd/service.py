@@ -17,6 +17,14 @@ drawn or replaced.
 records the average of its final instances against the grant (``dnd/average``, the float64
 bytes) before anyone sees it; every later call, in any process, returns that record byte for
 byte.
+
+**Bounded influence.** Before the spam check, a returned update's step from the instance its
+ticket drew must be within the norm bound of the run's unit (:class:`~sage_tfx.dnd.spam.NormBound`:
+L2 for the gaussian unit, L1 for the Laplace units; honest updates exceed it with probability
+≤ 10⁻⁶). An update beyond it raises :class:`UpdateOutOfBoundsError` and changes nothing: no pass
+is counted, no instance is overwritten, the ticket stays outstanding (usable until it expires).
+With a :class:`~sage_tfx.dnd.runstore.RateLimit` a principal draws at most ``draws`` updates per
+window, counted in the database (every server process on it shares the count).
 """
 from __future__ import annotations
 
@@ -29,18 +37,24 @@ import numpy as np
 from sage_tfx.dnd.budget import RunBudget, UpdateRefused
 from sage_tfx.dnd.client import ClientConfig
 from sage_tfx.dnd.glm import GLMSpec
-from sage_tfx.dnd.runstore import (RunReleasedError, RunStore, UnknownTicketError,
-                                   check_ticket_ttl, decode, encode)
-from sage_tfx.dnd.spam import SpamCheck
+from sage_tfx.dnd.runstore import (RateLimit, RateLimitedError, RunReleasedError, RunStore,
+                                   UnknownTicketError, check_ticket_ttl, decode, encode)
+from sage_tfx.dnd.spam import NormBound, SpamCheck
 from sage_tfx.dnd.state import DnDState, initial_instances
-from sage_tfx.errors import MissingGrantError
+from sage_tfx.errors import InvalidRequestError, MissingGrantError
 from sage_tfx.ledger import accounting
 
 __all__ = ["DnDService", "UnknownTicketError", "UpdateRefused", "RunReleasedError",
-           "RELEASE_NAME", "DEFAULT_TICKET_TTL"]
+           "RateLimit", "RateLimitedError", "UpdateOutOfBoundsError", "RELEASE_NAME",
+           "DEFAULT_TICKET_TTL"]
 
 RELEASE_NAME = "dnd/average"
 DEFAULT_TICKET_TTL = 300.0  # seconds a draw may stay out before its pass is free again
+
+
+class UpdateOutOfBoundsError(InvalidRequestError):
+    """A returned update moves further from its drawn instance than an honest one can (HTTP 422;
+    nothing changed, the ticket stays outstanding)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,13 +83,16 @@ class DnDService:
       block_of: maps a principal's name to its block ids (e.g. a hash-bucket scheme's); if None
         the client names its blocks.
       ledger: opens the server's ledger connection (records and reads the release).
+      norm_bound: the per-update norm bound checked before the spam check (None: not checked).
+      rate: the per-principal rate limit of draws (None: none).
     """
 
     def __init__(self, spec: GLMSpec, config: ClientConfig, budget: Optional[RunBudget], *,
                  store: Optional[RunStore], k: int, passes: int, refusal: str = "",
                  spam_check: Optional[SpamCheck] = None,
                  ticket_ttl: float = DEFAULT_TICKET_TTL, block_of=None,
-                 ledger: Optional[Callable] = None):
+                 ledger: Optional[Callable] = None, norm_bound: Optional[NormBound] = None,
+                 rate: Optional[RateLimit] = None):
         if budget is None and not refusal:
             raise ValueError("a service without a grant needs the reason (the ledger's denial)")
         if budget is not None and store is None:
@@ -87,6 +104,9 @@ class DnDService:
         self.ticket_ttl = float(ticket_ttl)
         self.block_of = block_of
         self.ledger = ledger
+        self.norm_bound = norm_bound
+        self.rate = rate
+        self._out_of_bounds = 0
         self._lock = threading.Lock()        # the mirror and its versions
         self._check_lock = threading.Lock()  # the spam check's calibration state
         self._refused = 0
@@ -103,9 +123,10 @@ class DnDService:
     @classmethod
     def open(cls, store: RunStore, budget: RunBudget, spec: GLMSpec, config: ClientConfig, *,
              k: int, spam_check: bool = True, b0: Optional[np.ndarray] = None,
-             **kwargs) -> "DnDService":
+             norm_bound: bool = True, **kwargs) -> "DnDService":
         """The service of a granted run: resumes the run's stored state, or creates it with
-        k instances drawn from N(b⁰, (k/2)σ²) (Theorem 1's spread)."""
+        k instances drawn from N(b⁰, (k/2)σ²) (Theorem 1's spread). ``norm_bound``: check
+        every update against :meth:`NormBound.for_config` of the run's unit."""
         grant = budget.grant
         b0 = np.zeros(spec.dim) if b0 is None else np.asarray(b0, dtype=np.float64)
         settings = {"model": spec.to_dict(), "client": config.to_dict(),
@@ -114,8 +135,9 @@ class DnDService:
                        settings=settings, k=k, dim=spec.dim, passes=budget.passes,
                        initial=lambda: initial_instances(b0, k, config.noise_variance))
         check = SpamCheck.for_config(config) if settings["spam_check"] else None
+        bound = NormBound.for_config(config, spec.dim) if norm_bound else None
         return cls(spec, config, budget, store=store, k=k, passes=budget.passes,
-                   spam_check=check, **kwargs)
+                   spam_check=check, norm_bound=bound, **kwargs)
 
     @classmethod
     def denied(cls, spec: GLMSpec, config: ClientConfig, reason: str, *, k: int,
@@ -164,13 +186,17 @@ class DnDService:
                 raise UpdateRefused(f"no grant for this run: {self.refusal}")
             mine = self._blocks(principal, blocks)
             self.budget.check_blocks(principal, mine)
+            # The ticket records what it drew (with or without this process's norm bound, so
+            # every process on the run can check the update's step).
+            self._sync()
+            with self._lock:
+                slot, vector = self._mirror.draw_slot()
+                drawn = (slot, self._versions[slot], vector)
             ticket = self.store.issue_ticket(self.grant_id, principal, mine, passes=self.passes,
-                                             ttl=self.ticket_ttl)
+                                             ttl=self.ticket_ttl, drawn=drawn, rate=self.rate)
         except UpdateRefused:
             self._refuse()
             raise
-        self._sync()
-        _, vector = self._mirror.draw()
         return ticket, vector
 
     def discard(self, principal: str, ticket: str, update: np.ndarray) -> bool:
@@ -179,6 +205,8 @@ class DnDService:
         Raises:
           UnknownTicketError: unknown, used or expired ticket, or another principal's.
           UpdateRefused: the client's block was stopped since its draw (nothing changed).
+          UpdateOutOfBoundsError: the update's step is beyond the norm bound (nothing changed;
+            the ticket stays outstanding).
           RunReleasedError: the run's model was released (nothing changed).
           ValueError: wrong length or non-finite weights (nothing changed; the ticket stays
             usable).
@@ -191,6 +219,8 @@ class DnDService:
         # Cheap checks first: the spam check's work is spent only on a live ticket.
         self.budget.check_blocks(principal, self.store.ticket_blocks(self.grant_id, principal,
                                                                      ticket))
+        if self.norm_bound is not None:
+            self._check_bound(principal, ticket, u)
         accepted = True
         if self.spam_check is not None:
             self._sync()
@@ -203,6 +233,18 @@ class DnDService:
         if placed is not None:
             self._mirror_put(*placed, u)
         return accepted
+
+    def _check_bound(self, principal: str, ticket: str, u: np.ndarray) -> None:
+        base = self.store.drawn_instance(self.grant_id, principal, ticket, self.spec.dim)
+        if base is None:
+            reason = ("the ticket has no recorded draw (issued by an older server): draw again "
+                      "once it expires")
+        else:
+            reason = self.norm_bound.violation(base, u)
+        if reason is not None:
+            with self._lock:
+                self._out_of_bounds += 1
+            raise UpdateOutOfBoundsError(reason)
 
     def _mirror_put(self, slot: int, version: int, weights: np.ndarray) -> None:
         with self._lock:
@@ -276,8 +318,9 @@ class DnDService:
     def stats(self) -> dict:
         """Counters of the run (all processes) and this process's refusals."""
         with self._lock:
-            refused = self._refused
+            refused, out_of_bounds = self._refused, self._out_of_bounds
         out = {"draws": 0, "updates": 0, "accepted": 0, "rejected_spam": 0, "refused": refused,
+               "out_of_bounds": out_of_bounds,
                "outstanding_tickets": 0, "version": 0, "released": False}
         if self.store is None:
             return out

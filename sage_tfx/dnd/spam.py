@@ -383,3 +383,73 @@ class SpamCheck:
         if config.unit == "feature":
             return cls(config.noise_scale, step_linf=step, tail_shift=step, **kwargs)
         return cls(config.noise_scale, step_l1=step, step_linf=step, **kwargs)
+
+
+NORM_FALSE_REJECT = 1e-6  # the norm bound's tail: P(an honest update exceeds it) ≤ this
+
+
+@dataclasses.dataclass(frozen=True)
+class NormBound:
+    """The largest step an honest update can take from the instance it was drawn from, checked
+    by the server before the spam check (cheap: one norm of u − B_j, O(d)).
+
+    An honest update is u = B_j − γ·clip(G) + noise, so ‖u − B_j‖ ≤ ‖γ·clip(G)‖ + ‖noise‖:
+
+    * gaussian unit (L2): the step is ≤ γC₂ in L2; the sampler's noise is g·(q − x/g + z) with
+      z a discrete Gaussian of std σ/g (s ≥ 1024, indistinguishable from the continuous one in
+      double precision) and a rounding of ≤ g/2 per weight (≤ g√d/2 ≤ Δ₂/128 in L2). For
+      X ~ N(0, σ²I_d), ‖X‖ is 1-Lipschitz in X/σ with E‖X‖ ≤ σ√d, so
+      P(‖X‖ > σ(√d + t)) ≤ exp(−t²/2) (Gaussian concentration): t = √(2 ln(1/α)).
+      Limit: γC₂ + σ(√d + t) + g√d/2, σ the sampler's std (:meth:`ClientConfig.sampler_std`).
+    * model unit (L1): the step is ≤ γC in L1; the noise's L1 norm is a sum of d |Laplace(b)|,
+      Gamma(d, b) exactly: its (1 − α) quantile. Feature unit: the step is ≤ γC per weight,
+      γC·d in L1, plus the same quantile. OpenDP's Laplace rounds onto a grid finer than 2⁻⁵⁰
+      relative: a 10⁻⁶ relative margin covers it.
+
+    α = :data:`NORM_FALSE_REJECT` (10⁻⁶): the share of honest updates refused. The bound is public
+    (it follows from the run's published parameters); it caps what one accepted update can move
+    any instance by, which the statistical check alone does not (a model scaled far from the
+    instances fails it, but one shifted by a few noise norms in a few weights may pass).
+    """
+
+    norm: str  # "l2" or "l1"
+    limit: float
+    step: float  # the honest step's bound in that norm
+    noise: float  # the noise's norm bound at level alpha
+    alpha: float
+
+    @classmethod
+    def for_config(cls, config, dim: int, alpha: float = NORM_FALSE_REJECT) -> "NormBound":
+        """The bound of a private :class:`~sage_tfx.dnd.client.ClientConfig` at ``dim`` weights."""
+        from scipy import stats
+        if not 0 < alpha < 1:
+            raise ValueError("alpha must be in (0, 1)")
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
+            raise ValueError(f"dim must be a positive integer, got {dim!r}")
+        if config.gaussian:
+            from sage_tfx.dnd.noise import sampler_grid
+            grid = sampler_grid(config.noise_multiplier, config.l2_sensitivity, dim)
+            sigma = grid.sigma
+            t = math.sqrt(2.0 * math.log(1.0 / alpha))
+            noise = sigma * (math.sqrt(dim) + t) + 0.5 * grid.step * math.sqrt(dim)
+            step = config.gamma * config.clip
+            return cls("l2", step + noise, step, noise, alpha)
+        noise = float(stats.gamma.isf(alpha, dim, scale=config.noise_scale)) * (1.0 + 1e-6)
+        step = config.gamma * config.clip * (dim if config.unit == "feature" else 1)
+        return cls("l1", step + noise, step, noise, alpha)
+
+    def measure(self, base: np.ndarray, update: np.ndarray) -> float:
+        """‖update − base‖ in this bound's norm."""
+        diff = np.asarray(update, dtype=np.float64) - np.asarray(base, dtype=np.float64)
+        if self.norm == "l2":
+            return float(np.sqrt(np.dot(diff, diff)))
+        return float(np.abs(diff).sum())
+
+    def violation(self, base: np.ndarray, update: np.ndarray) -> Optional[str]:
+        """None if the update's step is within the bound, else the reason (for a 4xx answer)."""
+        size = self.measure(base, update)
+        if size <= self.limit:
+            return None
+        return (f"the update moves {size:.6g} in {self.norm.upper()} from the drawn instance; "
+                f"an honest update moves at most {self.limit:.6g} (step {self.step:.6g} + noise "
+                f"{self.noise:.6g}, exceeded by honest noise with probability ≤ {self.alpha:g})")

@@ -126,11 +126,16 @@ class DnDState:
 
     def draw(self) -> tuple[Ticket, np.ndarray]:
         """A uniformly drawn instance (a copy) and the ticket to return the update with."""
+        slot, vector = self.draw_slot()
+        return Ticket(slot if self.strategy == "same_instance" else None), vector
+
+    def draw_slot(self) -> tuple[int, np.ndarray]:
+        """A uniformly drawn slot and a copy of its instance (the server keeps the slot to
+        measure the returned update's step against it)."""
         with self._lock:
             slot = self._rng.randrange(len(self._slots))
             vector = self._slots[slot]
-        ticket = Ticket(slot if self.strategy == "same_instance" else None)
-        return ticket, vector.copy()
+        return slot, vector.copy()
 
     def discard(self, ticket: Ticket, update: np.ndarray) -> bool:
         """Puts a returned model back; returns whether it was accepted (spam check and strategy).

@@ -200,7 +200,7 @@ def test_table_lookup_is_the_exact_128_bit_inverse_cdf(monkeypatch):
 
 def test_a_served_gaussian_run_states_its_charge_and_passes_honest_updates(sqlite_url):
     """Over HTTP: the spec and the grant state (ε, δ) per update; real client updates (the
-    secure sampler) pass the spam check; a doubled model does not."""
+    secure sampler) pass the spam check; a doubled model does not (the norm bound refuses it)."""
     import httpx
     from dndtest import STREAM, bearer, make_ledger, serving
 
@@ -232,7 +232,8 @@ def test_a_served_gaussian_run_states_its_charge_and_passes_honest_updates(sqlit
             w = np.frombuffer(r.content, "<f8")
             x, y = rng.uniform(size=(10, 64)), rng.integers(0, 10, size=10)
             u = client_update(spec, w, x, y, cfg) if name != "c23" else 2 * w + 1
-            ok = c.post(f"/v1/discard/{r.headers[TICKET_HEADER]}", content=encode(u),
-                        headers={"content-type": BINARY, **who}).json()["accepted"]
-            accepted.append(ok)
-    assert sum(accepted[:-1]) >= 22 and not accepted[-1]
+            back = c.post(f"/v1/discard/{r.headers[TICKET_HEADER]}", content=encode(u),
+                          headers={"content-type": BINARY, **who})
+            accepted.append(back.status_code == 200 and back.json()["accepted"])
+    # the doubled model is refused by the norm bound before the spam check (422)
+    assert sum(accepted[:-1]) >= 22 and not accepted[-1] and back.status_code == 422

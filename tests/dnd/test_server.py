@@ -73,13 +73,16 @@ def test_draw_discard_average_over_http_binary_and_json(principals):
         stats = c.get("/v1/stats", headers=model).json()
         assert stats["draws"] == 2 and stats["refused"] == 1 and stats["updates"] == 2
         assert stats["accepted"] == 1 and stats["rejected_spam"] == 1
-        # Spam: a doubled model is rejected, and the answer carries nothing but the decision.
+        # Spam: a tripled model is beyond the norm bound: refused (422) with the bound's reason,
+        # before the spam check, and nothing is counted.
         bob = bearer(p.client("bob"))
         r = c.post("/v1/draw", headers={"accept": BINARY, **bob})
         spam = c.post(f"/v1/discard/{r.headers[TICKET_HEADER]}",
                       content=encode(3 * np.frombuffer(r.content, "<f8") + 5),
                       headers={"content-type": BINARY, **bob})
-        assert spam.json() == {"accepted": False}
+        assert spam.status_code == 422 and "L1 from the drawn instance" in spam.json()["refused"]
+        stats = c.get("/v1/stats", headers=model).json()
+        assert stats["updates"] == 2 and stats["out_of_bounds"] == 1
     assert service.store.problems(service.grant_id) == []
 
 
