@@ -446,7 +446,7 @@ class Store:
             try:
                 return fn()
             except Exception as exc:
-                kind = self.backend.retry_kind(exc)
+                kind = self.backend.retry_kind(exc) or self._lost_session(exc)
                 if kind is None or time.monotonic() >= deadline or (kind == "disconnect"
                                                                     and not idempotent):
                     raise
@@ -454,6 +454,18 @@ class Store:
                 if kind == "disconnect":
                     self._reconnect()
                 attempt += 1
+
+    def _lost_session(self, exc: BaseException) -> Optional[str]:
+        """``"disconnect"`` when a PostgreSQL session died under another error: psycopg can
+        raise a plain ``ValueError`` from its prepared-statement path when the server ends the
+        session mid-statement (seen with ``pg_terminate_backend`` during ``CALL``)."""
+        if self.kind != "postgresql" or isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            return None
+        from psycopg import pq
+        conn = self.conn
+        if conn.broken or conn.closed or conn.pgconn.status == pq.ConnStatus.BAD:
+            return "disconnect"
+        return None
 
     def _write_once(self, fn: Callable[[], Any], pipeline: bool) -> Any:
         self._pending, self._chain_cur = [], None

@@ -170,3 +170,48 @@ def test_moving_an_entry_to_another_chain_is_detected(many_chains):
                         "LIMIT 1").fetchone()
     led._q("UPDATE audit SET chain = ? WHERE seq = ?", (chain % 64 + 1, seq))
     assert not led.verify_audit().ok
+
+
+def test_a_session_lost_under_a_psycopg_value_error_is_retried(postgres_url):
+    """psycopg can report a session the server ended mid-``CALL`` as a plain ValueError from its
+    prepared-statement path ("too many values to unpack"): the retry sees the broken connection,
+    finds the committed grant by its run id and charges nothing twice. A ValueError on a live
+    connection is a real error and is raised."""
+    setup_stream(postgres_url, "s", 8)
+    led = open_ledger(postgres_url)
+    killer = psycopg.connect(postgres_url, autocommit=True)
+    store = led._store
+    conn, original_execute = store.conn, store.conn.execute
+    calls = []
+
+    def execute(sql, *args, **kw):
+        result = original_execute(sql, *args, **kw)  # committed
+        if sql.startswith("CALL sage_request_call") and not calls:
+            calls.append(1)
+            killer.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
+            with pytest.raises(psycopg.OperationalError):  # the client notices the lost session
+                original_execute("SELECT 1")
+            raise ValueError("too many values to unpack (expected 1)")
+        return result
+
+    conn.execute = execute  # the first connection only; the retry gets a new one
+    d = led.request("s", run_id="r", blocks=["b0000003"], epsilon=0.5)
+    assert calls == [1] and d.granted and d.replayed
+    assert led.block("s", "b0000003").charges == 1
+    assert led.check_consistency("s") == [] and led.verify_audit().ok
+
+    live = store.conn
+    live_execute = live.execute
+
+    def fails(sql, *args, **kw):
+        if sql.startswith("CALL sage_request_call"):
+            raise ValueError("a bug, not a lost session")
+        return live_execute(sql, *args, **kw)
+
+    live.execute = fails
+    with pytest.raises(ValueError, match="a bug"):
+        led.request("s", run_id="r2", blocks=["b0000004"], epsilon=0.5)
+    live.execute = live_execute
+    assert led.block("s", "b0000004").charges == 0
+    killer.close()
+    led.close()
