@@ -12,9 +12,11 @@ charged), :mod:`~sage_tfx.dnd.server` (the HTTP service), :mod:`~sage_tfx.dnd.si
 (the paper's evaluation).
 """
 from sage_tfx.dnd.client import ClientConfig, client_update
+from sage_tfx.dnd.cost import cost
 from sage_tfx.dnd.glm import FeatureBounds, GLMSpec
 from sage_tfx.dnd.spam import SpamCheck, paper_rule
 from sage_tfx.dnd.state import DnDState, initial_instances, stationary_variance
 
 __all__ = ["ClientConfig", "client_update", "FeatureBounds", "GLMSpec", "SpamCheck", "paper_rule",
            "DnDState", "initial_instances", "stationary_variance"]
+__all__ += ["cost"]

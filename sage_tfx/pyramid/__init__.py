@@ -17,6 +17,7 @@
 The count-table and sketch kernel is the shared :mod:`sage_tfx.dp.counts`. No TensorFlow at
 import time.
 """
+from sage_tfx.pyramid.cost import cost
 from sage_tfx.pyramid.featurize import (CountSpec, Featurization, KeyKindError,
                                         NonCategoricalError, UnknownFeatureError)
 from sage_tfx.pyramid.selection import select_groups
@@ -30,3 +31,4 @@ __all__ = ["CountSpec", "Featurization", "PyramidStore", "SealResult", "WindowSe
            "KeyKindError",
            "select_groups", "pyramid_run_id", "select_noise_weights", "exact_noise_weights",
            "window_event", "release_name"]
+__all__ += ["cost"]
