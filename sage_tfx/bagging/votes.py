@@ -52,12 +52,14 @@ PLD_DISCRETIZATION = 1e-4
 
 
 def check_votes(votes) -> str:
+    """``votes`` if it is a known vote mechanism; raises InvalidRequestError otherwise."""
     if votes not in VOTES:
         raise InvalidRequestError(f"votes must be one of {VOTES}, got {votes!r}")
     return votes
 
 
 def check_accountant(accountant) -> str:
+    """``accountant`` if it is known; raises InvalidPrivacyParameterError otherwise."""
     if accountant not in ACCOUNTANTS:
         raise InvalidPrivacyParameterError(
             f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")

@@ -123,6 +123,7 @@ class ClientConfig:
 
     @property
     def gaussian(self) -> bool:
+        """True for the gaussian unit (an L2-clipped update with Gaussian noise)."""
         return self.unit == GAUSSIAN
 
     @property
@@ -132,6 +133,7 @@ class ClientConfig:
 
     @property
     def private(self) -> bool:
+        """True if updates are noised (``epsilon`` is set)."""
         return self.epsilon is not None
 
     @property
@@ -172,6 +174,7 @@ class ClientConfig:
 
     @property
     def noise_kind(self) -> str:
+        """``gaussian`` or ``laplace``: the noise each update carries."""
         return "gaussian" if self.gaussian else "laplace"
 
     @property
@@ -206,10 +209,12 @@ class ClientConfig:
             noise_multiplier=self.noise_scale / self.l1_sensitivity(dim))
 
     def to_dict(self) -> dict:
+        """A JSON-able dict of the configuration."""
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> "ClientConfig":
+        """Inverse of :meth:`to_dict`."""
         def opt(key):
             return None if d.get(key) is None else float(d[key])
         return cls(float(d["gamma"]), float(d["l1_norm_clip"]), opt("epsilon"), d["unit"],

@@ -365,6 +365,7 @@ def build_service(*, ledger_url: str, stream: str, run_id: str, spec: GLMSpec,
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``sage-tfx dnd serve`` argument parser."""
     p = argparse.ArgumentParser(prog="sage-tfx dnd serve",
                                 description="Serve a Draw-and-Discard run charged to a ledger.")
     flags.add_ledger_argument(
@@ -436,6 +437,7 @@ def worker_app():
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Runs ``sage-tfx dnd serve`` with ``argv``; returns the process exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
     try:

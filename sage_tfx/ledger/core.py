@@ -67,6 +67,7 @@ class Ledger(AccessMixin, ReleaseMixin, LeaseMixin, AuditMixin, BlockKeyMixin):
         self._streams: dict[str, Stream] = {}
 
     def close(self) -> None:
+        """Closes the ledger's database connection."""
         self._store.close()
 
     def __enter__(self) -> "Ledger":
@@ -161,6 +162,7 @@ class Ledger(AccessMixin, ReleaseMixin, LeaseMixin, AuditMixin, BlockKeyMixin):
         return stream
 
     def streams(self) -> list[Stream]:
+        """Every stream of the ledger, by name."""
         names = [r[0] for r in self._q("SELECT stream FROM streams ORDER BY stream").fetchall()]
         return [self.stream(n) for n in names]
 
@@ -248,6 +250,7 @@ class Ledger(AccessMixin, ReleaseMixin, LeaseMixin, AuditMixin, BlockKeyMixin):
         return [rows.block_state(s, r) for r in found]
 
     def block(self, stream: str, block_id: str, context: str = DEFAULT_CONTEXT) -> BlockState:
+        """The budget state of one block in ``context``. Raises UnknownBlockError."""
         s = self.stream(stream)
         self._context(s, context)
         self.authorize(access.READ, stream=stream, context=context)
@@ -505,6 +508,7 @@ class Ledger(AccessMixin, ReleaseMixin, LeaseMixin, AuditMixin, BlockKeyMixin):
         return g
 
     def grant_for_run(self, stream: str, run_id: str) -> Optional[Grant]:
+        """The grant made for ``run_id`` on ``stream``, or None (what a replay finds)."""
         row = self._q("SELECT grant_id FROM grants WHERE stream = ? AND run_id = ?",
                       (stream, run_id)).fetchone()
         return self.grant(row[0]) if row else None  # the one column

@@ -115,6 +115,7 @@ class LakeDB:
                        "train_dp_ref = ?", (name, f"sage_tfx.ptk.kernels.{name}:train_dp"))
 
     def q(self, sql: str, params: Sequence = ()):
+        """Runs ``sql`` (``?`` placeholders) with ``params``; returns the cursor."""
         if self.kind == "postgresql":
             sql = sql.replace("?", "%s")
         with self._lock:
@@ -146,6 +147,7 @@ class LakeDB:
         return _Txn()
 
     def close(self) -> None:
+        """Closes the database connection."""
         self.conn.close()
 
 
@@ -166,26 +168,31 @@ class Lake:
         self.db = LakeDB(url)
 
     def close(self) -> None:
+        """Closes the database connection."""
         self.db.close()
 
     # --- registry -------------------------------------------------------------------------
     def insert_ptk(self, rec: dict) -> None:
+        """Inserts a PTK registry row."""
         vals = [json.dumps(rec[c]) if c in JSON_COLS and rec.get(c) is not None else rec.get(c)
                 for c in REGISTRY_COLS]
         self.db.q(f"INSERT INTO ptk_registry ({', '.join(REGISTRY_COLS)}) VALUES "
                   f"({', '.join('?' * len(REGISTRY_COLS))})", vals)
 
     def update_ptk(self, ptk_id: str, **fields) -> None:
+        """Updates fields of a PTK registry row (JSON columns encoded)."""
         sets = ", ".join(f"{k} = ?" for k in fields) + ", updated_at = ?"
         vals = [json.dumps(v) if k in JSON_COLS else v for k, v in fields.items()]
         self.db.q(f"UPDATE ptk_registry SET {sets} WHERE ptk_id = ?", [*vals, now(), ptk_id])
 
     def ptk(self, ptk_id: str) -> Optional[dict]:
+        """The registry row of ``ptk_id``, or None."""
         return _row(REGISTRY_COLS, self.db.q(
             f"SELECT {', '.join(REGISTRY_COLS)} FROM ptk_registry WHERE ptk_id = ?",
             (ptk_id,)).fetchone())
 
     def ptks(self, status: Optional[str] = "active") -> list[dict]:
+        """Registry rows with ``status`` (every row if None), by id."""
         sql = f"SELECT {', '.join(REGISTRY_COLS)} FROM ptk_registry"
         rows = self.db.q(sql + " WHERE status = ? ORDER BY ptk_id", (status,)) if status \
             else self.db.q(sql + " ORDER BY ptk_id")
@@ -212,23 +219,27 @@ class Lake:
             return rec
 
     def version(self, ptk_id: str, version: Optional[int] = None) -> Optional[dict]:
+        """A version of ``ptk_id`` (the newest if ``version`` is None), or None."""
         sql = f"SELECT {', '.join(VERSION_COLS)} FROM ptk_versions WHERE ptk_id = ? "
         row = (self.db.q(sql + "ORDER BY version DESC LIMIT 1", (ptk_id,)) if version is None
                else self.db.q(sql + "AND version = ?", (ptk_id, version))).fetchone()
         return _row(VERSION_COLS, row)
 
     def version_for_window(self, ptk_id: str, window_index: int) -> Optional[dict]:
+        """The version of ``ptk_id`` trained on ``window_index``, or None."""
         return _row(VERSION_COLS, self.db.q(
             f"SELECT {', '.join(VERSION_COLS)} FROM ptk_versions WHERE ptk_id = ? AND "
             "window_index = ?", (ptk_id, window_index)).fetchone())
 
     def versions(self, ptk_id: str) -> list[dict]:
+        """Every version of ``ptk_id``, oldest first."""
         return [_row(VERSION_COLS, r) for r in self.db.q(
             f"SELECT {', '.join(VERSION_COLS)} FROM ptk_versions WHERE ptk_id = ? "
             "ORDER BY version", (ptk_id,)).fetchall()]
 
     # --- subscriptions and outbox ---------------------------------------------------------
     def subscribe(self, ptk_id: str, endpoint: str) -> None:
+        """Subscribes ``endpoint`` to new versions of ``ptk_id`` (once)."""
         with self.db.transaction():
             if self.db.q("SELECT 1 FROM ptk_subscriptions WHERE ptk_id = ? AND endpoint = ?",
                           (ptk_id, endpoint)).fetchone() is None:
@@ -236,6 +247,7 @@ class Lake:
                           "VALUES (?, ?, ?)", (ptk_id, endpoint, now()))
 
     def subscribers(self, ptk_id: str) -> list[str]:
+        """The endpoints subscribed to ``ptk_id``."""
         return [r[0] for r in self.db.q("SELECT endpoint FROM ptk_subscriptions WHERE ptk_id = ? "
                                         "ORDER BY endpoint", (ptk_id,)).fetchall()]
 
@@ -250,17 +262,20 @@ class Lake:
                               (ptk_id, version, ep, now()))
 
     def pending(self) -> list[tuple[str, int, str, int]]:
+        """Undelivered notifications: (ptk_id, version, endpoint, attempts)."""
         return [tuple(r) for r in self.db.q(
             "SELECT ptk_id, version, endpoint, attempts FROM ptk_outbox WHERE status = 'pending' "
             "ORDER BY ptk_id, version, endpoint").fetchall()]
 
     def mark(self, ptk_id: str, version: int, endpoint: str, status: str,
              error: Optional[str] = None) -> None:
+        """Records a delivery attempt of a notification and its new status."""
         self.db.q("UPDATE ptk_outbox SET status = ?, attempts = attempts + 1, last_error = ?, "
                   "updated_at = ? WHERE ptk_id = ? AND version = ? AND endpoint = ?",
                   (status, error, now(), ptk_id, version, endpoint))
 
     def outbox(self) -> list[dict]:
+        """Every notification with its delivery state."""
         cols = ("ptk_id", "version", "endpoint", "attempts", "status", "last_error")
         return [dict(zip(cols, r)) for r in self.db.q(
             f"SELECT {', '.join(cols)} FROM ptk_outbox ORDER BY ptk_id, version").fetchall()]
@@ -291,6 +306,7 @@ class Lake:
 
     # --- profile runs (recorded before their charge) --------------------------------------
     def profile_run(self, run_id: str) -> Optional[dict]:
+        """The profile run ``run_id``, or None."""
         cols = ("run_id", "ptk_id", "spec", "window_index", "status", "created_at")
         return _row(cols, self.db.q(f"SELECT {', '.join(cols)} FROM ptk_profiles WHERE "
                                     "run_id = ?", (run_id,)).fetchone())
@@ -307,9 +323,11 @@ class Lake:
             return prior
 
     def set_profile_status(self, run_id: str, status: str) -> None:
+        """Sets the status of a profile run."""
         self.db.q("UPDATE ptk_profiles SET status = ? WHERE run_id = ?", (status, run_id))
 
     def pending_profiles(self, window_index: int) -> list[dict]:
+        """The pending profile runs of ``window_index``."""
         return [self.profile_run(r[0]) for r in self.db.q(
             "SELECT run_id FROM ptk_profiles WHERE status = 'pending' AND window_index = ? "
             "ORDER BY run_id", (window_index,)).fetchall()]
@@ -324,16 +342,19 @@ class Lake:
                   (window_index, json.dumps(files), json.dumps(blocks), records, plan_seq, now()))
 
     def window(self, window_index: int) -> Optional[dict]:
+        """The window row of ``window_index``, or None."""
         cols = ("window_index", "status", "files", "blocks", "records", "plan_seq", "opened_at",
                 "closed_at")
         return _row(cols, self.db.q(f"SELECT {', '.join(cols)} FROM ptk_windows WHERE "
                                     "window_index = ?", (window_index,)).fetchone())
 
     def open_windows(self) -> list[int]:
+        """Indices of the open windows, oldest first."""
         return [r[0] for r in self.db.q("SELECT window_index FROM ptk_windows WHERE status = "
                                         "'open' ORDER BY window_index").fetchall()]
 
     def last_window(self) -> Optional[int]:
+        """The highest window index, or None if there is none."""
         return self.db.q("SELECT MAX(window_index) FROM ptk_windows").fetchone()[0]
 
     def close_window(self, window_index: int, remove: Callable[[str], Any] = os.remove) -> None:
@@ -368,4 +389,5 @@ class Lake:
         return None if row is None else (row[0], row[1])
 
     def drop_window_key(self, window_index: int) -> None:
+        """Deletes the data key of a window (its files can no longer be read)."""
         self.db.q("DELETE FROM ptk_window_keys WHERE window_index = ?", (window_index,))

@@ -98,6 +98,7 @@ class DyadicTree:
 
     @property
     def nodes_per_window(self) -> int:
+        """Nodes a window's tables are released in (one per level)."""
         return self.levels + 1
 
     def _noisy(self, tables: dict) -> dict:
@@ -132,6 +133,7 @@ class DyadicTree:
         self.newest = window
 
     def complete(self, ell: int, j: int) -> bool:
+        """True if node (ℓ, j) holds all of its 2^ℓ windows."""
         node = self.nodes.get((ell, j))
         return node is not None and node["count"] == 2 ** ell
 

@@ -48,6 +48,8 @@ PAPER_TABLE1 = {
 
 @dataclasses.dataclass(frozen=True)
 class GridConfig:
+    """The reproduction grid: ε, n, k, δ, seeds and the teacher."""
+
     epsilons: tuple = (1.0, 3.0, 5.0)
     ns: tuple = (100, 250)
     ks: tuple = (1, 50, 100)
@@ -59,6 +61,7 @@ class GridConfig:
 
 
 def metrics(student, X_test, y_test) -> dict:
+    """Accuracy, AUROC and AUPRC of ``student`` on the test set."""
     from sklearn.metrics import accuracy_score, average_precision_score, roc_auc_score
 
     proba = student.predict_proba(X_test)[:, 1]

@@ -67,6 +67,7 @@ def _paper_key(method, n, k):
 
 
 def table1_markdown(agg, epsilons) -> str:
+    """Table 1 (accuracy, AUROC, AUPRC) as markdown."""
     head = "| model | n | k | " + " | ".join(
         f"{m} ε={e:g}" for m in METRICS for e in epsilons) + " |"
     out = [head, "|" + "---|" * (3 + len(METRICS) * len(epsilons))]
@@ -89,6 +90,7 @@ def table1_markdown(agg, epsilons) -> str:
 
 
 def table2_markdown(agg, epsilons) -> str:
+    """Table 2 (labels bought per ε) as markdown."""
     out = ["| model | n | k | " + " | ".join(f"labels ε={e:g} (paper)" for e in epsilons) + " |",
            "|" + "---|" * (3 + len(epsilons))]
     for label, method, n, k, d, acct in _lines(agg, epsilons):
@@ -108,6 +110,7 @@ def table2_markdown(agg, epsilons) -> str:
 
 
 def plot(agg, epsilons, path):
+    """Plots the grid's metrics against ε to ``path``."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
