@@ -217,8 +217,7 @@ class Ledger(AccessMixin, ReleaseMixin, LeaseMixin, AuditMixin, BlockKeyMixin):
                            "records", "created_at"),
                 [(stream, sp.block_id, next_seq + k, sp.location, sp.start, sp.end, sp.records,
                   ts) for k, sp in enumerate(specs)])
-            self._store.add_budgets(stream, s.contexts, next_seq, len(specs),
-                                    budget.zero_curve(s))
+            self._store.add_budgets(stream, s.contexts, next_seq, len(specs), budget.zero_curve(s))
             self._q("UPDATE streams SET next_seq = ? WHERE stream = ?",
                     (next_seq + len(specs), stream))
             self._insert_block_keys(stream, specs, ts)  # encrypted blocks' keys, with the blocks
@@ -465,8 +464,7 @@ class Ledger(AccessMixin, ReleaseMixin, LeaseMixin, AuditMixin, BlockKeyMixin):
                 "delta, event, blocks, status, created_at, released_at, principal) "
                 "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (grant_id, s.name, context, run_id, request_text, s.mode, eps, dlt, event_json,
-                 json.dumps(block_ids), status, ts, ts if release else None,
-                 self._store.principal))
+                 json.dumps(block_ids), status, ts, ts if release else None, self._store.principal))
         self._audit(s.name, "grant", {
             "grant_id": grant_id, "run_id": run_id, "context": context, "blocks": block_ids,
             "epsilon": eps, "delta": dlt,
@@ -478,8 +476,7 @@ class Ledger(AccessMixin, ReleaseMixin, LeaseMixin, AuditMixin, BlockKeyMixin):
         return Grant(grant_id, run_id, s.name, context, s.mode, eps, dlt,
                      accounting.event_from_json(event_json) if event_json else None,
                      tuple(GrantedBlock(r.block_id, r.location if release else None)
-                           for r in chosen),
-                     status, ts)
+                           for r in chosen), status, ts)
 
     # -- grants --
 
