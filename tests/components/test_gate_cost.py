@@ -35,3 +35,19 @@ def test_the_gate_charges_the_cost_of_its_plan(tmp_path, sqlite_url):
         spent = {b.block_id: b.epsilon_spent for b in led.blocks("s")}
     assert spent["b1"] == spent["b2"] == pytest.approx(acc.get_epsilon(DELTA_G), rel=1e-9)
     assert spent["b0"] == 0.0
+
+
+def test_the_pipelines_gates_charge_each_systems_cost():
+    """What the DP bagging and D&D pipelines put in their gate on an rdp stream is cost()."""
+    from sage_tfx import bagging, dnd
+    from sage_tfx.components.dnd_trainer.protocol import RunSettings, dnd_train_part
+    from sage_tfx.components.dp_bagging_trainer.executor import bagging_cost
+    config = bagging.BaggingConfig(k=2, n=5, lam=0.1)
+    plan = bagging.plan_labels(config, epsilon=2.0, delta=1e-5, public_size=300)
+    charged = bagging_cost(config, epsilon=2.0, delta=1e-5, public_size=300, rdp=True)
+    assert charged["event_json"] == accounting.event_to_json(
+        bagging.cost(config, queries=plan.queries))
+    settings = RunSettings("logistic", 20, k=5, gamma=0.01, l1_norm_clip=1.0, epsilon=0.5,
+                           passes=3)
+    part = dnd_train_part(settings, rdp=True)
+    assert part.event == dnd.cost(settings.client, dim=settings.spec.dim, passes=3)
