@@ -13,7 +13,10 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CORE = ROOT / "sage_tfx"
 # Public names allowed to go without a docstring ("path name": reason). Keep it empty if you can.
-ALLOWED: dict = {}
+_PTKRES = "documented by the PTK results change, which rewrites it; remove once that is merged"
+ALLOWED: dict = {f"sage_tfx/ptk/lake.py Lake.{name}": _PTKRES for name in (
+    "ptk", "ptks", "version", "version_for_window", "versions", "outbox", "profile_run",
+    "pending_profiles", "window")}
 
 _DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 

@@ -186,13 +186,11 @@ class Lake:
         self.db.q(f"UPDATE ptk_registry SET {sets} WHERE ptk_id = ?", [*vals, now(), ptk_id])
 
     def ptk(self, ptk_id: str) -> Optional[dict]:
-        """The registry row of ``ptk_id``, or None."""
         return _row(REGISTRY_COLS, self.db.q(
             f"SELECT {', '.join(REGISTRY_COLS)} FROM ptk_registry WHERE ptk_id = ?",
             (ptk_id,)).fetchone())
 
     def ptks(self, status: Optional[str] = "active") -> list[dict]:
-        """Registry rows with ``status`` (every row if None), by id."""
         sql = f"SELECT {', '.join(REGISTRY_COLS)} FROM ptk_registry"
         rows = self.db.q(sql + " WHERE status = ? ORDER BY ptk_id", (status,)) if status \
             else self.db.q(sql + " ORDER BY ptk_id")
@@ -219,20 +217,17 @@ class Lake:
             return rec
 
     def version(self, ptk_id: str, version: Optional[int] = None) -> Optional[dict]:
-        """A version of ``ptk_id`` (the newest if ``version`` is None), or None."""
         sql = f"SELECT {', '.join(VERSION_COLS)} FROM ptk_versions WHERE ptk_id = ? "
         row = (self.db.q(sql + "ORDER BY version DESC LIMIT 1", (ptk_id,)) if version is None
                else self.db.q(sql + "AND version = ?", (ptk_id, version))).fetchone()
         return _row(VERSION_COLS, row)
 
     def version_for_window(self, ptk_id: str, window_index: int) -> Optional[dict]:
-        """The version of ``ptk_id`` trained on ``window_index``, or None."""
         return _row(VERSION_COLS, self.db.q(
             f"SELECT {', '.join(VERSION_COLS)} FROM ptk_versions WHERE ptk_id = ? AND "
             "window_index = ?", (ptk_id, window_index)).fetchone())
 
     def versions(self, ptk_id: str) -> list[dict]:
-        """Every version of ``ptk_id``, oldest first."""
         return [_row(VERSION_COLS, r) for r in self.db.q(
             f"SELECT {', '.join(VERSION_COLS)} FROM ptk_versions WHERE ptk_id = ? "
             "ORDER BY version", (ptk_id,)).fetchall()]
@@ -275,7 +270,6 @@ class Lake:
                   (status, error, now(), ptk_id, version, endpoint))
 
     def outbox(self) -> list[dict]:
-        """Every notification with its delivery state."""
         cols = ("ptk_id", "version", "endpoint", "attempts", "status", "last_error")
         return [dict(zip(cols, r)) for r in self.db.q(
             f"SELECT {', '.join(cols)} FROM ptk_outbox ORDER BY ptk_id, version").fetchall()]
@@ -306,7 +300,6 @@ class Lake:
 
     # --- profile runs (recorded before their charge) --------------------------------------
     def profile_run(self, run_id: str) -> Optional[dict]:
-        """The profile run ``run_id``, or None."""
         cols = ("run_id", "ptk_id", "spec", "window_index", "status", "created_at")
         return _row(cols, self.db.q(f"SELECT {', '.join(cols)} FROM ptk_profiles WHERE "
                                     "run_id = ?", (run_id,)).fetchone())
@@ -327,7 +320,6 @@ class Lake:
         self.db.q("UPDATE ptk_profiles SET status = ? WHERE run_id = ?", (status, run_id))
 
     def pending_profiles(self, window_index: int) -> list[dict]:
-        """The pending profile runs of ``window_index``."""
         return [self.profile_run(r[0]) for r in self.db.q(
             "SELECT run_id FROM ptk_profiles WHERE status = 'pending' AND window_index = ? "
             "ORDER BY run_id", (window_index,)).fetchall()]
@@ -342,7 +334,6 @@ class Lake:
                   (window_index, json.dumps(files), json.dumps(blocks), records, plan_seq, now()))
 
     def window(self, window_index: int) -> Optional[dict]:
-        """The window row of ``window_index``, or None."""
         cols = ("window_index", "status", "files", "blocks", "records", "plan_seq", "opened_at",
                 "closed_at")
         return _row(cols, self.db.q(f"SELECT {', '.join(cols)} FROM ptk_windows WHERE "
