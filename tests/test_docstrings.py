@@ -17,6 +17,8 @@ _PTKRES = "documented by the PTK results change, which rewrites it; remove once 
 ALLOWED: dict = {f"sage_tfx/ptk/lake.py Lake.{name}": _PTKRES for name in (
     "ptk", "ptks", "version", "version_for_window", "versions", "outbox", "profile_run",
     "pending_profiles", "window")}
+ALLOWED["sage_tfx/ptk/windows.py WindowRunner.advance"] = (
+    "its signature is rewritten by the PTK results change; document it once that is merged")
 
 _DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 

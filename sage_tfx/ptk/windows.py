@@ -157,7 +157,6 @@ class WindowRunner:
 
     def advance(self, columns: dict, *, user_key: Optional[str] = None,
                 window_index: Optional[int] = None) -> dict:
-        """Closes the open window, ingests ``columns`` as the next one and trains the due PTKs."""
         columns = check_columns(columns, user_key)
         if window_index is not None and (isinstance(window_index, bool)
                                          or not isinstance(window_index, int)):
