@@ -34,14 +34,11 @@ from sage_tfx.errors import InvalidRequestError
 
 
 def dec(x: float) -> Decimal:
-    """The exact decimal a float's shortest repr shows."""
     return Decimal(repr(float(x)))
 
 
 @dataclasses.dataclass(frozen=True)
 class Option:
-    """One menu entry: at (ε, δ) a PTK reaches its target with n samples."""
-
     epsilon: float
     delta: float
     n: int
@@ -49,8 +46,6 @@ class Option:
 
 @dataclasses.dataclass(frozen=True)
 class Assignment:
-    """What the allocator gives one PTK: its (ε, δ) and n samples."""
-
     ptk_id: str
     epsilon: float
     delta: float
@@ -59,20 +54,16 @@ class Assignment:
 
 @dataclasses.dataclass(frozen=True)
 class Partition:
-    """One partition of the window: its size and the PTKs trained on it."""
-
     index: int
     size: int
     members: tuple[Assignment, ...]
 
     @property
     def epsilon_sum(self) -> Decimal:
-        """Exact sum of the members' ε (what the partition's grant charges)."""
         return sum((dec(a.epsilon) for a in self.members), Decimal(0))
 
     @property
     def delta_sum(self) -> Decimal:
-        """Exact sum of the members' δ."""
         return sum((dec(a.delta) for a in self.members), Decimal(0))
 
 
@@ -94,21 +85,17 @@ class Allocation:
 
     @property
     def feasible(self) -> bool:
-        """True if the plan has partitions or no reason to reject."""
         return bool(self.partitions) or not self.reason
 
     @property
     def K(self) -> int:  # noqa: N802 - the paper's name
-        """Number of partitions (Fig. 4's K)."""
         return len(self.partitions)
 
     @property
     def total(self) -> int:
-        """Total samples the partitions use."""
         return sum(p.size for p in self.partitions)
 
     def assignment(self, ptk_id: str) -> tuple[int, Assignment]:
-        """(partition index, assignment) of ``ptk_id``. Raises KeyError if it has none."""
         for p in self.partitions:
             for a in p.members:
                 if a.ptk_id == ptk_id:
@@ -116,7 +103,6 @@ class Allocation:
         raise KeyError(ptk_id)
 
     def to_dict(self) -> dict:
-        """A JSON-able dict of the plan."""
         return {
             "feasible": self.feasible, "reason": self.reason, "K": self.K, "total": self.total,
             "epsilon_g": self.epsilon_g, "delta_g": self.delta_g, "n_max": self.n_max,
@@ -129,7 +115,6 @@ class Allocation:
                            for p in self.partitions]}
 
     def render(self) -> str:
-        """The plan as readable text (or the rejection reason)."""
         if not self.feasible:
             return f"REJECT: {self.reason}"
         lines = [f"K = {self.K}, total samples N = {self.total:,} (N_max {self.n_max:,}), "
