@@ -178,7 +178,8 @@ class Executor(base_executor.BaseExecutor):
         model.set_string_custom_property(spec.RELEASE_DIGEST_PROPERTY, outcome.release.digest)
 
 
-_NOISE = {"gaussian": "sage_tfx.dnd.noise discrete Gaussian (CDT)", "laplace": "opendp"}
+_NOISE = {"gaussian": "sage_tfx.dnd.noise discrete Gaussian (CDT)",
+          "laplace": "sage_tfx.dnd.laplace discrete Laplace"}
 
 
 def _report(grant, settings, charge: dict, spam: bool, result) -> dict:

@@ -193,8 +193,8 @@ def run_protocol(settings: RunSettings, x: np.ndarray, y: np.ndarray, units: Seq
       x: features (n, p) already mapped to [0, 1] with the public bounds (:func:`bounds_of`).
       budget: admits each (unit, pass) draw; refuses beyond the grant's passes.
       rng: server coins (CSPRNG unless a test injects a seeded ``random.Random``).
-      noise: client noise (OpenDP unless an experiment injects a seeded source; never in a
-        component).
+      noise: client noise (the unit's float-safe sampler unless an experiment injects a seeded
+        source; never in a component).
     """
     spec, config = settings.spec, settings.client
     check_update_matches_ledger_epsilon(config, spec.dim)
