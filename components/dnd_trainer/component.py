@@ -13,6 +13,14 @@ Example::
     # trainer.outputs["model"]: a serving SavedModel (Format-Serving, output 'probabilities'
     # for logistic, 'predictions' otherwise) for DPModelValidator and Pusher, with
     # privacy_report.json beside it.
+
+The gaussian unit (L2 clip, Gaussian noise at (ε, δ) per update; the plan's train part is then
+``passes × (ε, δ)``, or ``SelfComposedDpEvent(GaussianDpEvent(m), passes)`` with
+``dnd_train_part(settings, rdp=True)`` on rdp streams)::
+
+    settings = RunSettings("logistic", n_features=2, k=10, gamma=0.5, l1_norm_clip=1.0,
+                           epsilon=8.0, passes=2, n_c=5, unit="gaussian", delta=1e-7,
+                           l2_norm_clip=1.0)
 """
 from __future__ import annotations
 
