@@ -132,13 +132,17 @@ def _audit(cfg, runs):
     def release(y, n):
         return np.array([client_update(spec, np.zeros(3), x, np.array([y]), cfg)[0]
                          for _ in range(n)])
-    return audit_mechanism(release, 0.0, 1.0, claimed_epsilon=cfg.epsilon, runs=runs)
+    # α = 10⁻³: a tail event's true ratio is exactly e^ε, so a correct mechanism fails with
+    # probability ≤ α
+    return audit_mechanism(release, 0.0, 1.0, claimed_epsilon=cfg.epsilon, runs=runs,
+                           alpha=1e-3)
 
 
 def test_empirical_audit_bounds_the_update_and_catches_half_the_noise(monkeypatch):
     cfg = ClientConfig(gamma=0.2, l1_norm_clip=0.5, epsilon=1.0)
     res = _audit(cfg, 3000)
     assert res.passed, res
+    assert res.epsilon_lower_bound > 0.5   # the audit sees most of ε = 1
     monkeypatch.setattr(ClientConfig, "sensitivity_per_weight",
                         property(lambda self: self.gamma * self.clip))   # γC, not 2γC
     res = _audit(cfg, 3000)
