@@ -26,7 +26,8 @@ The mechanism, for values x ∈ ℝᵈ, L1 sensitivity Δ and the ε to deliver:
 the d coordinates together lose at most ‖q − q'‖₁·ln2/T ≤ (Δ/g + d)·ln2/T ≤ ε − SAMPLER_EPSILON.
 The table stores each P(R = r) as a count c_r = ⌊2^(−r/T)·K⌋ from float64 (relative error
 ≤ 2⁻⁴⁵: exp2 and two roundings) with one common K = (1 − 2⁻⁴⁰)·2⁶⁴/fsum(2^(−r/T)), so Σc < 2⁶⁴; as
-P(R = r) ≥ 1 − p ≥ 0.69/T and T ≤ 2²⁴, every count is ≥ 2³⁹·⁴, so the truncation's relative error
+P(R = r) ≥ 1 − p ≥ 0.69/T (for T ≥ 78; the grid makes T ≥ 1024) and T ≤ 2²⁴, every count is
+≥ 2³⁹·⁴, so the truncation's relative error
 is ≤ 2⁻³⁹·⁴ and the drawn P̂(r) = c_r/Σc equals P(r)·ρ_r·κ with one common κ and
 ρ_r ∈ [1 − η, 1 + η], η = 2⁻³⁹. Then
 every geometric has P̂_G(m) = P_G(m)·ρ·κ with ρ in the same range (A is exact), and
