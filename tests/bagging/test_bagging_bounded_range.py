@@ -91,3 +91,11 @@ def test_more_labels_than_the_pure_dp_pld_and_the_best_picks_it():
     assert br.delta(mech.pure_epsilon, p, 1.0) <= 1e-5 < br.delta(mech.pure_epsilon, p + 1, 1.0)
     for votes in ("laplace", "gaussian"):                # the bound is the Gumbel vote's only
         assert V.epsilon_of(V.mechanism(votes, k=50, lam=0.1), 10, 1e-5, "br") == math.inf
+
+
+def test_bounded_range_is_below_the_pure_dp_pld():
+    """Why ``best`` may skip the pure-DP PLD for Gumbel votes: ε by ``br`` ≤ ε by ``pld``."""
+    mech = V.mechanism("gumbel", k=5, lam=0.05)
+    for p in (1, 7, 60, 400):
+        for delta in (1e-6, 1e-3):
+            assert V.epsilon_of(mech, p, delta, "br") <= V.epsilon_of(mech, p, delta, "pld")
