@@ -92,7 +92,8 @@ def table1_markdown(agg, epsilons) -> str:
             for e in epsilons:
                 row = agg.get((method, n, k, float(e), d, acct))
                 ours = row[m] if row else None
-                paper = PAPER_TABLE1.get(_paper_key(method, n, k) or ("", 0, 0))
+                base = method.replace("-fixed", "") if acct in VOTE_ACCOUNTANTS else method
+                paper = PAPER_TABLE1.get(_paper_key(base, n, k) or ("", 0, 0))
                 pv = paper[mi][list(epsilons).index(e)] if paper and e in (1, 3, 5) else None
                 vals.append(_fmt(ours) + (
                     f" ({_fmt(pv)})" if pv is not None and _shows_paper(label, method, acct)
