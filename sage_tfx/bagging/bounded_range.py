@@ -68,7 +68,8 @@ def rr_pld(eps_br: float, t: float, queries: int):
 
 
 def candidates(eps_br: float, queries: int, eps_g: float):
-    """(t_ℓ, D_ℓ(t_ℓ)) for ℓ = 0 … p − 1: the grid on which sup_t δ_t(ε_g) is attained."""
+    """(t_ℓ, D_ℓ(t_ℓ)) for ℓ = 0 … p − 1: the grid on which sup_t δ_t(ε_g) is attained (with
+    ℓ = p, whose D_p = 1 − e^{ε_g} does not depend on t)."""
     from scipy import special
 
     p = int(queries)
@@ -85,7 +86,8 @@ def candidates(eps_br: float, queries: int, eps_g: float):
 def _closed(eps_br, queries, eps_g):
     t, d = candidates(eps_br, queries, eps_g)
     i = int(np.argmax(d))
-    return max(0.0, float(d[i])), float(t[i])
+    # ℓ = p (every term) is D_p = 1 − e^{ε_g} at any t: it matters for ε_g < 0 only
+    return max(0.0, float(d[i]), -math.expm1(eps_g)), float(t[i])
 
 
 def delta(eps_br: float, queries: int, eps_g: float) -> float:

@@ -49,7 +49,7 @@ def test_never_below_enumeration_of_every_worst_case_pair(eps):
     for k, steps in ((1, 201), (2, 31), (3, 11)):
         grid = np.linspace(0.0, eps, steps)
         fine = np.linspace(0.0, eps, 1001)
-        for eps_g in np.linspace(-0.2 * eps, k * eps, 7):
+        for eps_g in np.linspace(-0.5 * eps, k * eps, 7):
             ours = br.delta(eps, k, float(eps_g))
             worst = max(_enumerated_delta(eps, ts, eps_g)
                         for ts in itertools.product(grid, repeat=k))
