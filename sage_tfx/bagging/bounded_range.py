@@ -67,13 +67,13 @@ def rr_pld(eps_br: float, t: float, queries: int):
     return composed, (shift - whole) * eps_br
 
 
-def candidates(eps_br: float, queries: int, eps_g: float):
-    """(t_ℓ, D_ℓ(t_ℓ)) for ℓ = 0 … p − 1: the grid on which sup_t δ_t(ε_g) is attained (with
-    ℓ = p, whose D_p = 1 − e^{ε_g} does not depend on t)."""
+def candidates(eps_br: float, queries: int, eps_g: float, ell=None):
+    """(t_ℓ, D_ℓ(t_ℓ)) for ℓ = 0 … p − 1 (or the given ``ell``): the grid on which
+    sup_t δ_t(ε_g) is attained (with ℓ = p, whose D_p = 1 − e^{ε_g} does not depend on t)."""
     from scipy import special
 
     p = int(queries)
-    ell = np.arange(p)
+    ell = np.arange(p) if ell is None else np.asarray(ell)
     t = np.clip((eps_g + (ell + 1) * eps_br) / (p + 1), 0.0, eps_br)
     x = 1.0 - rr_high_mass(eps_br, t)                            # P(low outcome)
     y = np.clip(x * np.exp(eps_br - t), 0.0, 1.0)                # Q(low outcome)
@@ -83,11 +83,18 @@ def candidates(eps_br: float, queries: int, eps_g: float):
     return t, F - math.exp(eps_g) * G
 
 
+CHUNK = 1 << 20      # candidates per batch: memory stays bounded for p up to the 10^7 limit
+
+
 def _closed(eps_br, queries, eps_g):
-    t, d = candidates(eps_br, queries, eps_g)
-    i = int(np.argmax(d))
+    best, best_t = -math.inf, eps_br
+    for start in range(0, int(queries), CHUNK):
+        t, d = candidates(eps_br, queries, eps_g, np.arange(start, min(start + CHUNK, queries)))
+        i = int(np.argmax(d))
+        if d[i] > best:
+            best, best_t = float(d[i]), float(t[i])
     # ℓ = p (every term) is D_p = 1 − e^{ε_g} at any t: it matters for ε_g < 0 only
-    return max(0.0, float(d[i]), -math.expm1(eps_g)), float(t[i])
+    return max(0.0, best, -math.expm1(eps_g)), best_t
 
 
 def delta(eps_br: float, queries: int, eps_g: float) -> float:

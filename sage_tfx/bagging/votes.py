@@ -55,6 +55,10 @@ VOTES = ("laplace", "gumbel", "gaussian")
 BOUNDS = ("pure", "rdp", "pld", "br")
 ACCOUNTANTS = ("best",) + BOUNDS
 PLD_DISCRETIZATION = 1e-4
+# ``br`` costs O(p) per evaluation: beyond this many votes (a public set far larger than any
+# bagging run's) it says nothing and ``best`` uses the other bounds — a fixed rule, so p stays a
+# function of the grant and the configuration only
+BR_MAX_QUERIES = 200_000
 
 
 def check_votes(votes) -> str:
@@ -141,8 +145,8 @@ def epsilon_of(mech: VoteMechanism, queries: int, delta: float, bound: str) -> f
         return math.inf
     if bound == "br":
         from sage_tfx.bagging import bounded_range
-        return math.inf if mech.votes != "gumbel" else bounded_range.epsilon(
-            mech.pure_epsilon, int(queries), delta)
+        return math.inf if mech.votes != "gumbel" or queries > BR_MAX_QUERIES else \
+            bounded_range.epsilon(mech.pure_epsilon, int(queries), delta)
     if bound == "rdp":
         a = dp_accounting.rdp.RdpAccountant()
         a.compose(queries_event(mech, queries))
@@ -160,7 +164,8 @@ def epsilon_of(mech: VoteMechanism, queries: int, delta: float, bound: str) -> f
 def _bounds(accountant: str, mech: VoteMechanism = None):
     """The bounds an accountant tries. ``best`` on Gumbel votes skips the pure-DP PLD: every
     2λ-BR mechanism is 2λ-DP, so the optimal BR composition (``br``) is never above the optimal
-    2λ-DP composition, which dp_accounting's pessimistic PLD bounds from above."""
+    2λ-DP composition, which dp_accounting's pessimistic PLD bounds from above (beyond
+    ``BR_MAX_QUERIES`` votes neither is tried: pure and RDP decide)."""
     if check_accountant(accountant) != "best":
         return (accountant,)
     return tuple(b for b in BOUNDS if not (mech is not None and mech.votes == "gumbel"
@@ -184,6 +189,7 @@ def _max_for(mech, bound, epsilon, delta, lo, limit) -> int:
             return lo
         from sage_tfx.bagging import bounded_range
         fits = lambda p: bounded_range.delta(mech.pure_epsilon, p, epsilon) <= delta  # noqa: E731
+        limit = min(limit, BR_MAX_QUERIES)
     if lo >= limit or not fits(lo + 1):
         return lo
     if bound == "pure":

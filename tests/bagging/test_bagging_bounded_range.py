@@ -99,3 +99,11 @@ def test_bounded_range_is_below_the_pure_dp_pld():
     for p in (1, 7, 60, 400):
         for delta in (1e-6, 1e-3):
             assert V.epsilon_of(mech, p, delta, "br") <= V.epsilon_of(mech, p, delta, "pld")
+
+
+def test_beyond_the_query_cap_the_bound_says_nothing_and_rdp_decides():
+    mech = V.mechanism("gumbel", k=5, lam=2e-4)         # RDP alone buys ~1.5M labels at ε = 1
+    assert V.epsilon_of(mech, V.BR_MAX_QUERIES + 1, 1e-5, "br") == math.inf
+    p, eps, bound = V.max_queries(mech, 1.0, 1e-5)
+    assert (p, bound) == (V.max_queries(mech, 1.0, 1e-5, accountant="rdp")[0], "rdp")
+    assert p > V.BR_MAX_QUERIES and eps <= 1.0
