@@ -199,8 +199,7 @@ def seal_nodes(store, m: dict, hot: dict, plan: NoisePlan, grant_id: Optional[st
             completing.append((ell, j, tables, windows, kd))
         elif node_span(ell, j)[0] >= first_live:
             base = p or {"windows": [], "kinds": {}}
-            pending[_key(ell, j)] = _write_acc(store, {**base, "windows": windows, "kinds": kd},
-                                               tables, w)
+            pending[_key(ell, j)] = ({**base, "windows": windows, "kinds": kd}, tables)
     replayed, released_any = True, False
     for ell, j, tables, windows, kd in sorted(completing, key=lambda c: (c[0], c[1])):
         s, e = node_span(ell, j)
@@ -226,6 +225,8 @@ def seal_nodes(store, m: dict, hot: dict, plan: NoisePlan, grant_id: Optional[st
         os.replace(f"{path}.tmp", path)
         t["nodes"][_key(ell, j)] = {"grant": grant_id, "windows": windows}
         replayed, released_any = replayed and rep, True
+    # partial sums are written after the releases: a failed release leaves no new key or file
+    pending = {k: _write_acc(store, p, tables, w) for k, (p, tables) in pending.items()}
     live_ids = {p["acc_id"] for p in pending.values()}
     trash = [(None if p["acc_id"] in live_ids else p["acc_id"], p["file"])
              for p in t["pending"].values()]      # superseded or ended partial sums

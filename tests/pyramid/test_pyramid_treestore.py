@@ -190,3 +190,21 @@ def test_bad_options_are_refused_and_charge_nothing(tmp_path, sqlite_url):
         s.seal(weights=[1.0, 2.0])
     assert led.grants("obs") == [] and s.hot_window == 0
     assert led.remaining("obs", "b0")["epsilon"] == pytest.approx(20.0)
+
+
+def test_skipped_windows_are_empty_and_a_denied_seal_releases_nothing(tmp_path, sqlite_url):
+    s = PyramidStore(LSPEC, str(tmp_path / "o"), retention=4, noise=SeededNoise(6))
+    seal_all(s, [0, 1, 3])                          # window 2 skipped
+    assert node_ids(s) == [(0, 0), (0, 1), (0, 3), (1, 0), (1, 1), (2, 0)]
+    with np.load(node_path(s.state_dir, 2, 0)) as z:
+        assert json.loads(str(z["meta"]))["windows"] == [0, 1, 3]
+        f = s.featurization()
+        assert f.windows == (0, 1, 3) and np.array_equal(f.cells["user"], z["cells__user"])
+    from sage_tfx.pyramid import BudgetDeniedError
+    led = make_ledger(sqlite_url, n=1, eps=0.5)
+    d = PyramidStore(LSPEC, str(tmp_path / "d"), retention=4, ledger=led, stream="obs")
+    d.open_window(0, ["b0"])
+    d.observe(frame(0))
+    with pytest.raises(BudgetDeniedError):
+        d.seal()
+    assert d.hot_window == 0 and not os.path.exists(os.path.join(d.state_dir, "tree"))
