@@ -125,12 +125,15 @@ def test_range_is_the_true_sum_plus_noise_of_the_expected_variance(tmp_path, spe
             var = f.noise_var["user"]
         errs.append((f.cells["user"] - truth).ravel())
     e = np.concatenate(errs).astype(float)
-    assert abs(e.mean()) < 5 * np.sqrt(var / e.size)
     # the variance of two nodes at the per-node scale (the tree's plan)
     from sage_tfx.pyramid.plan import plan_window
     assert var == pytest.approx(2 * plan_window(spec).variance(0), rel=1e-12)
-    assert e.var() == pytest.approx(var, rel=0.1)
-    assert not e.var() / 4 == pytest.approx(var, rel=0.1)   # half the noise std: caught
+
+    def audit(x):                  # mean 0 and the variance the store reports, within 10 %
+        return abs(x.mean()) < 5 * np.sqrt(var / x.size) and abs(x.var() / var - 1) < 0.1
+
+    assert audit(e)
+    assert not audit(e / 2)        # a store that drew half the noise std is caught
 
 
 def test_replay_from_a_second_store_returns_the_recorded_nodes(tmp_path, sqlite_url):
