@@ -1,7 +1,8 @@
 """Fig. 7 through the store: flat vs tree PyramidStore over many windows on MovieLens.
 
     .venv/bin/python benchmarks/pyramid/tree_store.py [--windows 256] [--seeds 0,1]
-        [--offsets 0,100] [--out benchmarks/results/pyramid/tree_store.csv]
+        [--offsets 0,100] [--mechanisms laplace,gaussian] [--schemes flat,tree]
+        [--width 16384] [--out benchmarks/results/pyramid/tree_store.csv]
 
 The protocol of ``many_windows.py``'s Fig. 7 (5 % hot window of MovieLens, the history before
 it cut into W equal-count windows, ε = 1 per window, Laplace and Gaussian δ = 1e-6), but every
@@ -52,6 +53,8 @@ def main():
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--offsets", default="0,100")
     ap.add_argument("--mechanisms", default="laplace,gaussian")
+    ap.add_argument("--schemes", default="flat,tree")
+    ap.add_argument("--width", type=int, default=2 ** 14)
     ap.add_argument("--out", default=OUT)
     a = ap.parse_args()
     t0 = time.time()
@@ -64,13 +67,14 @@ def main():
     W = a.windows
     part = (np.arange(len(history)) * W) // len(history)
     cols = list(M.FEATURES) + ["y"]
-    exact = exact_tables(history[cols], spec_for("laplace", "flat", W))["user"].astype(float)
+    exact = exact_tables(history[cols], spec_for("laplace", "flat", W, a.width))["user"]
+    exact = exact.astype(float)
     log(f"baseline {base:.4f}; {len(history)} history rows in {W} windows; hot {len(hot)}")
     rows = []
     for offset in [int(x) for x in a.offsets.split(",")]:
         for mech in a.mechanisms.split(","):
-            for scheme in ("flat", "tree"):
-                spec = spec_for(mech, scheme, W)
+            for scheme in a.schemes.split(","):
+                spec = spec_for(mech, scheme, W, a.width)
                 for seed in [int(s) for s in a.seeds.split(",")]:
                     with tempfile.TemporaryDirectory() as d:
                         store = PyramidStore(spec, d, retention=W, noise=SeededNoise(seed))
@@ -85,8 +89,8 @@ def main():
                             else W
                     err = feat.cells["user"] - exact
                     losses = E.count_losses(feat, hot, test, ("lr", "gbt"))
-                    row = dict(windows=W, offset=offset, mechanism=mech, scheme=scheme,
-                               seed=seed, nodes=nodes,
+                    row = dict(windows=W, width=a.width, offset=offset, mechanism=mech,
+                               scheme=scheme, seed=seed, nodes=nodes,
                                cell_std=math.sqrt(feat.noise_var["user"]),
                                empirical_std=float(err.std()),
                                rel_l2=float(np.linalg.norm(err) / np.linalg.norm(exact)),
