@@ -8,9 +8,9 @@ Example::
     counts = PyramidCountTable(grant=gate.outputs["grant"], ledger_url=url, store_dir=store,
                                spec=spec, window=3, retention=12)
 
-``CountSpec(..., aggregation="tree", levels=4)`` (retention ≤ 2^levels) seals the window into
-dyadic tree nodes instead (same gate cost); :class:`PyramidSnapshot` then reads the live windows
-from at most ``2 levels + 1`` complete nodes.
+``CountSpec(..., aggregation="tree", levels=4)`` (levels = ⌈log2 retention⌉) seals the window
+into dyadic tree nodes instead (same gate cost); :class:`PyramidSnapshot` then reads the live
+windows from at most ``2 levels + 1`` complete nodes.
 """
 from __future__ import annotations
 

@@ -129,7 +129,7 @@ class CountSpec:
         split over the ``levels + 1`` nodes it is in, and a range of windows is read from at
         most ``2 levels + 1`` complete nodes.
       levels: the tree's top level ``L`` (nodes of ``1 .. 2^L`` windows); required with
-        ``"tree"`` (a store's retention must be ≤ ``2^L``), None with ``"flat"``.
+        ``"tree"`` (a store's retention ``R`` needs ``L = ⌈log2 R⌉``), None with ``"flat"``.
     """
 
     groups: tuple

@@ -49,7 +49,7 @@ from sage_tfx.ledger import keys
 from sage_tfx.pyramid.featurize import CountSpec, key_kinds
 from sage_tfx.pyramid.plan import NoisePlan
 from sage_tfx.pyramid.sealing import PRIOR, _noised, release_once
-from sage_tfx.pyramid.tree import dyadic_cover, exact_tables
+from sage_tfx.pyramid.tree import dyadic_cover, exact_tables, tree_levels
 
 __all__ = ["node_release_name", "node_span", "node_path", "check_retention", "seal_nodes",
            "cover_nodes", "drop_before", "cleanup"]
@@ -75,12 +75,15 @@ def _parse(key: str) -> tuple[int, int]:
 
 
 def check_retention(spec: CountSpec, retention: int) -> None:
-    """A tree store's ranges must fit its top level: ``retention ≤ 2^levels``."""
-    if retention > 2 ** spec.levels:
+    """A tree store's top level must fit its retention: ``2^(L-1) < retention ≤ 2^L``. Larger
+    ranges would need more than ``2L + 1`` nodes; a larger ``L`` would charge every window for
+    top-level nodes that never fit in the retained range, so are never released."""
+    need = tree_levels(retention)
+    if spec.levels != need:
         raise InvalidRequestError(
-            f"a tree of levels={spec.levels} answers ranges of up to {2 ** spec.levels} windows "
-            f"from <= {2 * spec.levels + 1} nodes; retention {retention} needs levels >= "
-            f"{int(np.ceil(np.log2(retention)))}")
+            f"a tree of levels={spec.levels} does not fit retention {retention}: use levels="
+            f"{need} (ranges of up to 2^levels windows, read from <= 2 levels + 1 nodes; a "
+            "larger top level is charged but never fits the retained range)")
 
 
 def node_path(state_dir: str, ell: int, j: int) -> str:

@@ -184,8 +184,10 @@ def test_bad_options_are_refused_and_charge_nothing(tmp_path, sqlite_url):
         with pytest.raises(InvalidRequestError):
             CountSpec(groups=("user",), label="y", **bad)
     led = make_ledger(sqlite_url, n=2)
-    with pytest.raises(InvalidRequestError, match="retention"):
-        PyramidStore(LSPEC, str(tmp_path / "r"), retention=5, ledger=led, stream="obs")
+    for retention in (5, 2, 1):              # levels=2 fits a retention of 3 or 4 only
+        with pytest.raises(InvalidRequestError, match="retention"):
+            PyramidStore(LSPEC, str(tmp_path / "r"), retention=retention, ledger=led,
+                         stream="obs")
     s = PyramidStore(LSPEC, str(tmp_path / "t"), retention=4, ledger=led, stream="obs")
     s.open_window(0, ["b0"])
     s.observe(frame(0))
