@@ -213,3 +213,34 @@ def test_skipped_windows_are_empty_and_a_denied_seal_releases_nothing(tmp_path, 
     with pytest.raises(BudgetDeniedError):
         d.seal()
     assert d.hot_window == 0 and not os.path.exists(os.path.join(d.state_dir, "tree"))
+
+
+def test_a_gate_grant_of_window_event_pays_for_a_tree_window(tmp_path, sqlite_url):
+    """rdp stream: the gate charges window_event(spec) (the L+1 node releases composed); the
+    store takes that grant and charges nothing more; a grant of the flat event is refused."""
+    from sage_tfx.pyramid import pyramid_run_id, window_event
+    from sage_tfx.pyramid.plan import plan_window
+    led = make_ledger(sqlite_url, n=2, mode=accounting.RDP)
+    flat = CountSpec(**{**GSPEC.to_json(), "groups": GSPEC.groups, "aggregation": "flat",
+                        "levels": None})
+    ev = window_event(GSPEC)              # one node's Gaussian tables, released L+1 = 3 times
+    assert isinstance(ev, dp_accounting.SelfComposedDpEvent) and ev.count == 3
+    assert accounting.event_to_json(ev.event) == accounting.event_to_json(
+        plan_window(flat, repeat=3).event.event)
+    s = PyramidStore(GSPEC, str(tmp_path / "t"), retention=4, ledger=led, stream="obs",
+                     noise=SeededNoise(7))
+    bad = led.request("obs", run_id=pyramid_run_id("obs", GSPEC, 1), blocks=["b1"],
+                      event=window_event(flat)).grant
+    s.open_window(1, ["b1"])
+    s.observe(frame(1))
+    with pytest.raises(InvalidRequestError, match="does not pay"):
+        s.seal(grant=bad)
+    good = led.request("obs", run_id=pyramid_run_id("obs", GSPEC, 0), blocks=["b0"],
+                       event=window_event(GSPEC)).grant
+    s.discard_window()
+    s.open_window(0, ["b0"])
+    s.observe(frame(0))
+    spent = led.block("obs", "b0").epsilon_spent
+    r = s.seal(grant=good)
+    assert r.grant_id == good.grant_id and led.block("obs", "b0").epsilon_spent == spent
+    assert [x.name for x in led.releases(good.grant_id)] == [node_release_name(GSPEC, 0, 0)]
