@@ -4,6 +4,7 @@ updates.
 ``docs/papers.md`` (Draw and Discard). No TensorFlow at import. Modules:
 :mod:`~sage_tfx.dnd.glm` (GLMs as flat vectors), :mod:`~sage_tfx.dnd.client` (Alg. 1 and the
 privacy units), :mod:`~sage_tfx.dnd.noise` (the float-safe vector Gaussian sampler),
+:mod:`~sage_tfx.dnd.laplace` (the float-safe vector Laplace sampler of the L1 units),
 :mod:`~sage_tfx.dnd.state` (Alg. 2 and the paper's alternative strategies),
 :mod:`~sage_tfx.dnd.spam` (the calibrated spam check), :mod:`~sage_tfx.dnd.budget` (ledger grants
 and their enforcement), :mod:`~sage_tfx.dnd.theory` (Theorem 1, Lemmas 1–3, reported, never

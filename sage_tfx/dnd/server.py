@@ -333,8 +333,8 @@ def build_service(*, ledger_url: str, stream: str, run_id: str, spec: GLMSpec,
     from sage_tfx.ledger import Window, open_ledger
     if not config.private:
         raise ValueError("a served run must add noise (epsilon is None)")
-    # What the ledger will be charged per update must be what OpenDP's privacy map (Laplace) or
-    # dp_accounting (Gaussian) says the clients' sampler delivers at this scale and sensitivity.
+    # What the ledger will be charged per update must cover what the Laplace sampler's proved
+    # bound or dp_accounting (Gaussian) says the clients' sampler delivers.
     check_update_matches_ledger_epsilon(config, spec.dim)
     check_ticket_ttl(ticket_ttl)
 

@@ -20,8 +20,9 @@ windows it holds so far (counted in the ``L + 1`` releases each of them is charg
 would reveal the exact counts added between the two reads. Nodes that hold any window before
 the retention horizon are deleted (:meth:`DyadicTree.retain`).
 
-This module is the mechanism and its accounting; :class:`~sage_tfx.pyramid.windows.PyramidStore`
-does not use it yet (its windows are flat). No TensorFlow.
+This module is the mechanism and its accounting, in memory (benchmarks); a
+:class:`~sage_tfx.pyramid.windows.PyramidStore` of a spec with ``aggregation="tree"`` keeps its
+nodes on disk and on the ledger (:mod:`sage_tfx.pyramid.treestore`). No TensorFlow.
 """
 from __future__ import annotations
 
