@@ -75,6 +75,7 @@ class LaplaceGrid:
 
     @property
     def p(self) -> float:
+        """The grid's geometric ratio p = 2^(−1/T)."""
         return 2.0 ** (-1.0 / self.period)
 
     @property

@@ -87,6 +87,7 @@ def check_retention(spec: CountSpec, retention: int) -> None:
 
 
 def node_path(state_dir: str, ell: int, j: int) -> str:
+    """The file of tree node (ℓ, j) in a store's ``state_dir``."""
     return os.path.join(state_dir, "tree", "nodes", f"l{ell}-j{j}.npz")
 
 
