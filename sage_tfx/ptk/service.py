@@ -254,7 +254,7 @@ def main(argv=None) -> int:
               max_window_body=a.max_window_bytes)
         return 0
     from sage_tfx.ptk.lake import Lake
-    from sage_tfx.ptk.allocator import Allocation, Assignment, Partition
+    from sage_tfx.ptk.allocator import Allocation
     lake = Lake(a.ledger)
     try:
         seq, plan = lake.plan()
@@ -263,14 +263,7 @@ def main(argv=None) -> int:
     if plan is None:
         print("no plan yet (no PTK registered)")
         return 0
-    parts = tuple(Partition(p["index"], p["size"], tuple(Assignment(**m) for m in p["members"]))
-                  for p in plan["partitions"])
-    print(f"plan {seq}: " + Allocation(parts, plan["epsilon_g"], plan["delta_g"], plan["n_max"],
-                                       plan["solve_seconds"], tuple(plan["tried_k"]),
-                                       optimal=plan.get("optimal", True),
-                                       gap=plan.get("gap", 0.0),
-                                       lower_bound=plan.get("lower_bound", 0),
-                                       first_feasible=plan.get("first_feasible")).render())
+    print(f"plan {seq}: " + Allocation.from_dict(plan).render())
     return 0
 
 

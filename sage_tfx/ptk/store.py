@@ -196,19 +196,22 @@ class PTKStore:
         menus.update({k: [allocator.Option(*o) for o in v] for k, v in (override or {}).items()})
         return menus
 
-    def _allocate(self, menus: dict) -> allocator.Allocation:
+    def _allocate(self, menus: dict, previous: Optional[allocator.Allocation] = None,
+                  floor: int = 0) -> allocator.Allocation:
         c = self.cfg
         return allocator.allocate(menus, epsilon_g=c.epsilon_g, delta_g=c.delta_g,
-                                  n_max=c.n_max, k_max=c.k_max, time_limit=c.solve_time_limit)
+                                  n_max=c.n_max, k_max=c.k_max, time_limit=c.solve_time_limit,
+                                  previous=previous, floor=floor)
 
-    def _commit(self, compute: Callable[[], tuple], change: Callable[[], None]):
-        """Re-plans with ``compute() -> (result, plan dict or None)`` and applies ``change``
+    def _commit(self, compute: Callable[[int], tuple], change: Callable[[], None]):
+        """Re-plans with ``compute(seq) -> (result, plan dict or None)`` (``seq``: the plan
+        being replaced) and applies ``change``
         with the new plan in one transaction, re-planning while other processes commit first.
         A None plan (infeasible) changes nothing. Returns ``result``."""
         deadline = time.monotonic() + COMMIT_WAIT
         while True:
             seq = self.lake.plan_seq()
-            result, plan = compute()  # reads the registry after the sequence: a change between
+            result, plan = compute(seq)  # reads the registry after the sequence: a change between
             if plan is None:          # the two moves the sequence, and the commit re-plans
                 return result
             if self.lake.commit_plan(seq, plan, change) is not None:
@@ -217,8 +220,27 @@ class PTKStore:
                 raise LeaseTimeoutError("the PTK plan kept changing under other processes for "
                                         f"{COMMIT_WAIT:g} s; nothing was changed")
 
-    def _plan_with(self, override: Optional[dict] = None, drop: Sequence[str] = ()):
-        plan = self._allocate(self._menus(override, drop))
+    def _plan_with(self, seq: int, override: Optional[dict] = None, drop: Sequence[str] = (),
+                   grow: bool = False):
+        """Allocates the registry with ``override`` / ``drop`` applied, starting from plan
+        ``seq`` (the committed plan the change replaces). ``grow``: the change only adds the
+        PTKs in ``override`` — then the plan's proven lower bound still bounds the new optimum
+        (adding PTKs never lowers it), provided the plan was made for exactly the registry
+        read now under the same (ℰ, Δ, N_max, k_max); the commit re-plans if the registry
+        moved past ``seq`` meanwhile."""
+        menus = self._menus(override, drop)
+        stored = self.lake.plan(seq)[1] if seq else None
+        previous = allocator.Allocation.from_dict(stored) if stored else None
+        floor = 0
+        c = self.cfg
+        if grow and previous is not None and (
+                previous.epsilon_g, previous.delta_g, previous.n_max, previous.k_max) == (
+                c.epsilon_g, c.delta_g, c.n_max, c.k_max) and not set(override or ()) & {
+                a.ptk_id for p in previous.partitions for a in p.members} and {
+                a.ptk_id for p in previous.partitions for a in p.members} == set(menus) - set(
+                override or ()):
+            floor = previous.lower_bound
+        plan = self._allocate(menus, previous, floor)
         return plan, (plan.to_dict() if plan.feasible else None)
 
     # --- the API (Fig. 1) -----------------------------------------------------------------
@@ -266,7 +288,8 @@ class PTKStore:
             if self.lake.ptk(ptk_id) is None:  # a concurrent replay may have inserted it
                 self.lake.insert_ptk(dict(rec, registered_window=self.windows.current()))
 
-        plan = self._commit(lambda: self._plan_with({ptk_id: options}), insert)
+        plan = self._commit(lambda seq: self._plan_with(seq, {ptk_id: options}, grow=True),
+                            insert)
         return ptk_id if plan.feasible else Reject(plan.reason)
 
     def _replayed(self, prior: dict, ptype: PTKType, config: dict, tau: float, freq: int,
@@ -290,13 +313,15 @@ class PTKStore:
         """
         self._require(ptk_id)
 
-        def compute():
-            plan, as_dict = self._plan_with(drop=[ptk_id])
+        def compute(seq):
+            plan, as_dict = self._plan_with(seq, drop=[ptk_id])
             if as_dict is None:  # a solver time-out: keep the current plan without the PTK
                 _, cur = self.lake.plan()
                 parts = [dict(p, members=[m for m in p["members"] if m["ptk_id"] != ptk_id])
                          for p in (cur or {"partitions": []})["partitions"]]
-                as_dict = dict(cur or {}, partitions=[p for p in parts if p["members"]])
+                # its sizes and bound were the larger workload's: nothing is proven for this one
+                as_dict = dict(cur or {}, partitions=[p for p in parts if p["members"]],
+                               optimal=False, gap=1.0, lower_bound=0, proof="")
             return plan, as_dict
 
         def drop():
@@ -325,7 +350,7 @@ class PTKStore:
             self._require(ptk_id)
             self.lake.update_ptk(ptk_id, config=config, tau=tau, menu=options, profile=profile)
 
-        plan = self._commit(lambda: self._plan_with({ptk_id: options}), update)
+        plan = self._commit(lambda seq: self._plan_with(seq, {ptk_id: options}), update)
         return plan if plan.feasible else Reject(plan.reason, ptk_id)
 
     def update_ptk_config(self, ptk_id: str, new_config: dict):

@@ -142,6 +142,27 @@ def test_reject_keeps_the_plan_and_deregister_replans(make_store):
         store.deregister_ptk(ids[0])
 
 
+def test_a_registration_that_fits_the_plan_is_proven_optimal_without_a_solve(make_store,
+                                                                               monkeypatch):
+    from sage_tfx.ptk import allocator
+    store = make_store()
+    a = register_hist(store, menu=[(0.3, 1000)])
+    b = register_hist(store, menu=[(0.3, 500)])
+    assert store.plan()["optimal"] and store.plan()["total"] == 1000
+    solves = []
+    real = allocator.milp
+    monkeypatch.setattr(allocator, "milp", lambda *x, **k: solves.append(1) or real(*x, **k))
+    c = register_hist(store, menu=[(0.2, 800)])  # fits the partition's unused budget
+    plan = store.plan()
+    assert not solves and plan["optimal"] and plan["proof"] == "floor"
+    assert plan["total"] == 1000 and plan["lower_bound"] == 1000
+    assert sorted(m["ptk_id"] for p in plan["partitions"] for m in p["members"]) == sorted(
+        [a, b, c])
+    # a deregistration does not keep the larger workload's bound: it is solved again
+    assert store.deregister_ptk(a).optimal and solves and store.plan()["total"] == 800
+    assert store.plan()["proof"] != "floor"
+
+
 def test_register_without_a_window_rejects_with_reason(make_store):
     store = make_store()
     r = register_hist(store)

@@ -73,10 +73,14 @@ def solve_times(sizes=(13, 50, 200), *, k_max: int = 8, time_limit: float = 25.0
 
 
 def register_to_notified(root: str, *, ptks: int = 13, window_records: int = 20000,
-                         seed: int = 0) -> list[dict]:
+                         seed: int = 0, preload: int = 0) -> list[dict]:
     """Registers ``ptks`` historical-statistics PTKs one after another on a real store (SQLite
     under ``root``); after each registration a window boundary trains everything and notifies
-    a real HTTP subscriber. Returns per-PTK timings (register, window, first notification)."""
+    a real HTTP subscriber. Returns per-PTK timings (register, window, first notification).
+
+    ``preload`` PTKs with :func:`hard_menus` (n / 16; supplied profiles, trained only in window 0,
+    which never opens) are registered first, so each measured registration re-allocates
+    ``preload`` + i PTKs while a window trains only the measured ones."""
     import threading
 
     import uvicorn
@@ -114,13 +118,17 @@ def register_to_notified(root: str, *, ptks: int = 13, window_records: int = 200
                 "v": rng.normal(5, 2, size=window_records) + (keys == "a")}
     out = []
     try:
-        store.advance_window(window(), user_key="user")
+        config = {"key": "k", "domain": list("abcdefgh"), "value": "v", "lower": 0, "upper": 10}
+        for pid, menu in hard_menus(preload, seed).items():  # n / 16: the window holds them
+            reg = store.register_ptk("histstats", 10**6, tau=0.2, config=config,
+                                     menu=[(o.epsilon, max(o.n // 16, 1)) for o in menu],
+                                     ptk_id=f"ptk-pre{pid}")
+            if not isinstance(reg, str):
+                raise RuntimeError(f"preload PTK refused: {reg.reason}")
+        store.advance_window(window(), user_key="user", window_index=1)
         for i in range(ptks):
             t0 = time.perf_counter()
-            pid = store.register_ptk(
-                "histstats", 1, tau=0.2,
-                config={"key": "k", "domain": list("abcdefgh"), "value": "v", "lower": 0,
-                        "upper": 10})
+            pid = store.register_ptk("histstats", 1, tau=0.2, config=config)
             t1 = time.perf_counter()
             if not isinstance(pid, str):
                 out.append({"i": i, "reject": pid.reason})
@@ -134,7 +142,8 @@ def register_to_notified(root: str, *, ptks: int = 13, window_records: int = 200
             deadline = time.time() + 30
             while (pid, version) not in got and time.time() < deadline:
                 time.sleep(0.001)
-            out.append({"i": i, "ptk_id": pid, "register_s": t1 - t0, "subscribe_s": t2 - t1,
+            out.append({"i": i, "preload": preload, "ptk_id": pid, "register_s": t1 - t0,
+                        "subscribe_s": t2 - t1,
                         "window_s": t3 - t2, "trained": len(res["trained"]),
                         "notified_s": got.get((pid, version), float("nan")) - t0,
                         "K": store.plan()["K"]})
