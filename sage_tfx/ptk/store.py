@@ -36,6 +36,7 @@ from sage_tfx.ptk.lake import Lake, now
 from sage_tfx.ptk.notify import Notifier, check_endpoint
 from sage_tfx.ptk.profiles import ProfileRuns
 from sage_tfx.ptk.registry import TypeRegistry, default_registry
+from sage_tfx.ptk.results import Delivery, Lineage, ProfileNeed, PTKRecord, WindowResult
 from sage_tfx.ptk.windows import WindowRunner
 
 PTK_ID_PATTERN = r"^ptk-[A-Za-z0-9_-]{1,60}$"
@@ -82,7 +83,7 @@ class StoreConfig:
                 f"the profiler's validation set takes (T + 1) * eps = {t + 1} * "
                 f"{self.profile_epsilon} > epsilon_g = {self.epsilon_g}: lower profile_epsilon")
 
-    def profile_need(self, tau: float, with_erm: bool = True) -> dict:
+    def profile_need(self, tau: float, with_erm: bool = True) -> ProfileNeed:
         """What one profiled registration with target ``tau`` needs: Fig. 3's records per menu
         entry (m + S_n and, with an exact ERM, S'_n), the profile set for the whole menu, the
         window whose profile share holds it, and the ε it charges the profile blocks (for a
@@ -90,10 +91,9 @@ class StoreConfig:
         params = profiler.ProfileParams(self.profile_epsilon, self.profile_n_max, tau)
         menu = [e for e in self.menu if e <= self.epsilon_g]
         per_entry = params.records_needed(with_erm)
-        return {"tau": tau, "m": params.m, "T": params.T, "per_entry": per_entry,
-                "profile_records": per_entry * len(menu),
-                "window_records": int(math.ceil(per_entry * len(menu) / self.profile_share)),
-                "epsilon": max(max(menu), self.profile_epsilon * (params.T + 1))}
+        return ProfileNeed(tau, params.m, params.T, per_entry, per_entry * len(menu),
+                           int(math.ceil(per_entry * len(menu) / self.profile_share)),
+                           max(max(menu), self.profile_epsilon * (params.T + 1)))
 
     def describe_profile_need(self, taus: Sequence[float]) -> str:
         lines = [f"profiler: n_max = {self.profile_n_max}, epsilon_profile = "
@@ -101,9 +101,9 @@ class StoreConfig:
                  f"{self.profile_share}"]
         for tau in taus:
             n = self.profile_need(check_tau(tau))
-            lines.append(f"  tau = {tau:g}: m = {n['m']:,}, {n['per_entry']:,} records per "
-                         f"budget, {n['profile_records']:,} profile records, a window of "
-                         f"{n['window_records']:,} records; charges eps = {n['epsilon']:.3g} "
+            lines.append(f"  tau = {tau:g}: m = {n.m:,}, {n.per_entry:,} records per "
+                         f"budget, {n.profile_records:,} profile records, a window of "
+                         f"{n.window_records:,} records; charges eps = {n.epsilon:.3g} "
                          "to the profile blocks")
         return "\n".join(lines)
 
@@ -184,15 +184,15 @@ class PTKStore:
         self.ledger.close()
 
     # --- helpers --------------------------------------------------------------------------
-    def _require(self, ptk_id: str) -> dict:
+    def _require(self, ptk_id: str) -> PTKRecord:
         rec = self.lake.ptk(ptk_id) if isinstance(ptk_id, str) else None
-        if rec is None or rec["status"] != "active":
+        if rec is None or rec.status != "active":
             raise UnknownPTKError(f"no registered PTK {str(ptk_id)[:80]!r}")
         return rec
 
     def _menus(self, override: Optional[dict] = None, drop: Sequence[str] = ()) -> dict:
-        menus = {r["ptk_id"]: [allocator.Option(*o) for o in r["menu"]]
-                 for r in self.lake.ptks() if r["ptk_id"] not in drop}
+        menus = {r.ptk_id: [allocator.Option(*o) for o in r.menu]
+                 for r in self.lake.ptks() if r.ptk_id not in drop}
         menus.update({k: [allocator.Option(*o) for o in v] for k, v in (override or {}).items()})
         return menus
 
@@ -229,8 +229,7 @@ class PTKStore:
         read now under the same (ℰ, Δ, N_max, k_max); the commit re-plans if the registry
         moved past ``seq`` meanwhile."""
         menus = self._menus(override, drop)
-        stored = self.lake.plan(seq)[1] if seq else None
-        previous = allocator.Allocation.from_dict(stored) if stored else None
+        previous = self.lake.plan(seq)[1] if seq else None
         floor = 0
         c = self.cfg
         if grow and previous is not None and (
@@ -292,18 +291,18 @@ class PTKStore:
                             insert)
         return ptk_id if plan.feasible else Reject(plan.reason)
 
-    def _replayed(self, prior: dict, ptype: PTKType, config: dict, tau: float, freq: int,
+    def _replayed(self, prior: PTKRecord, ptype: PTKType, config: dict, tau: float, freq: int,
                   menu: Optional[list]):
-        supplied = bool((prior["profile"] or {}).get("supplied"))
+        supplied = bool((prior.profile or {}).get("supplied"))
         same_menu = (not supplied) if menu is None else (
-            supplied and [[o[0], o[2]] for o in prior["menu"]] == [list(m) for m in menu])
-        same = (prior["ptk_type"] == ptype.name and prior["config"] == config
-                and prior["tau"] == tau and prior["train_frequency"] == freq and same_menu)
-        if not same or prior["status"] != "active":
+            supplied and [[o[0], o[2]] for o in prior.menu] == [list(m) for m in menu])
+        same = (prior.ptk_type == ptype.name and prior.config == config
+                and prior.tau == tau and prior.train_frequency == freq and same_menu)
+        if not same or prior.status != "active":
             raise InvalidRequestError(
-                f"PTK id {prior['ptk_id']} is {prior['status']} with another type, config, "
+                f"PTK id {prior.ptk_id} is {prior.status} with another type, config, "
                 "target or frequency: choose a new id")
-        return prior["ptk_id"]
+        return prior.ptk_id
 
     def deregister_ptk(self, ptk_id: str) -> allocator.Allocation:
         """Marks the PTK deregistered and re-allocates the others; returns the new allocation.
@@ -315,13 +314,14 @@ class PTKStore:
 
         def compute(seq):
             plan, as_dict = self._plan_with(seq, drop=[ptk_id])
-            if as_dict is None:  # a solver time-out: keep the current plan without the PTK
-                _, cur = self.lake.plan()
-                parts = [dict(p, members=[m for m in p["members"] if m["ptk_id"] != ptk_id])
-                         for p in (cur or {"partitions": []})["partitions"]]
+            _, cur = self.lake.plan()
+            if as_dict is None and cur is not None:  # a solver time-out: keep the current plan
+                parts = [dataclasses.replace(p, members=tuple(  # without the PTK
+                    m for m in p.members if m.ptk_id != ptk_id)) for p in cur.partitions]
                 # its sizes and bound were the larger workload's: nothing is proven for this one
-                as_dict = dict(cur or {}, partitions=[p for p in parts if p["members"]],
-                               optimal=False, gap=1.0, lower_bound=0, proof="")
+                as_dict = dataclasses.replace(
+                    cur, partitions=tuple(p for p in parts if p.members), optimal=False,
+                    gap=1.0, lower_bound=0, proof="").to_dict()
             return plan, as_dict
 
         def drop():
@@ -332,8 +332,8 @@ class PTKStore:
 
     def _update(self, ptk_id: str, config: dict, tau: float):
         rec = self._require(ptk_id)
-        ptk_type = self.registry.get(rec["ptk_type"])
-        if rec["profile"] and rec["profile"].get("supplied"):
+        ptk_type = self.registry.get(rec.ptk_type)
+        if rec.profile and rec.profile.get("supplied"):
             raise InvalidRequestError(
                 f"{ptk_id} has a developer-supplied profile; register a new PTK for a new "
                 "config or target")
@@ -357,12 +357,12 @@ class PTKStore:
         """Re-profiles and re-allocates; a Reject leaves the old config and plan in force."""
         if not isinstance(new_config, dict):
             raise InvalidRequestError(f"a PTK config is a dict, got {type(new_config).__name__}")
-        return self._update(ptk_id, check_config(new_config), self._require(ptk_id)["tau"])
+        return self._update(ptk_id, check_config(new_config), self._require(ptk_id).tau)
 
     def update_ptk_performance_target(self, ptk_id: str, new_tau: float):
         """Re-profiles at the new target τ and re-allocates; a Reject keeps the old one."""
         tau = check_tau(new_tau)
-        return self._update(ptk_id, self._require(ptk_id)["config"], tau)
+        return self._update(ptk_id, self._require(ptk_id).config, tau)
 
     def subscribe_to_ptk(self, ptk_id: str, rpc_endpoint: str) -> None:
         """Registers an endpoint (probed first) to be notified of the PTK's new versions."""
@@ -370,16 +370,16 @@ class PTKStore:
         self.notifier.probe(check_endpoint(rpc_endpoint), ptk_id)
         self.lake.subscribe(ptk_id, rpc_endpoint)
 
-    def notify_new_ptk_state(self, ptk_id: str) -> list[dict]:
+    def notify_new_ptk_state(self, ptk_id: str) -> list[Delivery]:
         """Queues the newest version for every subscriber and delivers pending notifications."""
         self._require(ptk_id)
         latest = self.lake.version(ptk_id)
         if latest is not None:
-            self.lake.enqueue(ptk_id, latest["version"])
+            self.lake.enqueue(ptk_id, latest.version)
         return self.notifier.deliver()
 
     # --- reading --------------------------------------------------------------------------
-    def plan(self) -> Optional[dict]:
+    def plan(self) -> Optional[allocator.Allocation]:
         """The allocator's current plan as stored in the lake, or None before any PTK."""
         return self.lake.plan()[1]
 
@@ -396,11 +396,11 @@ class PTKStore:
         if v is None:
             if version is not None:
                 raise UnknownPTKError(f"PTK {ptk_id!r} has no version {version}")
-            return PTK(ptk_id, None, rec["config"], rec["tau"], None, None, 0)
-        return PTK(ptk_id, v["state"], v["config"], rec["tau"], v["oldest_window"],
-                   v["newest_window"], v["version"])
+            return PTK(ptk_id, None, rec.config, rec.tau, None, None, 0)
+        return PTK(ptk_id, v.state, v.config, rec.tau, v.oldest_window, v.newest_window,
+                   v.version)
 
-    def lineage(self, ptk_id: str, version: Optional[int] = None) -> dict:
+    def lineage(self, ptk_id: str, version: Optional[int] = None) -> Lineage:
         """Where a version came from: window, blocks, charged ε/δ/event, grant and run ids.
 
         Raises:
@@ -409,11 +409,9 @@ class PTKStore:
         v = self.lake.version(ptk_id, version) if isinstance(ptk_id, str) else None
         if v is None:
             raise UnknownPTKError(f"PTK {ptk_id!r} has no such version")
-        return {k: v[k] for k in ("ptk_id", "version", "window_index", "blocks", "epsilon",
-                                  "delta", "event", "grant_id", "run_id", "stream", "n_used",
-                                  "partition_index", "oldest_window", "newest_window")}
+        return Lineage.from_row(vars(v))
 
     def advance_window(self, columns: dict, *, user_key: Optional[str] = None,
-                       window_index: Optional[int] = None) -> dict:
+                       window_index: Optional[int] = None) -> WindowResult:
         """Closes the open window, ingests the next one and trains every due PTK on it."""
         return self.windows.advance(columns, user_key=user_key, window_index=window_index)

@@ -138,15 +138,15 @@ def register_to_notified(root: str, *, ptks: int = 13, window_records: int = 200
             t2 = time.perf_counter()
             res = store.advance_window(window(), user_key="user")
             t3 = time.perf_counter()
-            version = next(t["version"] for t in res["trained"] if t.get("ptk_id") == pid)
+            version = next(t.version for t in res.trained if t.ptk_id == pid)
             deadline = time.time() + 30
             while (pid, version) not in got and time.time() < deadline:
                 time.sleep(0.001)
             out.append({"i": i, "preload": preload, "ptk_id": pid, "register_s": t1 - t0,
                         "subscribe_s": t2 - t1,
-                        "window_s": t3 - t2, "trained": len(res["trained"]),
+                        "window_s": t3 - t2, "trained": len(res.trained),
                         "notified_s": got.get((pid, version), float("nan")) - t0,
-                        "K": store.plan()["K"]})
+                        "K": store.plan().K})
     finally:
         store.close()
         server.should_exit = True
