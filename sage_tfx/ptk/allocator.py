@@ -350,9 +350,18 @@ def _warm_start(ids, menus, E, D, n_max, k_max):
     return _plan([[_shrink(g, by_id, E, D) for g in groups]], k_max, n_max)
 
 
+def _least(a: Assignment, menu: list, size: int) -> Assignment:
+    """``a``'s option of least ε (then δ) among those with n ≤ ``size`` and no larger ε or δ."""
+    fits = [o for o in menu if o.n <= size and dec(o.epsilon) <= dec(a.epsilon)
+            and dec(o.delta) <= dec(a.delta)]
+    o = min(fits, key=lambda o: (dec(o.epsilon), dec(o.delta), o.n), default=None)
+    return a if o is None else Assignment(a.ptk_id, o.epsilon, o.delta, o.n)
+
+
 def _extend(previous: "Allocation", ids, menus, E, D, n_max, k_max):
-    """An incumbent from a previous plan: its members still registered keep their option
-    (when the menu still has it), every other PTK is inserted where it raises the total least
+    """An incumbent from a previous plan: its members still registered keep their partition
+    (when the menu still has their option; each moves to its least-ε option that fits the
+    partition's size), every other PTK is inserted where it raises the total least
     (a partition with room for one of its options, or a new one), then each partition's unused
     budget is spent (:func:`_shrink`). None when a PTK fits nowhere."""
     by_id = dict(zip(ids, menus))
@@ -361,8 +370,9 @@ def _extend(previous: "Allocation", ids, menus, E, D, n_max, k_max):
         keep = [a for a in p.members if a.ptk_id in by_id and a.ptk_id not in placed
                 and Option(a.epsilon, a.delta, a.n) in by_id[a.ptk_id]]
         placed.update(a.ptk_id for a in keep)
-        if keep:
-            groups.append(keep)
+        if keep:  # frees budget without growing the partition: each member on its least ε
+            size = max(a.n for a in keep)  # (and δ) among its options that fit the size
+            groups.append([_least(a, by_id[a.ptk_id], size) for a in keep])
     todo = [i for i in ids if i not in placed]
     for pid in sorted(todo, key=lambda i: -min(o.n for o in by_id[i])):
         best = None  # (added samples, eps, group index or None, option)
@@ -508,10 +518,12 @@ def allocate(menus: dict, *, epsilon_g: float, delta_g: float = 0.0, n_max: int,
         k_max=k_cfg, proof=proof if total(parts) <= bound else "")
     if best is not None and total(best) <= floor:
         return done(best, floor, "floor")
-    cutoff = total(best) if best else math.inf
+    # the merged model gets the warm start's cutoff, as without ``previous``: a tighter one
+    # made HiGHS no faster here, and sometimes slower
+    cutoff = total(first) if first else (total(best) if best else math.inf)
     plan, status, bound = _aggregate(ids, clean, k_max, E, D, n_max, left(), cutoff)
     proof = "merged model"
-    if plan is not None and total(plan) <= cutoff:
+    if plan is not None and (best is None or total(plan) <= total(best)):
         best = plan
     infeasible = status == 2 and best is None  # the relaxation has no solution
     if status == 2 and best is not None:

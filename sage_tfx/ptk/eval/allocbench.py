@@ -193,3 +193,26 @@ def hard_run(count: int = 200, *, k_max: int = 8, time_limit: float = 25.0,
             "gap": plan.gap, "lower_bound": plan.lower_bound, "optimal": plan.optimal,
             "paper_K": paper and paper["K"], "paper_total": paper and paper["total"],
             "paper_optimal": paper and paper["optimal"], "paper_gap": paper and paper["gap"]}
+
+
+def register_one(count: int = 50, *, k_max: int = 8, time_limit: float = 25.0,
+                 seed: int = 0) -> dict:
+    """Registering one more PTK into the optimal plan of ``count`` :func:`hard_menus` PTKs:
+    allocated from scratch (as before) and from the previous plan with its proven bound as the
+    floor (what :class:`~sage_tfx.ptk.store.PTKStore` does); both must reach the same total."""
+    menus = hard_menus(count + 1, seed)
+    new = sorted(menus)[-1]
+    old = {k: v for k, v in menus.items() if k != new}
+    prev = allocator.allocate(old, epsilon_g=1.0, n_max=10**9, k_max=k_max,
+                              time_limit=time_limit)
+    t0 = time.perf_counter()
+    scratch = allocator.allocate(menus, epsilon_g=1.0, n_max=10**9, k_max=k_max,
+                                 time_limit=time_limit)
+    t1 = time.perf_counter()
+    warm = allocator.allocate(menus, epsilon_g=1.0, n_max=10**9, k_max=k_max,
+                              time_limit=time_limit, previous=prev, floor=prev.lower_bound)
+    t2 = time.perf_counter()
+    return {"ptks": count + 1, "seed": seed, "scratch_s": t1 - t0, "scratch_total": scratch.total,
+            "scratch_optimal": scratch.optimal, "previous_s": t2 - t1, "previous_total": warm.total,
+            "previous_optimal": warm.optimal, "proof": warm.proof or "-",
+            "previous_plan_total": prev.total}
