@@ -385,6 +385,8 @@ def _extend(previous: "Allocation", ids, menus, E, D, n_max, k_max):
                     key = (max(o.n - size, 0), dec(o.epsilon), g)
                     if best is None or key < best[0]:
                         best = (key, o)
+        if best is not None and best[0][0] > 0 and _insert_by_moving(groups, pid, by_id, E, D):
+            continue  # in at no extra samples, one member moved to another partition
         if best is None:
             return None
         (_, _, g), o = best
@@ -394,7 +396,40 @@ def _extend(previous: "Allocation", ids, menus, E, D, n_max, k_max):
     return _plan([[_shrink(g, by_id, E, D) for g in groups]], k_max, n_max)
 
 
-def _aggregate(ids, menus, k_max, E, D, n_max, time_limit, cutoff):
+def _sums(members) -> tuple:
+    return (sum((dec(a.epsilon) for a in members), Decimal(0)),
+            sum((dec(a.delta) for a in members), Decimal(0)), max((a.n for a in members),
+                                                                  default=0))
+
+
+def _insert_by_moving(groups: list, pid: str, by_id: dict, E: Decimal, D: Decimal) -> bool:
+    """Puts ``pid`` into a partition on an option no larger than its size after moving one
+    member to another partition where one of its options fits without growing it; changes
+    ``groups`` and returns True when such a move exists (no partition grows)."""
+    for g, members in enumerate(groups):
+        eg, dg, size = _sums(members)
+        for o in sorted(by_id[pid], key=lambda o: dec(o.epsilon)):
+            if o.n > size:
+                continue
+            for t, m in enumerate(members):
+                if eg - dec(m.epsilon) + dec(o.epsilon) > E or \
+                        dg - dec(m.delta) + dec(o.delta) > D:
+                    continue
+                for h, other in enumerate(groups):
+                    if h == g:
+                        continue
+                    eh, dh, size_h = _sums(other)
+                    fit = [q for q in by_id[m.ptk_id] if q.n <= size_h
+                           and eh + dec(q.epsilon) <= E and dh + dec(q.delta) <= D]
+                    if fit:
+                        q = min(fit, key=lambda q: (dec(q.epsilon), dec(q.delta)))
+                        other.append(Assignment(m.ptk_id, q.epsilon, q.delta, q.n))
+                        members[t] = Assignment(pid, o.epsilon, o.delta, o.n)
+                        return True
+    return False
+
+
+def _aggregate(ids, menus, k_max, E, D, n_max, time_limit, cutoff, floor=0):
     """The level model with partitions of equal size merged: Y_v ∈ {0 … k_max} partitions of
     size v, z_ijv = 1 iff PTK i takes option j (n_ij ≤ v) in one of them; Σ_ij ε_ij z_ijv ≤
     ℰ Y_v (and δ), Σ_jv z_ijv = 1, Σ_v Y_v ≤ k_max, Σ_v v Y_v ≤ N_max; minimise Σ_v v Y_v. It
@@ -425,7 +460,9 @@ def _aggregate(ids, menus, k_max, E, D, n_max, time_limit, cutoff):
         add([(v, 1.0) for v in per_ptk[i]], 1.0, 1.0)
     add([(nz + li, 1.0) for li in range(ny)], -np.inf, float(k_max))
     cost = np.array(levels, dtype=float)
-    add([(nz + li, cost[li]) for li in range(ny)], -np.inf, float(min(n_max, cutoff)))
+    # floor <= Fig. 4's optimum, whose plan lies in this model: the bound stays valid, and a
+    # solution at the floor ends the search at once
+    add([(nz + li, cost[li]) for li in range(ny)], float(floor), float(min(n_max, cutoff)))
     res = milp(np.r_[np.zeros(nz), cost], constraints=rows.constraint(nz + ny),
                integrality=np.ones(nz + ny),
                bounds=Bounds(np.zeros(nz + ny), np.r_[np.ones(nz), np.full(ny, float(k_max))]),
@@ -521,7 +558,7 @@ def allocate(menus: dict, *, epsilon_g: float, delta_g: float = 0.0, n_max: int,
     # the merged model gets the warm start's cutoff, as without ``previous``: a tighter one
     # made HiGHS no faster here, and sometimes slower
     cutoff = total(first) if first else (total(best) if best else math.inf)
-    plan, status, bound = _aggregate(ids, clean, k_max, E, D, n_max, left(), cutoff)
+    plan, status, bound = _aggregate(ids, clean, k_max, E, D, n_max, left(), cutoff, floor)
     proof = "merged model"
     if plan is not None and (best is None or total(plan) <= total(best)):
         best = plan

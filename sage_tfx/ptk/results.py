@@ -72,29 +72,6 @@ class PTKRecord(_Result):
 
 
 @dataclasses.dataclass(frozen=True)
-class PTKVersion(_Result):
-    """One trained version of a PTK: its DP state and its lineage."""
-
-    ptk_id: str
-    version: int
-    window_index: int
-    state: Any
-    config: dict
-    epsilon: float
-    delta: float
-    event: str
-    grant_id: str
-    run_id: str
-    stream: str
-    blocks: tuple
-    n_used: int
-    partition_index: int
-    oldest_window: int
-    newest_window: int
-    created_at: str
-
-
-@dataclasses.dataclass(frozen=True)
 class Lineage(_Result):
     """Where a version came from: window, blocks, charged ε/δ/event, grant and run ids."""
 
@@ -112,6 +89,15 @@ class Lineage(_Result):
     partition_index: int
     oldest_window: int
     newest_window: int
+
+
+@dataclasses.dataclass(frozen=True)
+class PTKVersion(Lineage):
+    """One trained version of a PTK: its lineage, DP state and config."""
+
+    state: Any
+    config: dict
+    created_at: str
 
 
 @dataclasses.dataclass(frozen=True)

@@ -127,9 +127,9 @@ def register_to_notified(root: str, *, ptks: int = 13, window_records: int = 200
                 raise RuntimeError(f"preload PTK refused: {reg.reason}")
         store.advance_window(window(), user_key="user", window_index=1)
         for i in range(ptks):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             pid = store.register_ptk("histstats", 1, tau=0.2, config=config)
-            t1 = time.perf_counter()
+            t1, c1 = time.perf_counter(), time.process_time()
             if not isinstance(pid, str):
                 out.append({"i": i, "reject": pid.reason})
                 store.advance_window(window(), user_key="user")
@@ -143,6 +143,7 @@ def register_to_notified(root: str, *, ptks: int = 13, window_records: int = 200
             while (pid, version) not in got and time.time() < deadline:
                 time.sleep(0.001)
             out.append({"i": i, "preload": preload, "ptk_id": pid, "register_s": t1 - t0,
+                        "register_cpu_s": c1 - c0, "proof": store.plan().proof or "-",
                         "subscribe_s": t2 - t1,
                         "window_s": t3 - t2, "trained": len(res.trained),
                         "notified_s": got.get((pid, version), float("nan")) - t0,
@@ -205,14 +206,15 @@ def register_one(count: int = 50, *, k_max: int = 8, time_limit: float = 25.0,
     old = {k: v for k, v in menus.items() if k != new}
     prev = allocator.allocate(old, epsilon_g=1.0, n_max=10**9, k_max=k_max,
                               time_limit=time_limit)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     scratch = allocator.allocate(menus, epsilon_g=1.0, n_max=10**9, k_max=k_max,
                                  time_limit=time_limit)
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), time.process_time()
     warm = allocator.allocate(menus, epsilon_g=1.0, n_max=10**9, k_max=k_max,
                               time_limit=time_limit, previous=prev, floor=prev.lower_bound)
-    t2 = time.perf_counter()
-    return {"ptks": count + 1, "seed": seed, "scratch_s": t1 - t0, "scratch_total": scratch.total,
+    t2, c2 = time.perf_counter(), time.process_time()
+    return {"ptks": count + 1, "seed": seed, "scratch_s": t1 - t0, "scratch_cpu_s": c1 - c0,
+            "previous_cpu_s": c2 - c1, "scratch_total": scratch.total,
             "scratch_optimal": scratch.optimal, "previous_s": t2 - t1, "previous_total": warm.total,
             "previous_optimal": warm.optimal, "proof": warm.proof or "-",
             "previous_plan_total": prev.total}
