@@ -377,9 +377,7 @@ def _extend(previous: "Allocation", ids, menus, E, D, n_max, k_max):
     for pid in sorted(todo, key=lambda i: -min(o.n for o in by_id[i])):
         best = None  # (added samples, eps, group index or None, option)
         for g, members in enumerate(groups + ([[]] if len(groups) < k_max else [])):
-            size = max((a.n for a in members), default=0)
-            eps = sum((dec(a.epsilon) for a in members), Decimal(0))
-            dl = sum((dec(a.delta) for a in members), Decimal(0))
+            eps, dl, size = _sums(members)
             for o in by_id[pid]:
                 if eps + dec(o.epsilon) <= E and dl + dec(o.delta) <= D:
                     key = (max(o.n - size, 0), dec(o.epsilon), g)
@@ -397,9 +395,10 @@ def _extend(previous: "Allocation", ids, menus, E, D, n_max, k_max):
 
 
 def _sums(members) -> tuple:
+    """A partition's exact (Σ ε, Σ δ) and size (its largest n; 0 when empty)."""
     return (sum((dec(a.epsilon) for a in members), Decimal(0)),
-            sum((dec(a.delta) for a in members), Decimal(0)), max((a.n for a in members),
-                                                                  default=0))
+            sum((dec(a.delta) for a in members), Decimal(0)),
+            max((a.n for a in members), default=0))
 
 
 def _insert_by_moving(groups: list, pid: str, by_id: dict, E: Decimal, D: Decimal) -> bool:

@@ -205,9 +205,9 @@ class PTKStore:
 
     def _commit(self, compute: Callable[[int], tuple], change: Callable[[], None]):
         """Re-plans with ``compute(seq) -> (result, plan dict or None)`` (``seq``: the plan
-        being replaced) and applies ``change``
-        with the new plan in one transaction, re-planning while other processes commit first.
-        A None plan (infeasible) changes nothing. Returns ``result``."""
+        being replaced) and applies ``change`` with the new plan in one transaction,
+        re-planning while other processes commit first. A None plan (infeasible) changes
+        nothing. Returns ``result``."""
         deadline = time.monotonic() + COMMIT_WAIT
         while True:
             seq = self.lake.plan_seq()
@@ -230,15 +230,14 @@ class PTKStore:
         moved past ``seq`` meanwhile."""
         menus = self._menus(override, drop)
         previous = self.lake.plan(seq)[1] if seq else None
-        floor = 0
-        c = self.cfg
-        if grow and previous is not None and (
-                previous.epsilon_g, previous.delta_g, previous.n_max, previous.k_max) == (
-                c.epsilon_g, c.delta_g, c.n_max, c.k_max) and not set(override or ()) & {
-                a.ptk_id for p in previous.partitions for a in p.members} and {
-                a.ptk_id for p in previous.partitions for a in p.members} == set(menus) - set(
-                override or ()):
-            floor = previous.lower_bound
+        floor, c = 0, self.cfg
+        if grow and previous is not None:
+            planned = {a.ptk_id for p in previous.partitions for a in p.members}
+            added = set(override or ())
+            same = (previous.epsilon_g, previous.delta_g, previous.n_max, previous.k_max) == (
+                c.epsilon_g, c.delta_g, c.n_max, c.k_max)
+            if same and not planned & added and planned == set(menus) - added:
+                floor = previous.lower_bound
         plan = self._allocate(menus, previous, floor)
         return plan, (plan.to_dict() if plan.feasible else None)
 
