@@ -150,7 +150,7 @@ def run_store(out: str, source, specs: list[dict], months: int, config: StoreCon
         jan = store_columns(source[source["month"] <= 3])
         store.advance_window(jan)
         _log(f"[1/5] window 0 (January-March): {len(jan['date']):,} source flights in "
-             f"{len(store.lake.window(0)['blocks'])} blocks registered with the ledger")
+             f"{len(store.lake.window(0).blocks)} blocks registered with the ledger")
         ids = {}
         for s in specs:
             t0 = time.time()
@@ -159,7 +159,7 @@ def run_store(out: str, source, specs: list[dict], months: int, config: StoreCon
             if not isinstance(got, str):
                 raise RuntimeError(f"the store rejected {s['name']}: {got.reason}")
             ids[s["name"]] = got
-            prof = store.lake.ptk(got)["profile"]
+            prof = store.lake.ptk(got).profile
             how = "developer-supplied profile " + str(s["menu"]) if prof.get("supplied") else (
                 f"profiled for eps={prof['epsilon']} on the profile blocks: menu "
                 + str([(e["epsilon"], e["n"]) for e in prof["entries"]]))
@@ -167,31 +167,31 @@ def run_store(out: str, source, specs: list[dict], months: int, config: StoreCon
                  f"{time.time() - t0:.1f}s")
         plan = store.plan()
         _log("[3/5] allocation (ILP): " + "; ".join(
-            f"partition {p['index']} ({p['size']:,} records): " + ", ".join(
-                f"{store.lake.ptk(m['ptk_id'])['name']} eps={m['epsilon']} n={m['n']:,}"
-                for m in p["members"]) for p in plan["partitions"]))
+            f"partition {p.index} ({p.size:,} records): " + ", ".join(
+                f"{store.lake.ptk(m.ptk_id).name} eps={m.epsilon} n={m.n:,}"
+                for m in p.members) for p in plan.partitions))
         states: dict = {}
         for month in range(4, months + 1):
             cols = store_columns(source[source["month"] == month])
             res = store.advance_window(cols)
-            w = res["window"]
-            done = [t for t in res["trained"] if "version" in t]
+            w = res.window
+            done = [t for t in res.trained if t.trained]
             _log(f"[4/5] window {w} (month {month}): {len(cols['date']):,} flights; trained "
-                 + ", ".join(f"{store.lake.ptk(t['ptk_id'])['name']} v{t['version']} "
-                             f"(n={t['n_used']:,}, eps={t['epsilon']})" for t in done))
-            for t in res["trained"]:
-                if "skipped" in t:
-                    _log(f"      skipped {t['ptk_id']}: {t['skipped']}")
-            states[month] = {n: store.lake.version_for_window(pid, w)["state"]
+                 + ", ".join(f"{store.lake.ptk(t.ptk_id).name} v{t.version} "
+                             f"(n={t.n_used:,}, eps={t.epsilon})" for t in done))
+            for t in res.trained:
+                if not t.trained:
+                    _log(f"      skipped {t.ptk_id}: {t.skipped}")
+            states[month] = {n: store.lake.version_for_window(pid, w).state
                              for n, pid in ids.items()
                              if store.lake.version_for_window(pid, w) is not None}
         grants = store.ledger.grants(config.stream)
         _log(f"      ledger: {len(grants)} grants, e.g. "
              + ", ".join(f"{g.run_id} eps={g.epsilon}" for g in grants[-3:]))
         lin = store.lineage(ids["delay_by_day"])
-        _log(f"      lineage of delay_by_day v{lin['version']}: window {lin['window_index']}, "
-             f"{len(lin['blocks'])} blocks ({lin['blocks'][0]} ...), eps={lin['epsilon']}, "
-             f"grant {lin['grant_id'][:8]}")
+        _log(f"      lineage of delay_by_day v{lin.version}: window {lin.window_index}, "
+             f"{len(lin.blocks)} blocks ({lin.blocks[0]} ...), eps={lin.epsilon}, "
+             f"grant {lin.grant_id[:8]}")
         store.windows.close()
         left = [f for _, _, fs in os.walk(f"{out}/windows") for f in fs]
         _log(f"      last window closed: {len(left)} raw block files left (only DP states remain)")
@@ -278,9 +278,9 @@ def draw(rows: list[dict], store: dict, path: str) -> str:
     ax[0].set_xlabel("fraction of EWR training data")
     ax[0].set_ylabel("test log loss (lower is better)")
     ax[0].legend()
-    members = [m for p in store["plan"]["partitions"] for m in p["members"]]
-    names = [store["names"][m["ptk_id"]] for m in members]
-    ax[1].barh(names, [float(m["epsilon"]) for m in members])
+    members = [m for p in store["plan"].partitions for m in p.members]
+    names = [store["names"][m.ptk_id] for m in members]
+    ax[1].barh(names, [float(m.epsilon) for m in members])
     ax[1].set_xlabel("allocated ε_i per window (ILP)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)

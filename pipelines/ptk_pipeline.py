@@ -33,10 +33,10 @@ def allocation(ledger_url: str, ptk_id: str) -> tuple[float, float]:
         _, plan = lake.plan()
     finally:
         lake.close()
-    for part in (plan or {}).get("partitions", []):
-        for m in part["members"]:
-            if m["ptk_id"] == ptk_id:
-                return m["epsilon"], m["delta"]
+    for part in plan.partitions if plan else ():
+        for m in part.members:
+            if m.ptk_id == ptk_id:
+                return m.epsilon, m.delta
     raise ValueError(f"{ptk_id!r} has no allocation in the PTK store's plan")
 
 

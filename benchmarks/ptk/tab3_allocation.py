@@ -48,8 +48,8 @@ def train_one_window(result: dict, cols: dict) -> list[str]:
         for g in store.ledger.grants("flights"):
             lines.append(f"- `{g.run_id}`: ε = {g.epsilon}, δ = {g.delta:g}, "
                          f"{len(g.blocks)} blocks")
-        short = [t for t in res["trained"] if "n_used" in t and t["n_used"] < t["n"]]
-        lines.append(f"- PTKs trained: {sum('version' in t for t in res['trained'])}; "
+        short = [t for t in res.trained if t.trained and t.n_used < t.n]
+        lines.append(f"- PTKs trained: {sum(t.trained for t in res.trained)}; "
                      f"short of their n_i: {len(short)}")
         store.close()
     return lines

@@ -40,13 +40,13 @@ class Executor(base_executor.BaseExecutor):
         if v is None or rec is None:
             raise UnknownPTKError(f"PTK {ptk_id!r} has no version {version} in the PTK lake")
         ptype = default_registry().get(exec_properties.get(spec.FEATURIZE_FN_KEY)
-                                       or rec["ptk_type"])
+                                       or rec.ptk_type)
         examples = artifact_utils.get_single_instance(input_dict[spec.EXAMPLES_KEY])
         out = artifact_utils.get_single_instance(output_dict[spec.FEATURIZED_KEY])
         splits = artifact_utils.decode_split_names(examples.split_names)
         for split in splits:
             raw, cols = examples_io.read_split(examples.uri, split)
-            feats = ptype.featurize(cols, v["state"], v["config"]) if raw else {}
+            feats = ptype.featurize(cols, v.state, v.config) if raw else {}
             for i, ex in enumerate(raw):
                 for name, values in feats.items():
                     ex.features.feature[name].float_list.value.append(float(np.asarray(values)[i]))
@@ -54,4 +54,4 @@ class Executor(base_executor.BaseExecutor):
         out.split_names = examples.split_names
         out.set_string_custom_property("ptk_id", ptk_id)
         out.set_int_custom_property("ptk_version", int(version))
-        out.set_string_custom_property("ptk_grant_id", v["grant_id"])
+        out.set_string_custom_property("ptk_grant_id", v.grant_id)

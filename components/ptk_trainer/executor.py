@@ -35,20 +35,22 @@ from sage_tfx.ptk.abstraction import UnknownPTKError, batches_of, canonical_json
 from sage_tfx.ptk.lake import Lake
 from sage_tfx.ptk.notify import Notifier
 from sage_tfx.ptk.registry import default_registry
+from sage_tfx.ptk.results import PTKVersion
 
 
-def write_state(artifact, version: dict) -> None:
+def write_state(artifact, version: PTKVersion) -> None:
     os.makedirs(artifact.uri, exist_ok=True)
     with open(os.path.join(artifact.uri, spec.STATE_FILE), "w") as f:
-        json.dump(version["state"], f)
-    lineage = {k: version[k] for k in ("ptk_id", "version", "window_index", "blocks", "epsilon",
-                                       "delta", "event", "grant_id", "run_id", "stream",
-                                       "n_used", "oldest_window", "newest_window")}
+        json.dump(version.state, f)
+    row = version.to_dict()
+    lineage = {k: row[k] for k in ("ptk_id", "version", "window_index", "blocks", "epsilon",
+                                   "delta", "event", "grant_id", "run_id", "stream",
+                                   "n_used", "oldest_window", "newest_window")}
     with open(os.path.join(artifact.uri, spec.LINEAGE_FILE), "w") as f:
         json.dump(lineage, f, indent=1)
-    artifact.set_string_custom_property(spec.PTK_ID_KEY, version["ptk_id"])
-    artifact.set_int_custom_property(spec.VERSION_KEY, int(version["version"]))
-    artifact.set_string_custom_property("grant_id", version["grant_id"])
+    artifact.set_string_custom_property(spec.PTK_ID_KEY, version.ptk_id)
+    artifact.set_int_custom_property(spec.VERSION_KEY, int(version.version))
+    artifact.set_string_custom_property("grant_id", version.grant_id)
 
 
 class Executor(base_executor.BaseExecutor):
@@ -66,12 +68,12 @@ class Executor(base_executor.BaseExecutor):
             with open_ledger(url) as ledger:
                 grant = verify_grant(grant, ledger, url)
                 rec = lake.ptk(ptk_id)
-                if rec is None or rec["status"] != "active":
+                if rec is None or rec.status != "active":
                     raise UnknownPTKError(f"no registered PTK {ptk_id!r} in the PTK lake")
-                ptype = default_registry().get(rec["ptk_type"])
+                ptype = default_registry().get(rec.ptk_type)
                 if grant.epsilon is None:
                     raise MissingGrantError("PTKTrainer runs on basic-mode grants (epsilon, delta)")
-                charge = ptype.charge(grant.epsilon, rec["config"])
+                charge = ptype.charge(grant.epsilon, rec.config)
                 if (charge.epsilon, charge.delta) != (grant.epsilon, grant.delta):
                     raise MissingGrantError(
                         f"grant {grant.grant_id} charged (eps={grant.epsilon}, "
@@ -82,14 +84,14 @@ class Executor(base_executor.BaseExecutor):
                 if examples.get_string_custom_property("grant_id") != grant.grant_id:
                     raise MissingGrantError("the Examples were not read under this grant")
                 prev = next((v for v in reversed(lake.versions(ptk_id))
-                             if v["window_index"] < window), None)
+                             if v.window_index < window), None)
 
                 def produce() -> bytes:
                     data = _columns(examples)
                     state = ptype.train_dp(batches_of(data), grant.epsilon,
-                                           prev["state"] if prev else None,
-                                           prev["config"] if prev else None,
-                                           config=rec["config"], noise=dp_noise.SECURE)
+                                           prev.state if prev else None,
+                                           prev.config if prev else None,
+                                           config=rec.config, noise=dp_noise.SECURE)
                     n_used = len(next(iter(data.values()))) if data else 0
                     return canonical_json({"state": state, "n_used": n_used})
 
@@ -98,13 +100,13 @@ class Executor(base_executor.BaseExecutor):
             version = lake.add_version({
                 "ptk_id": ptk_id, "window_index": window,
                 "state_json": canonical_json(released["state"]).decode("utf-8"),
-                "config": rec["config"], "epsilon": grant.epsilon, "delta": grant.delta,
+                "config": rec.config, "epsilon": grant.epsilon, "delta": grant.delta,
                 "event": repr(charge.event), "grant_id": grant.grant_id, "run_id": grant.run_id,
                 "stream": grant.stream, "blocks": list(grant.block_ids),
                 "n_used": released["n_used"], "partition_index": 0,
-                "oldest_window": prev["oldest_window"] if prev else window,
+                "oldest_window": prev.oldest_window if prev else window,
                 "newest_window": window})
-            lake.enqueue(ptk_id, version["version"])
+            lake.enqueue(ptk_id, version.version)
             notifier = Notifier(lake)
             notifier.deliver()
             notifier.close()

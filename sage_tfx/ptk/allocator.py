@@ -80,8 +80,10 @@ class Allocation:
     reason: str = ""
     optimal: bool = True  # False: the time budget ran out; the plan is feasible, ``gap`` says how
     gap: float = 0.0      # far from the best it can be: (total - lower_bound) / total, proven
-    lower_bound: int = 0  # HiGHS's dual bound on the total over every K <= k_max
+    lower_bound: int = 0  # proven lower bound on the total over every K <= k_max
     first_feasible: Optional[tuple] = None  # (K, total) of the greedy warm start
+    k_max: Optional[int] = None  # the configured bound on K (None: the number of PTKs)
+    proof: str = ""  # what proved ``lower_bound``: "merged model", "exact model", "floor"
 
     @property
     def feasible(self) -> bool:
@@ -109,17 +111,33 @@ class Allocation:
             "solve_seconds": self.solve_seconds, "tried_k": list(self.tried_k),
             "optimal": self.optimal, "gap": self.gap, "lower_bound": self.lower_bound,
             "first_feasible": list(self.first_feasible) if self.first_feasible else None,
+            "k_max": self.k_max, "proof": self.proof,
             "partitions": [{"index": p.index, "size": p.size,
                             "epsilon_sum": str(p.epsilon_sum), "delta_sum": str(p.delta_sum),
                             "members": [dataclasses.asdict(a) for a in p.members]}
                            for p in self.partitions]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Allocation":
+        """The plan :meth:`to_dict` wrote (a stored plan; keys added later are optional)."""
+        parts = tuple(Partition(p["index"], p["size"], tuple(Assignment(**m)
+                                                            for m in p["members"]))
+                      for p in d.get("partitions", ()))
+        ff = d.get("first_feasible")
+        return cls(parts, d["epsilon_g"], d["delta_g"], d["n_max"], d.get("solve_seconds", 0.0),
+                   tuple(d.get("tried_k", ())), d.get("reason", ""),
+                   optimal=d.get("optimal", False), gap=d.get("gap", 0.0),
+                   lower_bound=d.get("lower_bound", 0),
+                   first_feasible=tuple(ff) if ff else None, k_max=d.get("k_max"),
+                   proof=d.get("proof", ""))
 
     def render(self) -> str:
         if not self.feasible:
             return f"REJECT: {self.reason}"
         lines = [f"K = {self.K}, total samples N = {self.total:,} (N_max {self.n_max:,}), "
                  f"solved in {self.solve_seconds:.3f} s"
-                 + (" (optimal)" if self.optimal else
+                 + ((f" (optimal, proven by the {self.proof})" if self.proof else " (optimal)")
+                    if self.optimal else
                     f" (time limit: proven gap {self.gap:.2%}, lower bound "
                     f"{self.lower_bound:,})")]
         if self.first_feasible:
@@ -332,7 +350,85 @@ def _warm_start(ids, menus, E, D, n_max, k_max):
     return _plan([[_shrink(g, by_id, E, D) for g in groups]], k_max, n_max)
 
 
-def _aggregate(ids, menus, k_max, E, D, n_max, time_limit, cutoff):
+def _least(a: Assignment, menu: list, size: int) -> Assignment:
+    """``a``'s option of least ε (then δ) among those with n ≤ ``size`` and no larger ε or δ."""
+    fits = [o for o in menu if o.n <= size and dec(o.epsilon) <= dec(a.epsilon)
+            and dec(o.delta) <= dec(a.delta)]
+    o = min(fits, key=lambda o: (dec(o.epsilon), dec(o.delta), o.n), default=None)
+    return a if o is None else Assignment(a.ptk_id, o.epsilon, o.delta, o.n)
+
+
+def _extend(previous: "Allocation", ids, menus, E, D, n_max, k_max):
+    """An incumbent from a previous plan: its members still registered keep their partition
+    (when the menu still has their option; each moves to its least-ε option that fits the
+    partition's size), every other PTK is inserted where it raises the total least
+    (a partition with room for one of its options, or a new one), then each partition's unused
+    budget is spent (:func:`_shrink`). None when a PTK fits nowhere."""
+    by_id = dict(zip(ids, menus))
+    groups, placed = [], set()
+    for p in previous.partitions:
+        keep = [a for a in p.members if a.ptk_id in by_id and a.ptk_id not in placed
+                and Option(a.epsilon, a.delta, a.n) in by_id[a.ptk_id]]
+        placed.update(a.ptk_id for a in keep)
+        if keep:  # frees budget without growing the partition: each member on its least ε
+            size = max(a.n for a in keep)  # (and δ) among its options that fit the size
+            groups.append([_least(a, by_id[a.ptk_id], size) for a in keep])
+    todo = [i for i in ids if i not in placed]
+    for pid in sorted(todo, key=lambda i: -min(o.n for o in by_id[i])):
+        best = None  # (added samples, eps, group index or None, option)
+        for g, members in enumerate(groups + ([[]] if len(groups) < k_max else [])):
+            eps, dl, size = _sums(members)
+            for o in by_id[pid]:
+                if eps + dec(o.epsilon) <= E and dl + dec(o.delta) <= D:
+                    key = (max(o.n - size, 0), dec(o.epsilon), g)
+                    if best is None or key < best[0]:
+                        best = (key, o)
+        if best is not None and best[0][0] > 0 and _insert_by_moving(groups, pid, by_id, E, D):
+            continue  # in at no extra samples, one member moved to another partition
+        if best is None:
+            return None
+        (_, _, g), o = best
+        if g == len(groups):
+            groups.append([])
+        groups[g].append(Assignment(pid, o.epsilon, o.delta, o.n))
+    return _plan([[_shrink(g, by_id, E, D) for g in groups]], k_max, n_max)
+
+
+def _sums(members) -> tuple:
+    """A partition's exact (Σ ε, Σ δ) and size (its largest n; 0 when empty)."""
+    return (sum((dec(a.epsilon) for a in members), Decimal(0)),
+            sum((dec(a.delta) for a in members), Decimal(0)),
+            max((a.n for a in members), default=0))
+
+
+def _insert_by_moving(groups: list, pid: str, by_id: dict, E: Decimal, D: Decimal) -> bool:
+    """Puts ``pid`` into a partition on an option no larger than its size after moving one
+    member to another partition where one of its options fits without growing it; changes
+    ``groups`` and returns True when such a move exists (no partition grows)."""
+    for g, members in enumerate(groups):
+        eg, dg, size = _sums(members)
+        for o in sorted(by_id[pid], key=lambda o: dec(o.epsilon)):
+            if o.n > size:
+                continue
+            for t, m in enumerate(members):
+                if eg - dec(m.epsilon) + dec(o.epsilon) > E or \
+                        dg - dec(m.delta) + dec(o.delta) > D:
+                    continue
+                for h, other in enumerate(groups):
+                    if h == g:
+                        continue
+                    eh, dh, size_h = _sums(other)
+                    fit = [q for q in by_id[m.ptk_id] if q.n <= size_h
+                           and eh + dec(q.epsilon) <= E and dh + dec(q.delta) <= D]
+                    if fit:
+                        q = min(fit, key=lambda q: (dec(q.epsilon), dec(q.delta)))
+                        other.append(Assignment(m.ptk_id, q.epsilon, q.delta, q.n))
+                        members[t] = Assignment(pid, o.epsilon, o.delta, o.n)
+                        return True
+    return False
+
+
+def _aggregate(ids, menus, k_max, E, D, n_max, time_limit, cutoff, floor=0):
     """The level model with partitions of equal size merged: Y_v ∈ {0 … k_max} partitions of
     size v, z_ijv = 1 iff PTK i takes option j (n_ij ≤ v) in one of them; Σ_ij ε_ij z_ijv ≤
     ℰ Y_v (and δ), Σ_jv z_ijv = 1, Σ_v Y_v ≤ k_max, Σ_v v Y_v ≤ N_max; minimise Σ_v v Y_v. It
@@ -363,7 +459,9 @@ def _aggregate(ids, menus, k_max, E, D, n_max, time_limit, cutoff):
         add([(v, 1.0) for v in per_ptk[i]], 1.0, 1.0)
     add([(nz + li, 1.0) for li in range(ny)], -np.inf, float(k_max))
     cost = np.array(levels, dtype=float)
-    add([(nz + li, cost[li]) for li in range(ny)], -np.inf, float(min(n_max, cutoff)))
+    # floor <= Fig. 4's optimum, whose plan lies in this model: the bound stays valid, and a
+    # solution at the floor ends the search at once
+    add([(nz + li, cost[li]) for li in range(ny)], float(floor), float(min(n_max, cutoff)))
     res = milp(np.r_[np.zeros(nz), cost], constraints=rows.constraint(nz + ny),
                integrality=np.ones(nz + ny),
                bounds=Bounds(np.zeros(nz + ny), np.r_[np.ones(nz), np.full(ny, float(k_max))]),
@@ -386,14 +484,24 @@ def _aggregate(ids, menus, k_max, E, D, n_max, time_limit, cutoff):
 
 
 def allocate(menus: dict, *, epsilon_g: float, delta_g: float = 0.0, n_max: int,
-             k_max: Optional[int] = None, time_limit: float = 25.0) -> Allocation:
+             k_max: Optional[int] = None, time_limit: float = 25.0,
+             previous: Optional[Allocation] = None, floor: int = 0) -> Allocation:
     """Fig. 4 minimised over every K ≤ ``k_max`` (default: the number of PTKs).
 
     ``menus`` maps a PTK id to its profiled options (:class:`Option` with n reaching τ).
+    ``previous`` (optional) is an earlier plan: extended to these menus (:func:`_extend`) it is
+    a second incumbent. ``floor`` is a lower bound on this workload's optimum the caller has
+    proven — e.g. the previous plan's ``lower_bound`` when PTKs were only added and nothing
+    else changed (a plan for more PTKs, its new members dropped, is a plan for fewer with no
+    larger total, so adding PTKs never lowers the optimum). When the best incumbent reaches
+    ``floor`` it is optimal and no model is solved (``proof == "floor"``): registering a PTK
+    that fits the current plan's unused budget costs no solve.
+
     Three steps under one time budget of ``time_limit`` seconds (plus model building):
 
     1. warm start: the paper's search for the first feasible K, done greedily (every PTK on its
-       smallest ε, packed first-fit decreasing) — the incumbent and the objective cutoff;
+       smallest ε, packed first-fit decreasing), and ``previous`` extended — the better one is
+       the incumbent and the objective cutoff; optimal at once when it reaches ``floor``;
     2. :func:`_aggregate`: the all-K model with the partitions of one size merged — its dual
        bound is a lower bound on the optimum, its solution packed is usually the optimum;
     3. if that packing does not fit: the exact all-K model (:func:`_model`, empty partitions
@@ -427,18 +535,35 @@ def allocate(menus: dict, *, epsilon_g: float, delta_g: float = 0.0, n_max: int,
         clean.append(_undominated(opts))
     if not ids:
         return Allocation((), epsilon_g, delta_g, n_max, time.perf_counter() - t0, ())
+    k_cfg = k_max
     k_max = len(ids) if k_max is None else min(k_max, len(ids))
     deadline = t0 + time_limit
     left = lambda: max(deadline - time.perf_counter(), 0.01)  # noqa: E731
+    if not (isinstance(floor, int) and floor >= 0):
+        raise InvalidRequestError(f"floor must be a non-negative integer, got {floor!r}")
     first = best = _warm_start(ids, clean, E, D, n_max, k_max)
     total = lambda parts: sum(p.size for p in parts)  # noqa: E731
-    cutoff = total(first) if first else math.inf
-    plan, status, bound = _aggregate(ids, clean, k_max, E, D, n_max, left(), cutoff)
-    if plan is not None and total(plan) <= cutoff:
+    first_k = (len(first), total(first)) if first else None
+    ext = _extend(previous, ids, clean, E, D, n_max, k_max) if previous is not None else None
+    if ext is not None and (best is None or total(ext) < total(best)):
+        best = ext
+    done = lambda parts, bound, proof: Allocation(  # noqa: E731
+        parts, epsilon_g, delta_g, n_max, time.perf_counter() - t0, tuple(range(1, k_max + 1)),
+        optimal=total(parts) <= bound, gap=(total(parts) - min(bound, total(parts)))
+        / total(parts), lower_bound=min(bound, total(parts)), first_feasible=first_k,
+        k_max=k_cfg, proof=proof if total(parts) <= bound else "")
+    if best is not None and total(best) <= floor:
+        return done(best, floor, "floor")
+    # the merged model gets the warm start's cutoff, as without ``previous``: a tighter one
+    # made HiGHS no faster here, and sometimes slower
+    cutoff = total(first) if first else (total(best) if best else math.inf)
+    plan, status, bound = _aggregate(ids, clean, k_max, E, D, n_max, left(), cutoff, floor)
+    proof = "merged model"
+    if plan is not None and (best is None or total(plan) <= total(best)):
         best = plan
-    infeasible = status == 2 and first is None  # the relaxation has no solution
-    if status == 2 and first is not None:
-        bound = cutoff  # nothing below the warm start: it is optimal
+    infeasible = status == 2 and best is None  # the relaxation has no solution
+    if status == 2 and best is not None:
+        bound = cutoff  # nothing below the incumbent: it is optimal
     if not infeasible and (best is None or total(best) > math.ceil(bound - 1e-6)) \
             and deadline - time.perf_counter() > 0:
         exact = _solve(ids, clean, k_max, E, D, n_max, left(),
@@ -448,17 +573,17 @@ def allocate(menus: dict, *, epsilon_g: float, delta_g: float = 0.0, n_max: int,
         if exact.status == 2:
             infeasible = best is None
             bound = total(best) if best else math.inf
+            proof = "exact model"
         elif exact.status == 0 and exact.parts is not None:
             bound = total(exact.parts)
+            proof = "exact model"
     secs = time.perf_counter() - t0
-    first_k = (len(first), total(first)) if first else None
     if best is None:
         why = (f"no allocation with K <= {k_max} partitions keeps every partition's sum "
                f"within eps <= {E} and the total within N_max = {n_max}") if infeasible else (
                f"no allocation found within the time limit of {time_limit:g} s "
                f"(K <= {k_max}, N_max = {n_max})")
-        return Allocation((), epsilon_g, delta_g, n_max, secs, (), why)
-    lower = min(math.ceil(bound - 1e-6), total(best))
-    gap = (total(best) - lower) / total(best)
-    return Allocation(best, epsilon_g, delta_g, n_max, secs, tuple(range(1, k_max + 1)),
-                      optimal=gap == 0.0, gap=gap, lower_bound=lower, first_feasible=first_k)
+        return Allocation((), epsilon_g, delta_g, n_max, secs, (), why, k_max=k_cfg)
+    if max(math.ceil(bound - 1e-6), floor) > math.ceil(bound - 1e-6):
+        proof = "floor"
+    return done(best, max(math.ceil(bound - 1e-6), floor), proof)

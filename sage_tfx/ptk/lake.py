@@ -24,6 +24,8 @@ from typing import Any, Callable, Optional, Sequence
 from sage_tfx.errors import InvalidRequestError
 from sage_tfx.ledger import secrets
 from sage_tfx.ledger.values import now  # the ledger's timestamps (ISO-8601, UTC, µs)
+from sage_tfx.ptk.allocator import Allocation
+from sage_tfx.ptk.results import OutboxEntry, ProfileRun, PTKRecord, PTKVersion, WindowInfo
 
 _SCHEMA = [
     """CREATE TABLE IF NOT EXISTS ptk_registry (
@@ -151,14 +153,20 @@ class LakeDB:
         self.conn.close()
 
 
-def _row(cols, row) -> Optional[dict]:
+PROFILE_COLS = ("run_id", "ptk_id", "spec", "window_index", "status", "created_at")
+WINDOW_COLS = ("window_index", "status", "files", "blocks", "records", "plan_seq", "opened_at",
+               "closed_at")
+
+
+def _row(cls, cols, row):
+    """A row as ``cls`` (JSON columns decoded), or None."""
     if row is None:
         return None
     out = dict(zip(cols, row))
     for k in JSON_COLS & out.keys():
         if out[k] is not None:
             out[k] = json.loads(out[k])
-    return out
+    return cls.from_row(out)
 
 
 class Lake:
@@ -185,19 +193,21 @@ class Lake:
         vals = [json.dumps(v) if k in JSON_COLS else v for k, v in fields.items()]
         self.db.q(f"UPDATE ptk_registry SET {sets} WHERE ptk_id = ?", [*vals, now(), ptk_id])
 
-    def ptk(self, ptk_id: str) -> Optional[dict]:
-        return _row(REGISTRY_COLS, self.db.q(
+    def ptk(self, ptk_id: str) -> Optional[PTKRecord]:
+        """The registry record of ``ptk_id`` (any status), or None."""
+        return _row(PTKRecord, REGISTRY_COLS, self.db.q(
             f"SELECT {', '.join(REGISTRY_COLS)} FROM ptk_registry WHERE ptk_id = ?",
             (ptk_id,)).fetchone())
 
-    def ptks(self, status: Optional[str] = "active") -> list[dict]:
+    def ptks(self, status: Optional[str] = "active") -> list[PTKRecord]:
+        """The registry's PTKs of ``status`` (None: all), by id."""
         sql = f"SELECT {', '.join(REGISTRY_COLS)} FROM ptk_registry"
         rows = self.db.q(sql + " WHERE status = ? ORDER BY ptk_id", (status,)) if status \
             else self.db.q(sql + " ORDER BY ptk_id")
-        return [_row(REGISTRY_COLS, r) for r in rows.fetchall()]
+        return [_row(PTKRecord, REGISTRY_COLS, r) for r in rows.fetchall()]
 
     # --- versions -------------------------------------------------------------------------
-    def add_version(self, rec: dict) -> dict:
+    def add_version(self, rec: dict) -> PTKVersion:
         """Appends the next version of a PTK; a second state for the same window is refused
         (the existing version is returned), so a replayed window run stores nothing new."""
         with self.db.transaction():
@@ -214,21 +224,24 @@ class Lake:
                     else json.dumps(rec[c]) if c in JSON_COLS else rec[c] for c in VERSION_COLS]
             self.db.q(f"INSERT INTO ptk_versions ({', '.join(VERSION_COLS)}) VALUES "
                       f"({', '.join('?' * len(VERSION_COLS))})", vals)
-            return rec
+            return PTKVersion.from_row(rec)
 
-    def version(self, ptk_id: str, version: Optional[int] = None) -> Optional[dict]:
+    def version(self, ptk_id: str, version: Optional[int] = None) -> Optional[PTKVersion]:
+        """The newest (or the given) version of a PTK, or None."""
         sql = f"SELECT {', '.join(VERSION_COLS)} FROM ptk_versions WHERE ptk_id = ? "
         row = (self.db.q(sql + "ORDER BY version DESC LIMIT 1", (ptk_id,)) if version is None
                else self.db.q(sql + "AND version = ?", (ptk_id, version))).fetchone()
-        return _row(VERSION_COLS, row)
+        return _row(PTKVersion, VERSION_COLS, row)
 
-    def version_for_window(self, ptk_id: str, window_index: int) -> Optional[dict]:
-        return _row(VERSION_COLS, self.db.q(
+    def version_for_window(self, ptk_id: str, window_index: int) -> Optional[PTKVersion]:
+        """The version a PTK trained on window ``window_index``, or None."""
+        return _row(PTKVersion, VERSION_COLS, self.db.q(
             f"SELECT {', '.join(VERSION_COLS)} FROM ptk_versions WHERE ptk_id = ? AND "
             "window_index = ?", (ptk_id, window_index)).fetchone())
 
-    def versions(self, ptk_id: str) -> list[dict]:
-        return [_row(VERSION_COLS, r) for r in self.db.q(
+    def versions(self, ptk_id: str) -> list[PTKVersion]:
+        """Every version of a PTK, oldest first."""
+        return [_row(PTKVersion, VERSION_COLS, r) for r in self.db.q(
             f"SELECT {', '.join(VERSION_COLS)} FROM ptk_versions WHERE ptk_id = ? "
             "ORDER BY version", (ptk_id,)).fetchall()]
 
@@ -269,9 +282,10 @@ class Lake:
                   "updated_at = ? WHERE ptk_id = ? AND version = ? AND endpoint = ?",
                   (status, error, now(), ptk_id, version, endpoint))
 
-    def outbox(self) -> list[dict]:
+    def outbox(self) -> list[OutboxEntry]:
+        """Every notification (any status), by PTK and version."""
         cols = ("ptk_id", "version", "endpoint", "attempts", "status", "last_error")
-        return [dict(zip(cols, r)) for r in self.db.q(
+        return [OutboxEntry(*r) for r in self.db.q(
             f"SELECT {', '.join(cols)} FROM ptk_outbox ORDER BY ptk_id, version").fetchall()]
 
     # --- plans ----------------------------------------------------------------------------
@@ -291,20 +305,22 @@ class Lake:
                       (expected_seq + 1, json.dumps(plan), now()))
             return expected_seq + 1, out
 
-    def plan(self, seq: Optional[int] = None) -> tuple[int, Optional[dict]]:
+    def plan(self, seq: Optional[int] = None) -> tuple[int, Optional[Allocation]]:
         """(seq, plan) of the current plan, or of plan ``seq``."""
         row = (self.db.q("SELECT plan_seq, plan FROM ptk_plans ORDER BY plan_seq DESC LIMIT 1")
                if seq is None else self.db.q("SELECT plan_seq, plan FROM ptk_plans WHERE "
                                              "plan_seq = ?", (seq,))).fetchone()
-        return (0, None) if row is None else (row[0], json.loads(row[1]))
+        return (0, None) if row is None else (row[0], Allocation.from_dict(json.loads(row[1])))
 
     # --- profile runs (recorded before their charge) --------------------------------------
-    def profile_run(self, run_id: str) -> Optional[dict]:
-        cols = ("run_id", "ptk_id", "spec", "window_index", "status", "created_at")
-        return _row(cols, self.db.q(f"SELECT {', '.join(cols)} FROM ptk_profiles WHERE "
+    def profile_run(self, run_id: str) -> Optional[ProfileRun]:
+        """The profile run recorded under ``run_id``, or None."""
+        return _row(ProfileRun, PROFILE_COLS, self.db.q(
+            f"SELECT {', '.join(PROFILE_COLS)} FROM ptk_profiles WHERE "
                                     "run_id = ?", (run_id,)).fetchone())
 
-    def add_profile_run(self, run_id: str, ptk_id: str, spec: dict, window_index: int) -> dict:
+    def add_profile_run(self, run_id: str, ptk_id: str, spec: dict,
+                        window_index: int) -> ProfileRun:
         """Records a profile run (pending) or returns the one recorded under ``run_id``."""
         with self.db.transaction():
             prior = self.profile_run(run_id)
@@ -319,7 +335,8 @@ class Lake:
         """Sets the status of a profile run."""
         self.db.q("UPDATE ptk_profiles SET status = ? WHERE run_id = ?", (status, run_id))
 
-    def pending_profiles(self, window_index: int) -> list[dict]:
+    def pending_profiles(self, window_index: int) -> list[ProfileRun]:
+        """The profile runs of a window still pending (charged or not, never released)."""
         return [self.profile_run(r[0]) for r in self.db.q(
             "SELECT run_id FROM ptk_profiles WHERE status = 'pending' AND window_index = ? "
             "ORDER BY run_id", (window_index,)).fetchall()]
@@ -333,10 +350,10 @@ class Lake:
                   "plan_seq, opened_at) VALUES (?, 'open', ?, ?, ?, ?, ?)",
                   (window_index, json.dumps(files), json.dumps(blocks), records, plan_seq, now()))
 
-    def window(self, window_index: int) -> Optional[dict]:
-        cols = ("window_index", "status", "files", "blocks", "records", "plan_seq", "opened_at",
-                "closed_at")
-        return _row(cols, self.db.q(f"SELECT {', '.join(cols)} FROM ptk_windows WHERE "
+    def window(self, window_index: int) -> Optional[WindowInfo]:
+        """A window's record (open or closed), or None."""
+        return _row(WindowInfo, WINDOW_COLS, self.db.q(
+            f"SELECT {', '.join(WINDOW_COLS)} FROM ptk_windows WHERE "
                                     "window_index = ?", (window_index,)).fetchone())
 
     def open_windows(self) -> list[int]:
@@ -352,10 +369,10 @@ class Lake:
         """Destroys the window's data key, deletes its raw block files, then marks it closed
         with no file list (a crash in between leaves files nobody can decrypt)."""
         w = self.window(window_index)
-        if w is None or w["status"] == "closed":
+        if w is None or w.status == "closed":
             return
         self.drop_window_key(window_index)
-        for path in w["files"]:
+        for path in w.files:
             if os.path.exists(path):
                 remove(path)
         self.db.q("UPDATE ptk_windows SET status = 'closed', files = '[]', closed_at = ? "

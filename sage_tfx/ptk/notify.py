@@ -16,6 +16,7 @@ from urllib.parse import urlparse
 import httpx
 
 from sage_tfx.ptk.abstraction import SubscriberError
+from sage_tfx.ptk.results import Delivery
 
 
 def check_endpoint(endpoint: str) -> str:
@@ -67,17 +68,16 @@ class Notifier:
         if error is not None:
             raise SubscriberError(f"subscriber endpoint {endpoint} does not answer: {error}")
 
-    def deliver(self) -> list[dict]:
+    def deliver(self) -> list[Delivery]:
         """Sends every pending outbox row once (with in-call retries); returns what happened."""
         done = []
         for ptk_id, version, endpoint, attempts in self.lake.pending():
             v = self.lake.version(ptk_id, version)
-            body = {"ptk_id": ptk_id, "version": version, "window": v["window_index"],
-                    "grant_id": v["grant_id"], "epsilon": v["epsilon"], "delta": v["delta"]}
+            body = {"ptk_id": ptk_id, "version": version, "window": v.window_index,
+                    "grant_id": v.grant_id, "epsilon": v.epsilon, "delta": v.delta}
             error = self._post(endpoint, body)
             status = "delivered" if error is None else (
                 "failed" if attempts + 1 >= self.max_attempts else "pending")
             self.lake.mark(ptk_id, version, endpoint, status, error)
-            done.append({"ptk_id": ptk_id, "version": version, "endpoint": endpoint,
-                         "status": status, "error": error})
+            done.append(Delivery(ptk_id, version, endpoint, status, error))
         return done

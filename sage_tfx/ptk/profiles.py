@@ -54,7 +54,7 @@ class ProfileRuns:
         params = self.params(spec)
         cost, delta = profiler.profile_cost(ptype, config, spec["menu"], params)
         row = store.lake.profile_run(run_id)
-        if row is not None and row["spec"] != json.loads(json.dumps(spec)):
+        if row is not None and row.spec != json.loads(json.dumps(spec)):
             raise InvalidRequestError(
                 f"profile run {run_id} was recorded for another PTK type, config or target")
         with store.windows.lease():
@@ -92,7 +92,7 @@ class ProfileRuns:
                   if b.block_id.startswith(f"w{w:06d}.p")}
         # profiles of different PTKs then use disjoint blocks when they can
         pblocks, have = [], 0
-        for b, kind, r in info["blocks"]:
+        for b, kind, r in info.blocks:
             st = states.get(b)
             if kind != "p" or st is None or not st.active or r == 0 \
                     or dec(st.epsilon_spent) + cost > cap:
@@ -138,16 +138,16 @@ class ProfileRuns:
         window's data is destroyed. Returns the run ids finished."""
         store, done = self.store, []
         for row in store.lake.pending_profiles(w):
-            grant = store.ledger.grant_for_run(store.cfg.stream, row["run_id"])
+            grant = store.ledger.grant_for_run(store.cfg.stream, row.run_id)
             if grant is None:  # crashed before its charge: nothing to release
-                store.lake.set_profile_status(row["run_id"], "abandoned")
+                store.lake.set_profile_status(row.run_id, "abandoned")
                 continue
-            spec = row["spec"]
+            spec = row.spec
             try:
                 ptype = store.registry.get(spec["ptk_type"])
             except UnknownPTKTypeError:
                 continue  # only a process that knows the type can finish it
             self._release(grant, ptype, spec, self.params(spec))
-            store.lake.set_profile_status(row["run_id"], "released")
-            done.append(row["run_id"])
+            store.lake.set_profile_status(row.run_id, "released")
+            done.append(row.run_id)
         return done

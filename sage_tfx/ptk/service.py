@@ -27,7 +27,7 @@ import argparse
 import contextlib
 import os
 import threading
-from typing import Annotated, Any, Optional
+from typing import Annotated, Optional
 
 import numpy as np
 from fastapi import Depends, FastAPI, Path, Query
@@ -39,6 +39,7 @@ from sage_tfx.ledger import DEFAULT_CONTEXT, access, flags
 from sage_tfx.ptk import api
 from sage_tfx.ptk.abstraction import UnknownPTKError
 from sage_tfx.ptk.registry import TypeRegistry, parse_type_specs, registry_from
+from sage_tfx.ptk.results import plain
 from sage_tfx.ptk.store import PTK_ID_PATTERN, PTKStore, Reject, StoreConfig
 
 MAX_WINDOW_BODY = 32 * 1024 * 1024
@@ -57,10 +58,6 @@ class _BodyLimits:
     async def __call__(self, scope, receive, send):
         big = scope["type"] == "http" and scope.get("path") == "/windows"
         return await (self.windows if big else self.default)(scope, receive, send)
-
-
-def _jsonable(x: Any) -> Any:
-    return x.to_dict() if hasattr(x, "to_dict") else x
 
 
 def create_app(store: PTKStore, *, auth: Optional[services.Authenticator] = None,
@@ -125,7 +122,7 @@ def create_app(store: PTKStore, *, auth: Optional[services.Authenticator] = None
             out = fn(*args, **kw)
         if isinstance(out, Reject):
             return JSONResponse({"reject": out.reason}, status_code=409)
-        return JSONResponse(_jsonable(out), status_code=ok_status)
+        return JSONResponse(plain(out), status_code=ok_status)
 
     @app.get("/health", dependencies=[Depends(auth.require(*access.ROLES))])
     def health():
@@ -255,7 +252,6 @@ def main(argv=None) -> int:
               max_window_body=a.max_window_bytes)
         return 0
     from sage_tfx.ptk.lake import Lake
-    from sage_tfx.ptk.allocator import Allocation, Assignment, Partition
     lake = Lake(a.ledger)
     try:
         seq, plan = lake.plan()
@@ -264,14 +260,7 @@ def main(argv=None) -> int:
     if plan is None:
         print("no plan yet (no PTK registered)")
         return 0
-    parts = tuple(Partition(p["index"], p["size"], tuple(Assignment(**m) for m in p["members"]))
-                  for p in plan["partitions"])
-    print(f"plan {seq}: " + Allocation(parts, plan["epsilon_g"], plan["delta_g"], plan["n_max"],
-                                       plan["solve_seconds"], tuple(plan["tried_k"]),
-                                       optimal=plan.get("optimal", True),
-                                       gap=plan.get("gap", 0.0),
-                                       lower_bound=plan.get("lower_bound", 0),
-                                       first_feasible=plan.get("first_feasible")).render())
+    print(f"plan {seq}: " + plan.render())
     return 0
 
 

@@ -36,6 +36,7 @@ from sage_tfx.ptk.lake import Lake, now
 from sage_tfx.ptk.notify import Notifier, check_endpoint
 from sage_tfx.ptk.profiles import ProfileRuns
 from sage_tfx.ptk.registry import TypeRegistry, default_registry
+from sage_tfx.ptk.results import Delivery, Lineage, ProfileNeed, PTKRecord, WindowResult
 from sage_tfx.ptk.windows import WindowRunner
 
 PTK_ID_PATTERN = r"^ptk-[A-Za-z0-9_-]{1,60}$"
@@ -82,7 +83,7 @@ class StoreConfig:
                 f"the profiler's validation set takes (T + 1) * eps = {t + 1} * "
                 f"{self.profile_epsilon} > epsilon_g = {self.epsilon_g}: lower profile_epsilon")
 
-    def profile_need(self, tau: float, with_erm: bool = True) -> dict:
+    def profile_need(self, tau: float, with_erm: bool = True) -> ProfileNeed:
         """What one profiled registration with target ``tau`` needs: Fig. 3's records per menu
         entry (m + S_n and, with an exact ERM, S'_n), the profile set for the whole menu, the
         window whose profile share holds it, and the ε it charges the profile blocks (for a
@@ -90,10 +91,9 @@ class StoreConfig:
         params = profiler.ProfileParams(self.profile_epsilon, self.profile_n_max, tau)
         menu = [e for e in self.menu if e <= self.epsilon_g]
         per_entry = params.records_needed(with_erm)
-        return {"tau": tau, "m": params.m, "T": params.T, "per_entry": per_entry,
-                "profile_records": per_entry * len(menu),
-                "window_records": int(math.ceil(per_entry * len(menu) / self.profile_share)),
-                "epsilon": max(max(menu), self.profile_epsilon * (params.T + 1))}
+        return ProfileNeed(tau, params.m, params.T, per_entry, per_entry * len(menu),
+                           int(math.ceil(per_entry * len(menu) / self.profile_share)),
+                           max(max(menu), self.profile_epsilon * (params.T + 1)))
 
     def describe_profile_need(self, taus: Sequence[float]) -> str:
         """Readable text of how many profile records each τ needs."""
@@ -102,9 +102,9 @@ class StoreConfig:
                  f"{self.profile_share}"]
         for tau in taus:
             n = self.profile_need(check_tau(tau))
-            lines.append(f"  tau = {tau:g}: m = {n['m']:,}, {n['per_entry']:,} records per "
-                         f"budget, {n['profile_records']:,} profile records, a window of "
-                         f"{n['window_records']:,} records; charges eps = {n['epsilon']:.3g} "
+            lines.append(f"  tau = {tau:g}: m = {n.m:,}, {n.per_entry:,} records per "
+                         f"budget, {n.profile_records:,} profile records, a window of "
+                         f"{n.window_records:,} records; charges eps = {n.epsilon:.3g} "
                          "to the profile blocks")
         return "\n".join(lines)
 
@@ -188,31 +188,34 @@ class PTKStore:
         self.ledger.close()
 
     # --- helpers --------------------------------------------------------------------------
-    def _require(self, ptk_id: str) -> dict:
+    def _require(self, ptk_id: str) -> PTKRecord:
         rec = self.lake.ptk(ptk_id) if isinstance(ptk_id, str) else None
-        if rec is None or rec["status"] != "active":
+        if rec is None or rec.status != "active":
             raise UnknownPTKError(f"no registered PTK {str(ptk_id)[:80]!r}")
         return rec
 
     def _menus(self, override: Optional[dict] = None, drop: Sequence[str] = ()) -> dict:
-        menus = {r["ptk_id"]: [allocator.Option(*o) for o in r["menu"]]
-                 for r in self.lake.ptks() if r["ptk_id"] not in drop}
+        menus = {r.ptk_id: [allocator.Option(*o) for o in r.menu]
+                 for r in self.lake.ptks() if r.ptk_id not in drop}
         menus.update({k: [allocator.Option(*o) for o in v] for k, v in (override or {}).items()})
         return menus
 
-    def _allocate(self, menus: dict) -> allocator.Allocation:
+    def _allocate(self, menus: dict, previous: Optional[allocator.Allocation] = None,
+                  floor: int = 0) -> allocator.Allocation:
         c = self.cfg
         return allocator.allocate(menus, epsilon_g=c.epsilon_g, delta_g=c.delta_g,
-                                  n_max=c.n_max, k_max=c.k_max, time_limit=c.solve_time_limit)
+                                  n_max=c.n_max, k_max=c.k_max, time_limit=c.solve_time_limit,
+                                  previous=previous, floor=floor)
 
-    def _commit(self, compute: Callable[[], tuple], change: Callable[[], None]):
-        """Re-plans with ``compute() -> (result, plan dict or None)`` and applies ``change``
-        with the new plan in one transaction, re-planning while other processes commit first.
-        A None plan (infeasible) changes nothing. Returns ``result``."""
+    def _commit(self, compute: Callable[[int], tuple], change: Callable[[], None]):
+        """Re-plans with ``compute(seq) -> (result, plan dict or None)`` (``seq``: the plan
+        being replaced) and applies ``change`` with the new plan in one transaction,
+        re-planning while other processes commit first. A None plan (infeasible) changes
+        nothing. Returns ``result``."""
         deadline = time.monotonic() + COMMIT_WAIT
         while True:
             seq = self.lake.plan_seq()
-            result, plan = compute()  # reads the registry after the sequence: a change between
+            result, plan = compute(seq)  # reads the registry after the sequence: a change between
             if plan is None:          # the two moves the sequence, and the commit re-plans
                 return result
             if self.lake.commit_plan(seq, plan, change) is not None:
@@ -221,8 +224,25 @@ class PTKStore:
                 raise LeaseTimeoutError("the PTK plan kept changing under other processes for "
                                         f"{COMMIT_WAIT:g} s; nothing was changed")
 
-    def _plan_with(self, override: Optional[dict] = None, drop: Sequence[str] = ()):
-        plan = self._allocate(self._menus(override, drop))
+    def _plan_with(self, seq: int, override: Optional[dict] = None, drop: Sequence[str] = (),
+                   grow: bool = False):
+        """Allocates the registry with ``override`` / ``drop`` applied, starting from plan
+        ``seq`` (the committed plan the change replaces). ``grow``: the change only adds the
+        PTKs in ``override`` — then the plan's proven lower bound still bounds the new optimum
+        (adding PTKs never lowers it), provided the plan was made for exactly the registry
+        read now under the same (ℰ, Δ, N_max, k_max); the commit re-plans if the registry
+        moved past ``seq`` meanwhile."""
+        menus = self._menus(override, drop)
+        previous = self.lake.plan(seq)[1] if seq else None
+        floor, c = 0, self.cfg
+        if grow and previous is not None:
+            planned = {a.ptk_id for p in previous.partitions for a in p.members}
+            added = set(override or ())
+            same = (previous.epsilon_g, previous.delta_g, previous.n_max, previous.k_max) == (
+                c.epsilon_g, c.delta_g, c.n_max, c.k_max)
+            if same and not planned & added and planned == set(menus) - added:
+                floor = previous.lower_bound
+        plan = self._allocate(menus, previous, floor)
         return plan, (plan.to_dict() if plan.feasible else None)
 
     # --- the API (Fig. 1) -----------------------------------------------------------------
@@ -270,21 +290,22 @@ class PTKStore:
             if self.lake.ptk(ptk_id) is None:  # a concurrent replay may have inserted it
                 self.lake.insert_ptk(dict(rec, registered_window=self.windows.current()))
 
-        plan = self._commit(lambda: self._plan_with({ptk_id: options}), insert)
+        plan = self._commit(lambda seq: self._plan_with(seq, {ptk_id: options}, grow=True),
+                            insert)
         return ptk_id if plan.feasible else Reject(plan.reason)
 
-    def _replayed(self, prior: dict, ptype: PTKType, config: dict, tau: float, freq: int,
+    def _replayed(self, prior: PTKRecord, ptype: PTKType, config: dict, tau: float, freq: int,
                   menu: Optional[list]):
-        supplied = bool((prior["profile"] or {}).get("supplied"))
+        supplied = bool((prior.profile or {}).get("supplied"))
         same_menu = (not supplied) if menu is None else (
-            supplied and [[o[0], o[2]] for o in prior["menu"]] == [list(m) for m in menu])
-        same = (prior["ptk_type"] == ptype.name and prior["config"] == config
-                and prior["tau"] == tau and prior["train_frequency"] == freq and same_menu)
-        if not same or prior["status"] != "active":
+            supplied and [[o[0], o[2]] for o in prior.menu] == [list(m) for m in menu])
+        same = (prior.ptk_type == ptype.name and prior.config == config
+                and prior.tau == tau and prior.train_frequency == freq and same_menu)
+        if not same or prior.status != "active":
             raise InvalidRequestError(
-                f"PTK id {prior['ptk_id']} is {prior['status']} with another type, config, "
+                f"PTK id {prior.ptk_id} is {prior.status} with another type, config, "
                 "target or frequency: choose a new id")
-        return prior["ptk_id"]
+        return prior.ptk_id
 
     def deregister_ptk(self, ptk_id: str) -> allocator.Allocation:
         """Marks the PTK deregistered and re-allocates the others; returns the new allocation.
@@ -294,13 +315,16 @@ class PTKStore:
         """
         self._require(ptk_id)
 
-        def compute():
-            plan, as_dict = self._plan_with(drop=[ptk_id])
-            if as_dict is None:  # a solver time-out: keep the current plan without the PTK
-                _, cur = self.lake.plan()
-                parts = [dict(p, members=[m for m in p["members"] if m["ptk_id"] != ptk_id])
-                         for p in (cur or {"partitions": []})["partitions"]]
-                as_dict = dict(cur or {}, partitions=[p for p in parts if p["members"]])
+        def compute(seq):
+            plan, as_dict = self._plan_with(seq, drop=[ptk_id])
+            _, cur = self.lake.plan()
+            if as_dict is None and cur is not None:  # a solver time-out: keep the current plan
+                parts = [dataclasses.replace(p, members=tuple(  # without the PTK
+                    m for m in p.members if m.ptk_id != ptk_id)) for p in cur.partitions]
+                # its sizes and bound were the larger workload's: nothing is proven for this one
+                as_dict = dataclasses.replace(
+                    cur, partitions=tuple(p for p in parts if p.members), optimal=False,
+                    gap=1.0, lower_bound=0, proof="").to_dict()
             return plan, as_dict
 
         def drop():
@@ -311,8 +335,8 @@ class PTKStore:
 
     def _update(self, ptk_id: str, config: dict, tau: float):
         rec = self._require(ptk_id)
-        ptk_type = self.registry.get(rec["ptk_type"])
-        if rec["profile"] and rec["profile"].get("supplied"):
+        ptk_type = self.registry.get(rec.ptk_type)
+        if rec.profile and rec.profile.get("supplied"):
             raise InvalidRequestError(
                 f"{ptk_id} has a developer-supplied profile; register a new PTK for a new "
                 "config or target")
@@ -329,19 +353,19 @@ class PTKStore:
             self._require(ptk_id)
             self.lake.update_ptk(ptk_id, config=config, tau=tau, menu=options, profile=profile)
 
-        plan = self._commit(lambda: self._plan_with({ptk_id: options}), update)
+        plan = self._commit(lambda seq: self._plan_with(seq, {ptk_id: options}), update)
         return plan if plan.feasible else Reject(plan.reason, ptk_id)
 
     def update_ptk_config(self, ptk_id: str, new_config: dict):
         """Re-profiles and re-allocates; a Reject leaves the old config and plan in force."""
         if not isinstance(new_config, dict):
             raise InvalidRequestError(f"a PTK config is a dict, got {type(new_config).__name__}")
-        return self._update(ptk_id, check_config(new_config), self._require(ptk_id)["tau"])
+        return self._update(ptk_id, check_config(new_config), self._require(ptk_id).tau)
 
     def update_ptk_performance_target(self, ptk_id: str, new_tau: float):
         """Re-profiles at the new target τ and re-allocates; a Reject keeps the old one."""
         tau = check_tau(new_tau)
-        return self._update(ptk_id, self._require(ptk_id)["config"], tau)
+        return self._update(ptk_id, self._require(ptk_id).config, tau)
 
     def subscribe_to_ptk(self, ptk_id: str, rpc_endpoint: str) -> None:
         """Registers an endpoint (probed first) to be notified of the PTK's new versions."""
@@ -349,16 +373,16 @@ class PTKStore:
         self.notifier.probe(check_endpoint(rpc_endpoint), ptk_id)
         self.lake.subscribe(ptk_id, rpc_endpoint)
 
-    def notify_new_ptk_state(self, ptk_id: str) -> list[dict]:
+    def notify_new_ptk_state(self, ptk_id: str) -> list[Delivery]:
         """Queues the newest version for every subscriber and delivers pending notifications."""
         self._require(ptk_id)
         latest = self.lake.version(ptk_id)
         if latest is not None:
-            self.lake.enqueue(ptk_id, latest["version"])
+            self.lake.enqueue(ptk_id, latest.version)
         return self.notifier.deliver()
 
     # --- reading --------------------------------------------------------------------------
-    def plan(self) -> Optional[dict]:
+    def plan(self) -> Optional[allocator.Allocation]:
         """The allocator's current plan as stored in the lake, or None before any PTK."""
         return self.lake.plan()[1]
 
@@ -375,11 +399,11 @@ class PTKStore:
         if v is None:
             if version is not None:
                 raise UnknownPTKError(f"PTK {ptk_id!r} has no version {version}")
-            return PTK(ptk_id, None, rec["config"], rec["tau"], None, None, 0)
-        return PTK(ptk_id, v["state"], v["config"], rec["tau"], v["oldest_window"],
-                   v["newest_window"], v["version"])
+            return PTK(ptk_id, None, rec.config, rec.tau, None, None, 0)
+        return PTK(ptk_id, v.state, v.config, rec.tau, v.oldest_window, v.newest_window,
+                   v.version)
 
-    def lineage(self, ptk_id: str, version: Optional[int] = None) -> dict:
+    def lineage(self, ptk_id: str, version: Optional[int] = None) -> Lineage:
         """Where a version came from: window, blocks, charged ε/δ/event, grant and run ids.
 
         Raises:
@@ -388,11 +412,9 @@ class PTKStore:
         v = self.lake.version(ptk_id, version) if isinstance(ptk_id, str) else None
         if v is None:
             raise UnknownPTKError(f"PTK {ptk_id!r} has no such version")
-        return {k: v[k] for k in ("ptk_id", "version", "window_index", "blocks", "epsilon",
-                                  "delta", "event", "grant_id", "run_id", "stream", "n_used",
-                                  "partition_index", "oldest_window", "newest_window")}
+        return Lineage.from_row(vars(v))
 
     def advance_window(self, columns: dict, *, user_key: Optional[str] = None,
-                       window_index: Optional[int] = None) -> dict:
+                       window_index: Optional[int] = None) -> WindowResult:
         """Closes the open window, ingests the next one and trains every due PTK on it."""
         return self.windows.advance(columns, user_key=user_key, window_index=window_index)

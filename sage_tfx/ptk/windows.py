@@ -40,6 +40,7 @@ from sage_tfx.ptk.abstraction import (KERNEL_INPUT_ERRORS, batches_of, canonical
                                       hash_positions, record_keys)
 from sage_tfx.ptk.allocator import dec
 from sage_tfx.ptk.registry import UnknownPTKTypeError
+from sage_tfx.ptk.results import Trained, WindowResult
 from sage_tfx.ptk.windowfiles import WindowFiles
 
 LEASE_TTL = 300.0  # seconds; renewed after every PTK trained
@@ -144,19 +145,19 @@ class WindowRunner:
                 for k, v in columns.items()}
         for rec in self.lake.ptks():
             try:
-                ptype = self.store.registry.get(rec["ptk_type"])
+                ptype = self.store.registry.get(rec.ptk_type)
             except UnknownPTKTypeError:
                 continue
             try:
-                ptype.train_dp(batches_of(fake), 1.0, None, None, config=rec["config"],
+                ptype.train_dp(batches_of(fake), 1.0, None, None, config=rec.config,
                                noise=SeededNoise(0))
             except (SageError, *KERNEL_INPUT_ERRORS) as exc:
                 raise InvalidRequestError(
-                    f"the window's columns do not fit PTK {rec['ptk_id']} ({rec['ptk_type']}): "
+                    f"the window's columns do not fit PTK {rec.ptk_id} ({rec.ptk_type}): "
                     f"{type(exc).__name__}: {exc}") from exc
 
     def advance(self, columns: dict, *, user_key: Optional[str] = None,
-                window_index: Optional[int] = None) -> dict:
+                window_index: Optional[int] = None) -> WindowResult:
         columns = check_columns(columns, user_key)
         if window_index is not None and (isinstance(window_index, bool)
                                          or not isinstance(window_index, int)):
@@ -173,7 +174,7 @@ class WindowRunner:
             self._ingest(w, columns, user_key, self.lake.plan_seq())
             trained = self.train(w, held)
         delivered = self.store.notifier.deliver()
-        return {"window": w, "trained": trained, "delivered": delivered}
+        return WindowResult(w, trained, delivered)
 
     def close_window(self, w: int, held=None) -> None:
         """Finishes the window's training and pending profiles (releases from recorded grants),
@@ -190,35 +191,35 @@ class WindowRunner:
                 self.close_window(old, held)
 
     # --- training -------------------------------------------------------------------------
-    def train(self, w: int, held=None) -> list[dict]:
+    def train(self, w: int, held=None) -> list[Trained]:
         """Trains (or finishes training) window ``w`` under the plan it was ingested with."""
         info = self.lake.window(w)
         # plan 0: no PTK when the window arrived; None: a window of a lake that predates
         # recorded plans, trained when it arrived — neither trains (again) now
-        if info is None or info["status"] != "open" or not info["plan_seq"]:
+        if info is None or info.status != "open" or not info.plan_seq:
             return []
-        seq, plan = self.lake.plan(info["plan_seq"])
-        if not plan or not plan["partitions"]:
+        seq, plan = self.lake.plan(info.plan_seq)
+        if not plan or not plan.partitions:
             return []
-        tblocks = [(b, r) for b, kind, r in info["blocks"] if kind == "t"]
-        known = {r["ptk_id"]: r for r in self.lake.ptks(status=None)}
+        tblocks = [(b, r) for b, kind, r in info.blocks if kind == "t"]
+        known = {r.ptk_id: r for r in self.lake.ptks(status=None)}
         out, cursor = [], 0
-        for part in plan["partitions"]:
+        for part in plan.partitions:
             blocks, held_records = [], 0
-            while held_records < part["size"] and cursor < len(tblocks):
+            while held_records < part.size and cursor < len(tblocks):
                 blocks.append(tblocks[cursor])
                 held_records += tblocks[cursor][1]
                 cursor += 1
-            due = [m for m in part["members"] if m["ptk_id"] in known and (
-                (w - (known[m["ptk_id"]]["registered_window"] or 0))
-                % known[m["ptk_id"]]["train_frequency"] == 0)]
+            due = [m for m in part.members if m.ptk_id in known and (
+                (w - (known[m.ptk_id].registered_window or 0))
+                % known[m.ptk_id].train_frequency == 0)]
             if not due:
                 continue
             if not blocks or held_records == 0:
-                out += [{"ptk_id": m["ptk_id"], "skipped": "no train data left in the window"}
+                out += [Trained(m.ptk_id, skipped="no train data left in the window")
                         for m in due]
                 continue
-            out += self._run_partition(w, seq, part["index"], blocks, due, known, held)
+            out += self._run_partition(w, seq, part.index, blocks, due, known, held)
         return out
 
     def _grant(self, w, seq, k, blocks, due):
@@ -229,51 +230,50 @@ class WindowRunner:
         grant = store.ledger.grant_for_run(store.cfg.stream, run_id)
         if grant is not None:
             return grant, None
-        eps = sum((dec(m["epsilon"]) for m in due), Decimal(0))
-        dlt = sum((dec(m["delta"]) for m in due), Decimal(0))
+        eps = sum((dec(m.epsilon) for m in due), Decimal(0))
+        dlt = sum((dec(m.delta) for m in due), Decimal(0))
         if eps > dec(store.cfg.epsilon_g) or dlt > dec(store.cfg.delta_g):
             raise InvalidRequestError(f"partition {k} of plan {seq} over-spends: {eps}, {dlt}")
         d = store.ledger.request(store.cfg.stream, run_id=run_id, blocks=[b for b, _ in blocks],
                                  epsilon=exact_float(eps), delta=exact_float(dlt))
         return (d.grant, None) if d.granted else (None, d.reason)
 
-    def _run_partition(self, w, seq, k, blocks, due, known, held) -> list[dict]:
+    def _run_partition(self, w, seq, k, blocks, due, known, held) -> list[Trained]:
         store = self.store
         grant, denied = self._grant(w, seq, k, blocks, due)
         if grant is None:
-            return [{"ptk_id": m["ptk_id"], "skipped": f"denied: {denied}"} for m in due]
+            return [Trained(m.ptk_id, skipped=f"denied: {denied}") for m in due]
         locations = dict(zip(grant.block_ids, grant.locations))
         out = []
-        for m in sorted(due, key=lambda m: m["n"]):
-            pid, rec = m["ptk_id"], known[m["ptk_id"]]
+        for m in sorted(due, key=lambda m: m.n):
+            pid, rec = m.ptk_id, known[m.ptk_id]
             done = self.lake.version_for_window(pid, w)
             if done is not None:  # a replayed run: the stored release stands
-                out.append({"ptk_id": pid, "version": done["version"], "n_used": done["n_used"],
-                            "n": m["n"], "epsilon": m["epsilon"], "grant_id": done["grant_id"]})
+                out.append(Trained(pid, done.version, done.n_used, m.n, m.epsilon, done.grant_id))
                 continue
             try:
-                ptype = store.registry.get(rec["ptk_type"])
+                ptype = store.registry.get(rec.ptk_type)
             except UnknownPTKTypeError as exc:
-                out.append({"ptk_id": pid, "skipped": f"not trained here: {exc}"})
+                out.append(Trained(pid, skipped=f"not trained here: {exc}"))
                 continue
             mine, n_used = [], 0
             for b, r in blocks:
-                if n_used >= m["n"]:
+                if n_used >= m.n:
                     break
                 mine.append(b)
                 n_used += r
             # whole blocks, never a positional prefix: adding or removing a record then changes
             # one block's content only, which is the neighbouring relation train_dp assumes
             prev = self.lake.version(pid)
-            charge = ptype.charge(m["epsilon"], rec["config"])
+            charge = ptype.charge(m.epsilon, rec.config)
 
-            def produce(ptype=ptype, mine=mine, prev=prev, rec=rec, eps=m["epsilon"]):
+            def produce(ptype=ptype, mine=mine, prev=prev, rec=rec, eps=m.epsilon):
                 data = self.files.read(w, [(b, locations[b]) for b in mine])
                 try:
                     state = ptype.train_dp(batches_of(data), eps,
-                                           prev["state"] if prev else None,
-                                           prev["config"] if prev else None,
-                                           config=rec["config"], noise=store.noise)
+                                           prev.state if prev else None,
+                                           prev.config if prev else None,
+                                           config=rec.config, noise=store.noise)
                 except (SageError, *KERNEL_INPUT_ERRORS) as exc:
                     # released as a failure (its class only): the charge stays accounted for
                     # and the window can close; the schema probe makes this rare
@@ -285,18 +285,17 @@ class WindowRunner:
             if held is not None:
                 held.renew()
             if "failed" in got:
-                out.append({"ptk_id": pid, "skipped": f"training failed ({got['failed']}); "
-                            "the charge stands"})
+                out.append(Trained(pid, skipped=f"training failed ({got['failed']}); "
+                                   "the charge stands"))
                 continue
             v = self.lake.add_version({
                 "ptk_id": pid, "window_index": w,
                 "state_json": canonical_json(got["state"]).decode("utf-8"),
-                "config": rec["config"], "epsilon": m["epsilon"], "delta": charge.delta,
+                "config": rec.config, "epsilon": m.epsilon, "delta": charge.delta,
                 "event": repr(charge.event), "grant_id": grant.grant_id, "run_id": grant.run_id,
                 "stream": store.cfg.stream, "blocks": mine, "n_used": n_used,
-                "partition_index": k, "oldest_window": prev["oldest_window"] if prev else w,
+                "partition_index": k, "oldest_window": prev.oldest_window if prev else w,
                 "newest_window": w})
-            self.lake.enqueue(pid, v["version"])
-            out.append({"ptk_id": pid, "version": v["version"], "n_used": n_used, "n": m["n"],
-                        "epsilon": m["epsilon"], "grant_id": grant.grant_id})
+            self.lake.enqueue(pid, v.version)
+            out.append(Trained(pid, v.version, n_used, m.n, m.epsilon, grant.grant_id))
         return out

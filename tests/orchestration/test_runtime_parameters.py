@@ -228,5 +228,5 @@ def test_ptk_compiled_without_a_ledger_trains_at_the_submitted_epsilon(tmp_path,
         lineage = store.lineage(pid)
     finally:
         store.close()
-    assert lineage["grant_id"] == grant.grant_id and lineage["epsilon"] == 0.3
-    assert lineage["blocks"] == ["2024-01-02", "2024-01-03"]
+    assert lineage.grant_id == grant.grant_id and lineage.epsilon == 0.3
+    assert lineage.blocks == ("2024-01-02", "2024-01-03")

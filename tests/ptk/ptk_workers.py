@@ -47,8 +47,8 @@ def register_many(url, data_root, prefix, count, profiled, start=lambda: None):
     store = open_store(url, data_root)
     allocate = store._allocate
 
-    def slow(menus):
-        plan = allocate(menus)
+    def slow(*args, **kw):
+        plan = allocate(*args, **kw)
         time.sleep(0.2)
         return plan
 
@@ -70,7 +70,7 @@ def advance_many(url, data_root, seeds, start=lambda: None):
     store = open_store(url, data_root, seed=seeds[0])
     try:
         start()
-        return [store.advance_window(window(6000, s), user_key="user")["window"] for s in seeds]
+        return [store.advance_window(window(6000, s), user_key="user").window for s in seeds]
     finally:
         store.close()
 
@@ -80,7 +80,7 @@ def train_again(url, data_root, w, start=lambda: None):
     store = open_store(url, data_root)
     try:
         start()
-        return [{k: t.get(k) for k in ("ptk_id", "version", "grant_id")}
+        return [{k: getattr(t, k) for k in ("ptk_id", "version", "grant_id")}
                 for t in store.windows.train(w)]
     finally:
         store.close()
@@ -125,11 +125,11 @@ def released_everything(store) -> dict:
         assert [r.name for r in led.releases(g.grant_id)] == [f"ptk/profile/{g.run_id}"]
     versions = 0
     for rec in store.lake.ptks(status=None):
-        for v in store.lake.versions(rec["ptk_id"]):
+        for v in store.lake.versions(rec.ptk_id):
             versions += 1
-            r = led.recorded_release(v["grant_id"], f"ptk/train/{v['ptk_id']}/w{v['window_index']}")
-            assert r is not None and json.loads(r.value)["state"] == v["state"]
-            assert canonical_json({"state": json.loads(raw[(v["ptk_id"], v["version"])])}) \
+            r = led.recorded_release(v.grant_id, f"ptk/train/{v.ptk_id}/w{v.window_index}")
+            assert r is not None and json.loads(r.value)["state"] == v.state
+            assert canonical_json({"state": json.loads(raw[(v.ptk_id, v.version)])}) \
                 == r.value
     windows = {}
     for g in train:

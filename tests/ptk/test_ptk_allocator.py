@@ -162,3 +162,65 @@ def test_exact_level_model_alone_finds_the_optimum(seed, monkeypatch):
                if t is not None)
     assert plan.total == best and plan.optimal and plan.lower_bound == best
     assert all(p.epsilon_sum <= Decimal("0.6") for p in plan.partitions)
+
+
+def _spy_milp(monkeypatch):
+    from sage_tfx.ptk import allocator
+    calls = []
+    real = allocator.milp
+
+    def spy(*args, **kw):
+        calls.append(1)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(allocator, "milp", spy)
+    return calls
+
+
+def test_a_small_workload_is_proven_optimal_by_the_merged_model(monkeypatch):
+    from sage_tfx.ptk.eval.allocbench import synthetic_menus
+    calls = _spy_milp(monkeypatch)
+    plan = allocate(synthetic_menus(13, seed=0), epsilon_g=1.0, n_max=10**9, k_max=8)
+    # the proof: the merged model's dual bound equals the plan's total, one solve, no exact model
+    assert plan.optimal and plan.gap == 0.0 and plan.lower_bound == plan.total
+    assert plan.proof == "merged model" and len(calls) == 1
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_previous_plan_and_floor_keep_the_all_k_optimum(seed, monkeypatch):
+    rng = np.random.default_rng(100 + seed)
+    menus = random_menus(rng, ptks=4)
+    old = {k: v for k, v in menus.items() if k != "p3"}
+    prev = allocate(old, epsilon_g=0.6, n_max=10**9)
+    assert prev.optimal and prev.total == min(
+        t for t in (brute_force(old, K, 0.6, 10**9) for K in range(1, 4)) if t is not None)
+    calls = _spy_milp(monkeypatch)
+    plan = allocate(menus, epsilon_g=0.6, n_max=10**9, previous=prev, floor=prev.lower_bound)
+    best = min(t for t in (brute_force(menus, K, 0.6, 10**9) for K in range(1, 5))
+               if t is not None)
+    assert plan.optimal and plan.total == best == plan.lower_bound
+    assert (plan.proof == "floor") == (not calls)  # no solve exactly when the floor proves it
+    for p in plan.partitions:
+        assert p.epsilon_sum <= Decimal("0.6")
+    # a dropped PTK: the previous plan is only an incumbent, the optimum is still found
+    fewer = {k: v for k, v in old.items() if k != "p0"}
+    plan = allocate(fewer, epsilon_g=0.6, n_max=10**9, previous=prev)
+    assert plan.optimal and plan.total == min(
+        t for t in (brute_force(fewer, K, 0.6, 10**9) for K in range(1, 4)) if t is not None)
+
+
+def test_a_ptk_that_fits_the_unused_budget_is_proven_optimal_without_a_solve(monkeypatch):
+    menus = {"a": [Option(0.3, 0.0, 100)], "b": [Option(0.3, 0.0, 50)]}
+    prev = allocate(menus, epsilon_g=1.0, n_max=10**6)
+    assert prev.optimal and prev.total == 100 and prev.K == 1
+    calls = _spy_milp(monkeypatch)
+    grown = dict(menus, c=[Option(0.2, 0.0, 80)])
+    plan = allocate(grown, epsilon_g=1.0, n_max=10**6, previous=prev, floor=prev.lower_bound)
+    assert not calls and plan.optimal and plan.proof == "floor" and plan.total == 100
+    assert plan.to_dict()["proof"] == "floor"
+    # one that does not fit: the solver runs and finds the optimum ({d, a} 200 + {b} 50)
+    grown = dict(menus, d=[Option(0.6, 0.0, 200)])
+    plan = allocate(grown, epsilon_g=1.0, n_max=10**6, previous=prev, floor=prev.lower_bound)
+    assert calls and plan.optimal and plan.total == 250 == brute_force(grown, 3, 1.0, 10**6)
+    with pytest.raises(InvalidRequestError):
+        allocate(grown, epsilon_g=1.0, n_max=10**6, floor=-1)

@@ -10,8 +10,8 @@ def test_ptk_demo_tiny(tmp_path, capsys):
     text = capsys.readouterr().out
     for step in ("[1/5]", "[2/5]", "[3/5]", "[4/5]", "[5/5]", "plot:"):
         assert step in text
-    members = [m for p in out["plan"]["partitions"] for m in p["members"]]
-    assert len(members) == 5 and sum(float(m["epsilon"]) for m in members) <= 1.0
+    members = [m for p in out["plan"].partitions for m in p.members]
+    assert len(members) == 5 and sum(float(m.epsilon) for m in members) <= 1.0
     assert out["grants"] >= 4  # three profiles and at least one training partition
     assert "0 raw block files left" in text
     assert os.path.getsize(out["png"]) > 0

@@ -29,7 +29,7 @@ def test_the_store_registers_and_trains_the_kernel(make_store, module, config, m
                              menu=[(0.5, 1000), (1.0, 500)])
     assert isinstance(pid, str) and pid.startswith("ptk-"), pid
     out = store.advance_window(with_users(make(3000, 1), 1), user_key="user")
-    assert [t["ptk_id"] for t in out["trained"]] == [pid]
+    assert [t.ptk_id for t in out.trained] == [pid]
     ptk = store.get_ptk(pid)
     assert ptk.version == 1 and ptk.model_state is not None
     feats = importlib.import_module(module).featurize(make(5, 2), ptk.model_state, config)

@@ -243,15 +243,15 @@ def test_kernels_register_allocate_and_train_in_the_store(make_store):
         assert isinstance(ids[ref], str), ids[ref]
     assert not default_registry().get(LL).has_erm
     out = store.advance_window(win(1), user_key="user")
-    assert {t["ptk_id"] for t in out["trained"]} == set(ids.values())
+    assert {t.ptk_id for t in out.trained} == set(ids.values())
     state = store.get_ptk(ids[LL]).model_state
     f = lloyd.featurize(blobs(10, 0), state, LL_CONFIG)
     assert f["km_cluster"].shape == (10,)
     lin = store.lineage(ids[LL])
-    grant = store.ledger.grant(lin["grant_id"])  # one charge per partition, before the run
-    members = [t for t in out["trained"] if t["grant_id"] == lin["grant_id"]]
-    assert grant.epsilon == pytest.approx(sum(float(t["epsilon"]) for t in members))
-    assert set(lin["blocks"]) <= set(grant.block_ids)
+    grant = store.ledger.grant(lin.grant_id)  # one charge per partition, before the run
+    members = [t for t in out.trained if t.grant_id == lin.grant_id]
+    assert grant.epsilon == pytest.approx(sum(float(t.epsilon) for t in members))
+    assert set(lin.blocks) <= set(grant.block_ids)
 
 
 def test_lloyd_count_release_empirical_audit():

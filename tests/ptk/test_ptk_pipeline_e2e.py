@@ -60,8 +60,8 @@ def test_gated_ptk_training_and_pinned_featurization(tmp_path):
     store = PTKStore(url, str(tmp_path / "ptkdata"), StoreConfig(stream="ptk"))
     lin = store.lineage(pid)
     store.close()
-    assert lin["grant_id"] == grant.grant_id and lin["blocks"] == ["2024-01-02", "2024-01-03"]
-    assert lin["n_used"] == 300 and lin["epsilon"] == 0.5
+    assert lin.grant_id == grant.grant_id and lin.blocks == ("2024-01-02", "2024-01-03")
+    assert lin.n_used == 300 and lin.epsilon == 0.5
     ms = metadata_store.MetadataStore(metadata.sqlite_metadata_connection_config(mlmd))
     (state,) = ms.get_artifacts_by_type("sage_tfx.PTKState")
     assert json.load(open(os.path.join(state.uri, "lineage.json")))["grant_id"] == grant.grant_id

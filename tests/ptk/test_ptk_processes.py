@@ -43,19 +43,19 @@ def test_two_processes_registering_lose_no_ptk(make_store, url, tmp_path):
                    (url, str(tmp_path / "b"), "b", 6, True))
     ids = a + b
     assert all(i.startswith("ptk-") for i in ids), ids
-    active = {r["ptk_id"] for r in store.lake.ptks()}
+    active = {r.ptk_id for r in store.lake.ptks()}
     assert active == set(ids)
     plan = store.plan()  # the current plan allocates every admitted PTK
-    assert {m["ptk_id"] for p in plan["partitions"] for m in p["members"]} == set(ids)
+    assert {m.ptk_id for p in plan.partitions for m in p.members} == set(ids)
     # one plan per admitted PTK, each one the previous plan's PTKs plus the new one (a stale
     # re-plan would drop a PTK another process had just admitted)
-    members = [{m["ptk_id"] for p in store.lake.plan(seq)[1]["partitions"] for m in p["members"]}
+    members = [{m.ptk_id for p in store.lake.plan(seq)[1].partitions for m in p.members}
                for seq in range(1, len(ids) + 1)]
     assert store.lake.plan_seq() == len(ids)
     for before, after in zip([set()] + members, members):
         assert before < after and len(after - before) == 1, (before, after)
     out = store.advance_window(window(40000, 1), user_key="user")
-    assert {t["ptk_id"] for t in out["trained"]} == set(ids)
+    assert {t.ptk_id for t in out.trained} == set(ids)
     counts = workers.released_everything(store)
     assert counts["profiles"] == 2 and counts["versions"] == len(ids)
 
@@ -70,13 +70,13 @@ def test_two_processes_advancing_windows_train_each_window_once(make_store, url,
     assert sorted(a + b) == [1, 2, 3, 4, 5, 6]
     counts = workers.released_everything(store)
     plan = store.plan()
-    assert counts["train"] == 6 * plan["K"] and counts["versions"] == 6 * 3
+    assert counts["train"] == 6 * plan.K and counts["versions"] == 6 * 3
     for pid in pids:
-        assert [v["window_index"] for v in store.lake.versions(pid)] == [1, 2, 3, 4, 5, 6]
+        assert [v.window_index for v in store.lake.versions(pid)] == [1, 2, 3, 4, 5, 6]
     # each closed window's key and files are gone; every block within its budget
     assert store.lake.open_windows() == [6]
     for w in range(6):
-        assert store.lake.window(w)["files"] == [] and store.lake.window_key(w) is None
+        assert store.lake.window(w).files == () and store.lake.window_key(w) is None
     assert all(dec(b.epsilon_spent) <= dec(1.0) for b in store.ledger.blocks("ptk"))
 
 
@@ -92,8 +92,8 @@ def test_a_partition_killed_between_charge_and_release_is_released_by_the_next_p
     spent = {b.block_id: b.epsilon_spent for b in store.ledger.blocks("ptk")}
     store.windows.lease_wait = 60
     store.advance_window(window(20000, 2), user_key="user")   # waits out the dead lease
-    assert [v["window_index"] for v in store.lake.versions(pid)] == [1, 2]
-    assert store.lineage(pid, 1)["grant_id"] == g.grant_id   # the crashed charge, released
+    assert [v.window_index for v in store.lake.versions(pid)] == [1, 2]
+    assert store.lineage(pid, 1).grant_id == g.grant_id   # the crashed charge, released
     again = [g2 for g2 in store.ledger.grants("ptk") if g2.run_id.startswith("ptk.w1.")]
     assert again == [g]                                       # and not charged a second time
     assert all(b.epsilon_spent == spent[b.block_id]
@@ -108,14 +108,14 @@ def test_a_profile_killed_between_charge_and_release_is_finished(make_store, tmp
     assert run_one(workers.register_and_die, url, str(tmp_path / "dead"), "ptk-crashed") == -9
     (g,) = store.ledger.grants("ptk")
     assert g.run_id == "ptk.profile.ptk-crashed" and store.ledger.releases(g.grant_id) == []
-    assert store.lake.profile_run(g.run_id)["status"] == "pending"
+    assert store.lake.profile_run(g.run_id).status == "pending"
     store.windows.lease_wait = 60
     store.advance_window(window(20000, 1), user_key="user")   # closes window 0: finishes it
     (rel,) = store.ledger.releases(g.grant_id)
-    assert store.lake.profile_run(g.run_id)["status"] == "released"
+    assert store.lake.profile_run(g.run_id).status == "released"
     # the client's retry gets the recorded profile: no new charge, no data read (window 0 gone)
     pid = store.register_ptk(HS, config=HS_CONFIG, tau=0.2, ptk_id="ptk-crashed")
     assert pid == "ptk-crashed" and store.ledger.grants("ptk") == [g]
-    assert store.lake.ptk(pid)["profile"]["grant_id"] == g.grant_id
+    assert store.lake.ptk(pid).profile["grant_id"] == g.grant_id
     assert store.ledger.releases(g.grant_id) == [rel]
     workers.released_everything(store)

@@ -187,13 +187,13 @@ def test_profile_need_is_what_a_registration_reads_and_charges(capsys):
     cfg = StoreConfig()
     need = cfg.profile_need(0.1)
     params = profiler.ProfileParams(cfg.profile_epsilon, cfg.profile_n_max, 0.1)
-    assert need["per_entry"] == params.records_needed() and need["m"] == params.m
-    assert need["profile_records"] == params.records_needed() * len(cfg.menu)
-    assert need["window_records"] * cfg.profile_share >= need["profile_records"]
+    assert need.per_entry == params.records_needed() and need.m == params.m
+    assert need.profile_records == params.records_needed() * len(cfg.menu)
+    assert need.window_records * cfg.profile_share >= need.profile_records
     cost, _ = profiler.profile_cost(hist_type(), HS_CONFIG, list(cfg.menu), params)
-    assert Decimal(repr(need["epsilon"])) == cost <= Decimal(repr(cfg.epsilon_g))
-    assert need["window_records"] <= 120_000  # the defaults fit a ~100 K-record window
+    assert Decimal(repr(need.epsilon)) == cost <= Decimal(repr(cfg.epsilon_g))
+    assert need.window_records <= 120_000  # the defaults fit a ~100 K-record window
     assert main(["records", "--tau", "0.1"]) == 0
-    assert f"{need['window_records']:,} records" in capsys.readouterr().out
+    assert f"{need.window_records:,} records" in capsys.readouterr().out
     with pytest.raises(ValueError):
         cfg.profile_need(0)

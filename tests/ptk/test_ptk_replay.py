@@ -54,7 +54,7 @@ def no_noise(monkeypatch, store):
 
 
 def states(store, w):
-    return {p: store.lake.version_for_window(p, w)["state"] for p, in store.lake.db.q(
+    return {p: store.lake.version_for_window(p, w).state for p, in store.lake.db.q(
         "SELECT ptk_id FROM ptk_versions WHERE window_index = ?", (w,)).fetchall()}
 
 
@@ -64,7 +64,7 @@ def test_retry_in_the_same_process(make_store, tmp_path, monkeypatch):
     grants = len(store.ledger.grants("ptk"))
     no_noise(monkeypatch, store)
     again = store.windows.train(1)               # a retried call
-    assert {t["ptk_id"] for t in again} == set(ids)
+    assert {t.ptk_id for t in again} == set(ids)
     forget_versions(store, 1)                    # and a retry after a crash before the lake write
     store.windows.train(1)
     assert states(store, 1) == before and releases(store, 1) == first
@@ -104,7 +104,7 @@ def test_two_concurrent_processes_release_once(make_store, tmp_path):
     assert sorted(t["ptk_id"] for t in a) == sorted(t["ptk_id"] for t in b) == sorted(ids)
     assert {t["version"] for t in a} == {t["version"] for t in b} == {2}
     grants = [g for g in store.ledger.grants("ptk") if g.run_id.startswith("ptk.w2.")]
-    assert len(grants) == store.plan()["K"]
+    assert len(grants) == store.plan().K
     assert len(releases(store, 2)) == 2
     workers.released_everything(store)
 

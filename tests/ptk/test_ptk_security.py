@@ -101,7 +101,7 @@ def test_operator_types_by_python_flag_or_environment(make_store, monkeypatch, t
         assert store.register_ptk(name, config=HS_CONFIG, tau=0.2, menu=[(0.25, 500)]) \
             .startswith("ptk-")
     out = store.advance_window(window(10000, 1), user_key="user")
-    assert len([t for t in out["trained"] if "version" in t]) == 3
+    assert len([t for t in out.trained if t.trained]) == 3
     assert not TypeRegistry(builtins=False).names()
 
 
@@ -281,20 +281,20 @@ def test_window_files_are_encrypted_and_shredded(make_store, tmp_path):
     store.advance_window(cols, user_key="user")
     info = store.lake.window(0)
     users = [u.encode() for u in cols["user"][:200]]
-    for path in info["files"]:
+    for path in info.files:
         data = open(path, "rb").read()
         assert not any(u in data for u in users) and not data.startswith(b"PK")  # no npz/zip
         with pytest.raises(Exception):
             np.load(path, allow_pickle=False)
     kek_id, wrapped = store.lake.window_key(0)
     assert kek_id.startswith("file:") and "user" not in wrapped
-    block = info["blocks"][0][0]
-    got = store.windows.files.read_block(0, block, info["files"][0])
-    assert len(next(iter(got.values()))) == info["blocks"][0][2]
+    block = info.blocks[0][0]
+    got = store.windows.files.read_block(0, block, info.files[0])
+    assert len(next(iter(got.values()))) == info.blocks[0][2]
     # a block file under another block's name does not decrypt (associated data)
     with pytest.raises(ValueError):
-        store.windows.files.read_block(0, info["blocks"][1][0], info["files"][0])
-    copies = {p: open(p, "rb").read() for p in info["files"][:3]}
+        store.windows.files.read_block(0, info.blocks[1][0], info.files[0])
+    copies = {p: open(p, "rb").read() for p in info.files[:3]}
     store.windows.close()
     assert store.lake.window_key(0) is None and not any(os.path.exists(p) for p in copies)
     fresh = make_store(data=tmp_path / "elsewhere")   # files kept by an attacker: unreadable
@@ -319,9 +319,9 @@ def test_kek_rotation_rewraps_open_window_keys(make_store, tmp_path, monkeypatch
     new_kek, new_wrapped = store.lake.window_key(0)
     assert new_kek == kek.kek_id != old_kek and new_wrapped != old_wrapped
     store.windows.files.forget(0)
-    block = info["blocks"][0][0]
-    got = store.windows.files.read_block(0, block, info["files"][0])
-    assert len(next(iter(got.values()))) == info["blocks"][0][2]
+    block = info.blocks[0][0]
+    got = store.windows.files.read_block(0, block, info.files[0])
+    assert len(next(iter(got.values()))) == info.blocks[0][2]
     with pytest.raises(Exception, match="does not open"):
         keys.DataKey.unwrap(kek, old_wrapped.encode(),
                             keys.aad_for("ptk", store.windows.files.stream,

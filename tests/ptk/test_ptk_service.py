@@ -118,10 +118,10 @@ def test_failed_endpoint_stays_pending_then_is_redelivered(make_store):
         pid = store.register_ptk(HS, config=HS_CONFIG, tau=0.2)
         store.subscribe_to_ptk(pid, f"{rbase}/cb")
         out = store.advance_window(window(10000, 1), user_key="user")
-        assert [d["status"] for d in out["delivered"]] == ["pending"]  # 3 attempts failed
-        assert store.lake.outbox()[0]["status"] == "pending"
+        assert [d.status for d in out.delivered] == ["pending"]  # 3 attempts failed
+        assert store.lake.outbox()[0].status == "pending"
         done = store.notifier.deliver()  # two more failures, then success
-        assert [d["status"] for d in done] == ["delivered"]
+        assert [d.status for d in done] == ["delivered"]
         assert len(recv.state.got) == 1 and recv.state.got[0]["version"] == 1
 
 

@@ -32,24 +32,24 @@ def test_register_train_lineage_and_minimal_exposure(make_store, tmp_path):
     store.advance_window(window(10000, 0), user_key="user")
     pid = register_hist(store)
     assert isinstance(pid, str) and pid.startswith("ptk-")
-    prof = store.lake.ptk(pid)["profile"]
+    prof = store.lake.ptk(pid).profile
     assert prof["grant_id"] and dec(prof["epsilon"]) <= dec(1.0)
     out = store.advance_window(window(10000, 1), user_key="user")
-    (t,) = out["trained"]
+    (t,) = out.trained
     lin = store.lineage(pid)
-    assert lin["window_index"] == 1 and lin["version"] == 1 and lin["grant_id"] == t["grant_id"]
-    assert lin["n_used"] == t["n_used"] >= t["n"] and lin["blocks"][0].startswith("w000001.t")
+    assert lin.window_index == 1 and lin.version == 1 and lin.grant_id == t.grant_id
+    assert lin.n_used == t.n_used >= t.n and lin.blocks[0].startswith("w000001.t")
     records = {b.block_id: b.records for b in store.ledger.blocks("ptk")}
-    assert lin["n_used"] == sum(records[b] for b in lin["blocks"])  # whole blocks, no prefix
-    assert sum(records[b] for b in lin["blocks"][:-1]) < t["n"]  # the fewest blocks that hold n
-    grant = store.ledger.grant(lin["grant_id"])
-    assert set(lin["blocks"]) <= set(grant.block_ids)
-    assert grant.epsilon == lin["epsilon"] and grant.run_id == lin["run_id"]
+    assert lin.n_used == sum(records[b] for b in lin.blocks)  # whole blocks, no prefix
+    assert sum(records[b] for b in lin.blocks[:-1]) < t.n  # the fewest blocks that hold n
+    grant = store.ledger.grant(lin.grant_id)
+    assert set(lin.blocks) <= set(grant.block_ids)
+    assert grant.epsilon == lin.epsilon and grant.run_id == lin.run_id
     ptk = store.get_ptk(pid)
     assert ptk.oldest_contributing_window == ptk.newest_contributing_window == 1
     # minimal exposure: window 0's raw block files are gone once window 1 opened ...
     w0 = store.lake.window(0)
-    assert w0["status"] == "closed" and w0["files"] == []
+    assert w0.status == "closed" and w0.files == ()
     assert not os.path.exists(tmp_path / "data" / "ptk" / "w000000") or \
         not os.listdir(tmp_path / "data" / "ptk" / "w000000")
     # ... and after the last window closes nothing non-DP remains anywhere
@@ -76,14 +76,14 @@ def test_one_charge_per_partition_and_idempotent_window(make_store):
     before = len(store.ledger.grants("ptk"))
     store.advance_window(window(20000, 1), user_key="user")
     train_grants = [g for g in store.ledger.grants("ptk") if g.run_id.startswith("ptk.w1.")]
-    assert len(store.ledger.grants("ptk")) - before == len(train_grants) == plan["K"]
-    for part, g in zip(plan["partitions"], sorted(train_grants, key=lambda g: g.run_id)):
-        assert dec(g.epsilon) == sum((dec(m["epsilon"]) for m in part["members"]), dec(0))
-        assert dec(g.epsilon) == dec(part["epsilon_sum"])
+    assert len(store.ledger.grants("ptk")) - before == len(train_grants) == plan.K
+    for part, g in zip(plan.partitions, sorted(train_grants, key=lambda g: g.run_id)):
+        assert dec(g.epsilon) == sum((dec(m.epsilon) for m in part.members), dec(0))
+        assert dec(g.epsilon) == dec(part.epsilon_sum)
     # replaying the window's training: same grants back, no new versions, no new charge
     spent = {b.block_id: b.epsilon_spent for b in store.ledger.blocks("ptk")}
     again = store.windows.train(1)
-    assert {t["grant_id"] for t in again} == {g.grant_id for g in train_grants}
+    assert {t.grant_id for t in again} == {g.grant_id for g in train_grants}
     assert [len(store.lake.versions(p)) for p in (a, b)] == [1, 1]
     assert {b.block_id: b.epsilon_spent for b in store.ledger.blocks("ptk")} == spent
     # each block's ledger total stays within epsilon_g
@@ -128,7 +128,7 @@ def test_reject_keeps_the_plan_and_deregister_replans(make_store):
     ids = [register_hist(store, menu=[(1.0, 3000)]) for _ in range(2)]
     assert all(isinstance(i, str) for i in ids)
     plan = store.plan()
-    assert plan["K"] == 2 and plan["total"] == 6000
+    assert plan.K == 2 and plan.total == 6000
     small = dict(store.cfg.__dict__)
     # a third PTK needing eps 1 and 3000 samples breaks N_max: REJECT, plan unchanged
     from sage_tfx.ptk import StoreConfig
@@ -137,9 +137,30 @@ def test_reject_keeps_the_plan_and_deregister_replans(make_store):
     assert isinstance(r, Reject) and not r and "N_max = 6000" in r.reason
     assert tight.plan() == plan and len(tight.lake.ptks()) == 2
     after = store.deregister_ptk(ids[0])
-    assert after.K == 1 and store.plan()["total"] == 3000
+    assert after.K == 1 and store.plan().total == 3000
     with pytest.raises(UnknownPTKError):
         store.deregister_ptk(ids[0])
+
+
+def test_a_registration_that_fits_the_plan_is_proven_optimal_without_a_solve(make_store,
+                                                                               monkeypatch):
+    from sage_tfx.ptk import allocator
+    store = make_store()
+    a = register_hist(store, menu=[(0.3, 1000)])
+    b = register_hist(store, menu=[(0.3, 500)])
+    assert store.plan().optimal and store.plan().total == 1000
+    solves = []
+    real = allocator.milp
+    monkeypatch.setattr(allocator, "milp", lambda *x, **k: solves.append(1) or real(*x, **k))
+    c = register_hist(store, menu=[(0.2, 800)])  # fits the partition's unused budget
+    plan = store.plan()
+    assert not solves and plan.optimal and plan.proof == "floor"
+    assert plan.total == 1000 and plan.lower_bound == 1000
+    assert sorted(m.ptk_id for p in plan.partitions for m in p.members) == sorted(
+        [a, b, c])
+    # a deregistration does not keep the larger workload's bound: it is solved again
+    assert store.deregister_ptk(a).optimal and solves and store.plan().total == 800
+    assert store.plan().proof != "floor"
 
 
 def test_register_without_a_window_rejects_with_reason(make_store):
@@ -167,11 +188,11 @@ def test_update_target_reprofiles_and_replans(make_store):
     store = make_store()
     store.advance_window(window(20000, 0), user_key="user")
     pid = register_hist(store, tau=0.3)
-    old = store.lake.ptk(pid)["profile"]["grant_id"]
+    old = store.lake.ptk(pid).profile["grant_id"]
     plan = store.update_ptk_performance_target(pid, 0.25)
     assert plan.feasible
     rec = store.lake.ptk(pid)
-    assert rec["tau"] == 0.25 and rec["profile"]["grant_id"] != old
+    assert rec.tau == 0.25 and rec.profile["grant_id"] != old
 
 
 @pytest.mark.postgres
@@ -182,10 +203,10 @@ def test_store_on_postgres(make_store, postgres_url):
     pid = register_hist(store)
     assert isinstance(pid, str)
     store.advance_window(window(10000, 1), user_key="user")
-    assert store.lineage(pid)["version"] == 1
-    assert store.windows.train(1)[0]["version"] == 1  # idempotent on PostgreSQL too
+    assert store.lineage(pid).version == 1
+    assert store.windows.train(1)[0].version == 1  # idempotent on PostgreSQL too
     store.windows.close()
-    assert store.lake.window(1)["files"] == []
+    assert store.lake.window(1).files == ()
 
 
 def test_train_frequency_and_config_update(make_store):
@@ -196,14 +217,14 @@ def test_train_frequency_and_config_update(make_store):
     trained = []
     for w in (1, 2, 3, 4):
         out = store.advance_window(window(3000, w), user_key="user")
-        trained.append([t["ptk_id"] for t in out["trained"] if "version" in t])
+        trained.append([t.ptk_id for t in out.trained if t.trained])
     assert trained == [[], [every2], [], [every2]]
-    assert [v["window_index"] for v in store.lake.versions(every2)] == [2, 4]
+    assert [v.window_index for v in store.lake.versions(every2)] == [2, 4]
     # a config update re-profiles on the open window (charged) and applies from the next window
     store.advance_window(window(20000, 5), user_key="user")
     new = dict(HS_CONFIG, upper=12.0)
     plan = store.update_ptk_config(every2, new)
-    assert plan.feasible and store.lake.ptk(every2)["config"] == new
+    assert plan.feasible and store.lake.ptk(every2).config == new
     store.advance_window(window(3000, 6), user_key="user")
     assert store.get_ptk(every2).config == new
 
@@ -218,14 +239,14 @@ def test_a_training_failure_is_released_as_a_failure_and_the_window_closes(make_
     bad = register_hist(store, ptk_type="hist_fails_on_data", menu=[(0.25, 700)])
     good = register_hist(store, menu=[(0.25, 800)])
     out = store.advance_window(window(20000, 1), user_key="user")
-    by = {t["ptk_id"]: t for t in out["trained"]}
-    assert "ArithmeticError" in by[bad]["skipped"] and by[good]["version"] == 1
+    by = {t.ptk_id: t for t in out.trained}
+    assert "ArithmeticError" in by[bad].skipped and by[good].version == 1
     (g,) = [g for g in store.ledger.grants("ptk") if g.run_id.startswith("ptk.w1.")]
     rel = store.ledger.recorded_release(g.grant_id, f"ptk/train/{bad}/w1")
     assert json.loads(rel.value) == {"failed": "ArithmeticError"}
-    assert store.windows.train(1)[0]["skipped"] == by[bad]["skipped"]   # a replay: the same
+    assert store.windows.train(1)[0].skipped == by[bad].skipped   # a replay: the same
     store.advance_window(window(20000, 2), user_key="user")
-    assert store.lake.window(1)["status"] == "closed" and store.lake.version(bad) is None
+    assert store.lake.window(1).status == "closed" and store.lake.version(bad) is None
     ptk_workers.released_everything(store)
 
 
@@ -255,7 +276,7 @@ def test_a_lake_from_before_the_type_registry_migrates_without_importing(tmp_pat
     monkeypatch.setattr(importlib, "import_module", lambda *a, **k: calls.append(a))
     lake = Lake(f"sqlite:///{path}")
     try:
-        assert lake.ptk("ptk-old")["ptk_type"] == "histstats"
-        assert lake.ptk("ptk-evil")["ptk_type"] is None and calls == []
+        assert lake.ptk("ptk-old").ptk_type == "histstats"
+        assert lake.ptk("ptk-evil").ptk_type is None and calls == []
     finally:
         lake.close()

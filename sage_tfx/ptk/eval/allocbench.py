@@ -75,10 +75,14 @@ def solve_times(sizes=(13, 50, 200), *, k_max: int = 8, time_limit: float = 25.0
 
 
 def register_to_notified(root: str, *, ptks: int = 13, window_records: int = 20000,
-                         seed: int = 0) -> list[dict]:
+                         seed: int = 0, preload: int = 0) -> list[dict]:
     """Registers ``ptks`` historical-statistics PTKs one after another on a real store (SQLite
     under ``root``); after each registration a window boundary trains everything and notifies
-    a real HTTP subscriber. Returns per-PTK timings (register, window, first notification)."""
+    a real HTTP subscriber. Returns per-PTK timings (register, window, first notification).
+
+    ``preload`` PTKs with :func:`hard_menus` (n / 16; supplied profiles, trained only in window 0,
+    which never opens) are registered first, so each measured registration re-allocates
+    ``preload`` + i PTKs while a window trains only the measured ones."""
     import threading
 
     import uvicorn
@@ -116,14 +120,18 @@ def register_to_notified(root: str, *, ptks: int = 13, window_records: int = 200
                 "v": rng.normal(5, 2, size=window_records) + (keys == "a")}
     out = []
     try:
-        store.advance_window(window(), user_key="user")
+        config = {"key": "k", "domain": list("abcdefgh"), "value": "v", "lower": 0, "upper": 10}
+        for pid, menu in hard_menus(preload, seed).items():  # n / 16: the window holds them
+            reg = store.register_ptk("histstats", 10**6, tau=0.2, config=config,
+                                     menu=[(o.epsilon, max(o.n // 16, 1)) for o in menu],
+                                     ptk_id=f"ptk-pre{pid}")
+            if not isinstance(reg, str):
+                raise RuntimeError(f"preload PTK refused: {reg.reason}")
+        store.advance_window(window(), user_key="user", window_index=1)
         for i in range(ptks):
-            t0 = time.perf_counter()
-            pid = store.register_ptk(
-                "histstats", 1, tau=0.2,
-                config={"key": "k", "domain": list("abcdefgh"), "value": "v", "lower": 0,
-                        "upper": 10})
-            t1 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
+            pid = store.register_ptk("histstats", 1, tau=0.2, config=config)
+            t1, c1 = time.perf_counter(), time.process_time()
             if not isinstance(pid, str):
                 out.append({"i": i, "reject": pid.reason})
                 store.advance_window(window(), user_key="user")
@@ -132,14 +140,16 @@ def register_to_notified(root: str, *, ptks: int = 13, window_records: int = 200
             t2 = time.perf_counter()
             res = store.advance_window(window(), user_key="user")
             t3 = time.perf_counter()
-            version = next(t["version"] for t in res["trained"] if t.get("ptk_id") == pid)
+            version = next(t.version for t in res.trained if t.ptk_id == pid)
             deadline = time.time() + 30
             while (pid, version) not in got and time.time() < deadline:
                 time.sleep(0.001)
-            out.append({"i": i, "ptk_id": pid, "register_s": t1 - t0, "subscribe_s": t2 - t1,
-                        "window_s": t3 - t2, "trained": len(res["trained"]),
+            out.append({"i": i, "preload": preload, "ptk_id": pid, "register_s": t1 - t0,
+                        "register_cpu_s": c1 - c0, "proof": store.plan().proof or "-",
+                        "subscribe_s": t2 - t1,
+                        "window_s": t3 - t2, "trained": len(res.trained),
                         "notified_s": got.get((pid, version), float("nan")) - t0,
-                        "K": store.plan()["K"]})
+                        "K": store.plan().K})
     finally:
         store.close()
         server.should_exit = True
@@ -186,3 +196,27 @@ def hard_run(count: int = 200, *, k_max: int = 8, time_limit: float = 25.0,
             "gap": plan.gap, "lower_bound": plan.lower_bound, "optimal": plan.optimal,
             "paper_K": paper and paper["K"], "paper_total": paper and paper["total"],
             "paper_optimal": paper and paper["optimal"], "paper_gap": paper and paper["gap"]}
+
+
+def register_one(count: int = 50, *, k_max: int = 8, time_limit: float = 25.0,
+                 seed: int = 0) -> dict:
+    """Registering one more PTK into the optimal plan of ``count`` :func:`hard_menus` PTKs:
+    allocated from scratch (as before) and from the previous plan with its proven bound as the
+    floor (what :class:`~sage_tfx.ptk.store.PTKStore` does); both must reach the same total."""
+    menus = hard_menus(count + 1, seed)
+    new = sorted(menus)[-1]
+    old = {k: v for k, v in menus.items() if k != new}
+    prev = allocator.allocate(old, epsilon_g=1.0, n_max=10**9, k_max=k_max,
+                              time_limit=time_limit)
+    t0, c0 = time.perf_counter(), time.process_time()
+    scratch = allocator.allocate(menus, epsilon_g=1.0, n_max=10**9, k_max=k_max,
+                                 time_limit=time_limit)
+    t1, c1 = time.perf_counter(), time.process_time()
+    warm = allocator.allocate(menus, epsilon_g=1.0, n_max=10**9, k_max=k_max,
+                              time_limit=time_limit, previous=prev, floor=prev.lower_bound)
+    t2, c2 = time.perf_counter(), time.process_time()
+    return {"ptks": count + 1, "seed": seed, "scratch_s": t1 - t0, "scratch_cpu_s": c1 - c0,
+            "previous_cpu_s": c2 - c1, "scratch_total": scratch.total,
+            "scratch_optimal": scratch.optimal, "previous_s": t2 - t1, "previous_total": warm.total,
+            "previous_optimal": warm.optimal, "proof": warm.proof or "-",
+            "previous_plan_total": prev.total}
