@@ -13,18 +13,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CORE = ROOT / "sage_tfx"
 # Public names allowed to go without a docstring ("path name": reason). Keep it empty if you can.
-_PTKRES = "documented by the PTK results change, which rewrites it; remove once that is merged"
-ALLOWED: dict = {f"sage_tfx/ptk/lake.py Lake.{name}": _PTKRES for name in (
-    "ptk", "ptks", "version", "version_for_window", "versions", "outbox", "profile_run",
-    "pending_profiles", "window")}
-ALLOWED["sage_tfx/ptk/windows.py WindowRunner.advance"] = (
-    "its signature is rewritten by the PTK results change; document it once that is merged")
-# ptk/allocator.py reaches the 600-line cap with the PTK allocator change: document these when
-# that module is split (one-line docstrings for them are in commit 4f3c439).
-ALLOWED.update({f"sage_tfx/ptk/allocator.py {name}": "at the module line cap" for name in (
-    "dec", "Option", "Assignment", "Partition", "Partition.epsilon_sum", "Partition.delta_sum",
-    "Allocation.feasible", "Allocation.K", "Allocation.total", "Allocation.assignment",
-    "Allocation.to_dict", "Allocation.render")})
+ALLOWED: dict = {}
 
 _DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 

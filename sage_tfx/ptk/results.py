@@ -166,6 +166,7 @@ class Trained(_Result):
 
     @property
     def trained(self) -> bool:
+        """True when the PTK trained in this window (``skipped`` says why not)."""
         return self.skipped is None
 
 

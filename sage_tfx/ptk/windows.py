@@ -158,6 +158,12 @@ class WindowRunner:
 
     def advance(self, columns: dict, *, user_key: Optional[str] = None,
                 window_index: Optional[int] = None) -> WindowResult:
+        """Ingests ``columns`` as the next window (closing open ones), trains the PTKs due in it.
+
+        Returns the :class:`WindowResult` (the window, what trained, the notifications sent).
+        Bad columns or a non-integer ``window_index`` raise :class:`InvalidRequestError` before
+        anything runs.
+        """
         columns = check_columns(columns, user_key)
         if window_index is not None and (isinstance(window_index, bool)
                                          or not isinstance(window_index, int)):
