@@ -234,6 +234,13 @@ def create_app(service: DnDService, auth: services.Authenticator, *,
                       ticket: str = Path(..., pattern="^[0-9a-f]{32}$")):
         body = await request.body()
         kind = request.headers.get("content-type", "application/json").split(";")[0].strip()
+        if kind not in (BINARY, "application/json"):
+            return JSONResponse({"error": f"send application/json or {BINARY}, not {kind!r}"},
+                                status_code=415)
+        # Parsing, the norm bound, the spam check and the database run off the event loop.
+        return await run_in_threadpool(returned, who.name, ticket, kind, body)
+
+    def parse(kind: str, body: bytes) -> np.ndarray:
         if kind == BINARY:
             if len(body) != 8 * dim:
                 raise invalid([{"loc": ["body"], "type": "value_error",
@@ -242,17 +249,17 @@ def create_app(service: DnDService, auth: services.Authenticator, *,
             if not np.all(np.isfinite(u)) or np.any(np.abs(u) > MAX_ABS_WEIGHT):
                 raise invalid([{"loc": ["body"], "type": "value_error",
                                 "msg": f"weights must be finite and within ±{MAX_ABS_WEIGHT:g}"}])
-        elif kind == "application/json":
-            try:
-                u = np.asarray(Update.model_validate_json(body).weights, dtype=np.float64)
-            except ValidationError as exc:
-                raise invalid(exc.errors(include_url=False, include_context=False,
-                                         include_input=False))
-        else:
-            return JSONResponse({"error": f"send application/json or {BINARY}, not {kind!r}"},
-                                status_code=415)
-        try:  # the spam check and the database run off the event loop
-            accepted = await run_in_threadpool(service.discard, who.name, ticket, u)
+            return u
+        try:
+            return np.asarray(Update.model_validate_json(body).weights, dtype=np.float64)
+        except ValidationError as exc:
+            raise invalid(exc.errors(include_url=False, include_context=False,
+                                     include_input=False))
+
+    def returned(principal: str, ticket: str, kind: str, body: bytes):
+        u = parse(kind, body)
+        try:
+            accepted = service.discard(principal, ticket, u)
         except UnknownTicketError:
             return JSONResponse({"error": "unknown, used or expired ticket"}, status_code=404)
         except UpdateOutOfBoundsError as exc:
