@@ -35,7 +35,8 @@ the ledger before it accepts any update (a restart with the same run id replays 
 resumes the stored run); if the ledger denies, it still serves ``/v1/spec`` but refuses every
 draw with the ledger's reason. Every ``--refresh-seconds`` it re-reads the ledger's audit log and
 stops the clients of blocks retired since the grant, and deletes expired tickets. Binds
-127.0.0.1 by default; ``--workers N`` runs N processes on one run.
+127.0.0.1 by default; ``--workers N`` runs N processes on one run; uvicorn runs on uvloop and
+httptools (:func:`fast_server_options`).
 """
 
 import argparse
@@ -442,6 +443,18 @@ def worker_app():
     return _app_of(a, _service_of(a))[0]
 
 
+def fast_server_options() -> dict:
+    """uvicorn's uvloop event loop and httptools parser when installed (both are pinned), else
+    its pure-Python defaults."""
+    import importlib.util
+    opts = {}
+    if importlib.util.find_spec("uvloop") is not None:
+        opts["loop"] = "uvloop"
+    if importlib.util.find_spec("httptools") is not None:
+        opts["http"] = "httptools"
+    return opts
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
@@ -468,7 +481,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               f"{service.spec.dim} weights x k={a.k} on {a.host}:{a.port}", file=sys.stderr)
     import uvicorn
     opts = dict(host=a.host, port=a.port, log_level="warning", access_log=False,
-                timeout_keep_alive=KEEP_ALIVE_SECONDS)
+                timeout_keep_alive=KEEP_ALIVE_SECONDS, **fast_server_options())
     if a.workers == 1:
         app, auth = _app_of(a, service)
         if auth.open_token_file:
