@@ -78,9 +78,9 @@ def _stop(proc: subprocess.Popen) -> None:
     proc.wait(30)
 
 
-def real_server(features: int, k: int, clients: int, workers: int):
+def real_server(features: int, k: int, clients: int, workers: int, durability: str = "power"):
     tmp = tempfile.mkdtemp(prefix="dnd-bench-")
-    url = f"sqlite:///{tmp}/ledger.db"
+    url = f"sqlite:///{tmp}/ledger.db" + ("" if durability == "power" else "?durability=process")
     tokens = _ledger(url, clients)
     port = _free_port()
     cmd = [sys.executable, "-m", "sage_tfx.dnd.server", "--ledger", url, "--stream", "clients",
@@ -176,7 +176,7 @@ def crude_attacks(base: str, token: str, dim: int, trials: int) -> list:
 def one_size(features: int, updates: int, a) -> tuple:
     dim = features + 1
     clients = max(a.concurrency, 2)
-    real, real_base, tokens, auth = real_server(features, a.k, clients, a.workers)
+    real, real_base, tokens, auth = real_server(features, a.k, clients, a.workers, a.durability)
     bare, bare_base = bare_server(dim)
     bank = SeededNoise(0).laplace(np.zeros((64, dim)), CFG.noise_scale)  # a benchmark's noise
     rows = []
@@ -200,7 +200,7 @@ def one_size(features: int, updates: int, a) -> tuple:
             done = after["updates"] - before["updates"]
             rejected = after["rejected_spam"] - before["rejected_spam"]
             real_row = _row(dim, "sage-tfx dnd serve", encoding, a.concurrency, runs["real"], {
-                "load_1min": load,
+                "load_1min": load, "durability": a.durability,
                 "real_over_bare": round(sum(r.updates for r in runs["real"])
                                         / max(sum(r.seconds for r in runs["real"]), 1e-9)
                                         / max(bare_row["updates_per_s"], 1e-9), 3),
@@ -228,6 +228,8 @@ def main() -> None:
     p.add_argument("--encodings", default=",".join(ENCODINGS))
     p.add_argument("--attack-trials", type=int, default=30)
     p.add_argument("--sizes", default="386,49999", help="features (weights = features + 1)")
+    p.add_argument("--durability", choices=("power", "process"), default="power",
+                   help="the SQLite ledger's durability (power: every commit fsynced)")
     p.add_argument("--out", default="benchmarks/results/dnd")
     a = p.parse_args()
     rows, attacks = [], []
@@ -236,8 +238,9 @@ def main() -> None:
         rows += r
         attacks += at
     os.makedirs(a.out, exist_ok=True)
-    write_csv(os.path.join(a.out, "server_load.csv"), rows)
-    write_csv(os.path.join(a.out, "server_attacks.csv"), attacks)
+    suffix = "" if a.durability == "power" else f"_{a.durability}"
+    write_csv(os.path.join(a.out, f"server_load{suffix}.csv"), rows)
+    write_csv(os.path.join(a.out, f"server_attacks{suffix}.csv"), attacks)
     for r in rows:
         print(r)
 

@@ -1,14 +1,11 @@
 """The server's transport: uvloop and httptools, and the compact binary update encoding."""
 import numpy as np
 import pytest
-from dndtest import STREAM, bearer
+from dndtest import TINY_CFG, TINY_SPEC, bearer, tiny_served
 from fastapi.testclient import TestClient
 
-from sage_tfx import services
-from sage_tfx.dnd import ClientConfig, GLMSpec
-from sage_tfx.dnd.server import build_service, create_app, fast_server_options, max_body_bytes
+from sage_tfx.dnd.server import fast_server_options, max_body_bytes
 from sage_tfx.dnd.wire import HEADER, UPDATE_TYPE, WireFormatError, decode_update, encode_update
-from sage_tfx.streams import HashBucketScheme
 
 
 def test_the_server_runs_on_uvloop_and_httptools():
@@ -79,17 +76,12 @@ def test_malformed_framed_bodies_are_refused(name):
     assert issubclass(WireFormatError, ValueError)
 
 
-SPEC = GLMSpec("logistic", 2)
-CFG = ClientConfig(gamma=0.1, l1_norm_clip=1.0, epsilon=1.0)
+SPEC, CFG = TINY_SPEC, TINY_CFG
 
 
 @pytest.fixture
 def served(principals):
-    p = principals
-    service = build_service(ledger_url=p.url, stream=STREAM, run_id="r1", spec=SPEC, config=CFG,
-                            k=5, passes=1000, window_last=4, token=p.server,
-                            block_scheme=HashBucketScheme("client_id", 4, "dnd"))
-    return p, service, create_app(service, services.Authenticator(p.url, token=p.server))
+    return tiny_served(principals)
 
 
 def _state(service):
