@@ -233,6 +233,10 @@ def calibrate(instances: np.ndarray, noise_scale: float, *, z: float = 3.0,
                       float(high + max_step))
 
 
+LAG_LIMIT = 2  # recalibration periods a background check may lag before it waits for the next
+LAG_WAIT_SECONDS = 10.0
+
+
 def _fraction(in_flight: int, k: int) -> float:
     """The share of k instances that draws in flight may have replaced."""
     return min(1.0, in_flight / k) if k else 0.0
@@ -278,9 +282,12 @@ class SpamCheck:
         once half of ``recalibrate_every`` checks have passed since the last one (so the new
         thresholds are normally in place before ``recalibrate_every`` replacements, which is
         what their stale fraction assumes), and checks keep the previous thresholds until it is
-        installed. Only a check without any calibration for its key (call :meth:`prime` at
-        start-up) calibrates in line. The decision for given thresholds is the same either way
-        (:meth:`decide`), and checks may run in parallel threads.
+        installed — unless they have served ``LAG_LIMIT`` × ``recalibrate_every`` checks (the
+        null covers instances replaced once, and some twice), when a check waits (at most
+        ``LAG_WAIT_SECONDS``) for the running recalibration. Only a check without any
+        calibration for its key (call :meth:`prime` at start-up) calibrates in line. The
+        decision for given thresholds is the same either way (:meth:`decide`), and checks may
+        run in parallel threads.
     """
 
     def __init__(self, noise_scale: float, *, z: float = 3.0, false_reject: float = 0.005,
@@ -312,7 +319,7 @@ class SpamCheck:
         self.calibrations = 0  # calibrations installed (in line or in the background)
         self._cal: Optional[Calibration] = None
         self._since = 0
-        self._state = threading.Lock()  # _cal, _since, _pending, the counters
+        self._state = threading.Condition()  # _cal, _since, _pending, the counters
         self._pending = False
         self._executor = None
 
@@ -355,6 +362,7 @@ class SpamCheck:
         recalibration)."""
         with self._state:
             self._cal, self._since = cal, 0
+            self._state.notify_all()
             self.calibrations += 1
 
     def prime(self, instances, in_flight: Optional[int] = None) -> Calibration:
@@ -415,9 +423,14 @@ class SpamCheck:
             if cached and self.background:
                 start = self._since >= max(1, every // 2) and not self._pending
                 self._pending = self._pending or start
-                self._since += 1
                 if start:
                     self._start_background(instances, in_flight)
+                elif self._pending and self._since >= LAG_LIMIT * every:
+                    # The thresholds have served more replacements than their null models
+                    # (each instance replaced up to twice): wait for the running recalibration.
+                    self._state.wait_for(lambda: not self._pending, timeout=LAG_WAIT_SECONDS)
+                    cal = self._cal
+                self._since += 1
                 return cal
             inline = not cached or self._since >= every
         if inline:
@@ -446,18 +459,13 @@ class SpamCheck:
             finally:
                 with self._state:
                     self._pending = False
+                    self._state.notify_all()
         self._executor.submit(job)
 
     def wait_idle(self, timeout: float = 30.0) -> bool:
         """Waits until no background recalibration is pending (tests, shutdown)."""
-        import time
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with self._state:
-                if not self._pending:
-                    return True
-            time.sleep(0.005)
-        return False
+        with self._state:
+            return self._state.wait_for(lambda: not self._pending, timeout=timeout)
 
     def decide(self, cal: Calibration, columns: np.ndarray, mu: np.ndarray, sd: np.ndarray,
                u: np.ndarray, in_flight: int) -> list[str]:

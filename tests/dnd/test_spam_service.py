@@ -76,30 +76,54 @@ def test_background_decision_equals_the_inline_decision_for_the_same_thresholds(
     assert inline.failures == background.failures
 
 
-def test_background_mode_never_calibrates_in_a_check():
-    state, rng = _state(seed=1)
-    check = SpamCheck.for_config(CFG, background=True)  # recalibrate every k = 20 checks
+def _slow_check(every: int, seconds: float):
+    """A background check whose calibrations take ``seconds`` and record their thread."""
+    check = SpamCheck.for_config(CFG, background=True, recalibrate_every=every)
     threads = []
     original = check.calibration
 
     def spy(instances, in_flight=None):
         threads.append(threading.current_thread().name)
-        time.sleep(0.3)  # a slow calibration: checks must not wait for it
+        time.sleep(seconds)
         return original(instances, in_flight)
     check.calibration = spy
+    return check, threads
+
+
+def _timed_checks(check, state, rng, n):
+    took = []
+    for u in _updates(state, rng, n):
+        t0 = time.perf_counter()
+        check.check(state, u)
+        took.append(time.perf_counter() - t0)
+        if rng.random() < 0.3:
+            state.replace(int(rng.integers(state.k)), u)
+    return took
+
+
+def test_background_mode_never_calibrates_in_a_check():
+    state, rng = _state(seed=1)
+    check, threads = _slow_check(every=40, seconds=0.5)  # starts one after 20 checks
     check.prime(state)
     assert threads == [threading.current_thread().name]
     threads.clear()
-    slowest = 0.0
-    for u in _updates(state, rng, 120):
-        t0 = time.perf_counter()
-        check.check(state, u)
-        slowest = max(slowest, time.perf_counter() - t0)
-        state.replace(int(rng.integers(state.k)), u) if rng.random() < 0.3 else None
+    took = _timed_checks(check, state, rng, 60)  # below the lag limit (80): nobody waits
     assert check.wait_idle(10)
     assert threads and all(t.startswith("spam-calibrate") for t in threads)
     assert check.calibrations == 1 + len(threads)
-    assert slowest < 0.25  # no check waited for a 300 ms calibration
+    assert max(took) < 0.4  # no check waited for a 500 ms calibration
+
+
+def test_a_check_waits_only_when_the_thresholds_lag_too_far():
+    """Past LAG_LIMIT recalibration periods the null no longer covers the replacements made
+    since: a check then waits for the running recalibration instead of using them."""
+    state, rng = _state(seed=2)
+    check, threads = _slow_check(every=4, seconds=0.5)  # starts after 2, waits at 8
+    check.prime(state)
+    took = _timed_checks(check, state, rng, 10)
+    assert check.wait_idle(10)
+    assert sum(t >= 0.2 for t in took) == 1 and max(took[:8]) < 0.4
+    assert check.calibrations == 2 and len(threads) == 2
 
 
 def _service(p, **kw):
