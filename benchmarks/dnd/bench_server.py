@@ -14,6 +14,7 @@ real server rejected, the load average, and then sends the crude attacks to the 
 rejected by the spam check). Writes ``server_load.csv`` and ``server_attacks.csv``.
 
     .venv/bin/python benchmarks/dnd/bench_server.py --updates 3000 --large-updates 1000
+    .venv/bin/python benchmarks/dnd/bench_server.py --in-process --updates 1200 --large-updates 600
 """
 import argparse
 import asyncio
@@ -173,6 +174,42 @@ def crude_attacks(base: str, token: str, dim: int, trials: int) -> list:
     return rows
 
 
+def in_process(features: int, updates: int, background: bool, k: int = 20) -> dict:
+    """The service logic without HTTP, 16 threads of draw + 5 ms + discard: the spam check with
+    background recalibration (the server's) or in line (the check before it), SQLite with
+    durability=process."""
+    import concurrent.futures
+
+    from sage_tfx.dnd.glm import GLMSpec
+    from sage_tfx.dnd.server import build_service
+    from sage_tfx.dnd.spam import SpamCheck
+    url = f"sqlite:///{tempfile.mkdtemp(prefix='dnd-bench-')}/l.db?durability=process"
+    spec = GLMSpec("logistic", features)
+    with open_ledger(url) as led:
+        led.create_stream("c", epsilon_g=1e9, delta_g=1e-6)
+        led.add_blocks("c", [BlockSpec("b0", "/b0")])
+    svc = build_service(ledger_url=url, stream="c", run_id="r", spec=spec, config=CFG, k=k,
+                        passes=10 ** 6)
+    if not background:
+        svc.spam_check = SpamCheck.for_config(CFG)
+
+    def one(i):
+        t, w = svc.draw(f"c{i % 16}", ["b0"])
+        time.sleep(0.005)  # the client's step
+        noise = np.random.default_rng(i).laplace(0.0, CFG.noise_scale, w.size)
+        return svc.discard(f"c{i % 16}", t, w + noise)
+    t0 = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(16) as ex:
+        accepted = sum(ex.map(one, range(updates)))
+    secs = time.perf_counter() - t0
+    row = {"weights": spec.dim, "check": "background" if background else "in line",
+           "updates": updates, "seconds": round(secs, 2),
+           "updates_per_s": round(updates / secs, 1), "honest_rejected": updates - accepted,
+           "load_1min": round(os.getloadavg()[0], 1)}
+    print(row, flush=True)
+    return row
+
+
 def one_size(features: int, updates: int, a) -> tuple:
     dim = features + 1
     clients = max(a.concurrency, 2)
@@ -231,7 +268,14 @@ def main() -> None:
     p.add_argument("--durability", choices=("power", "process"), default="power",
                    help="the SQLite ledger's durability (power: every commit fsynced)")
     p.add_argument("--out", default="benchmarks/results/dnd")
+    p.add_argument("--in-process", action="store_true",
+                   help="only the service logic, background vs in-line check (in_process.csv)")
     a = p.parse_args()
+    if a.in_process:
+        rows = [in_process(f, n, bg) for f, n in ((386, a.updates), (49_999, a.large_updates))
+                for bg in (True, False)]
+        write_csv(os.path.join(a.out, "server_in_process.csv"), rows)
+        return
     rows, attacks = [], []
     for features in (int(f) for f in a.sizes.split(",")):
         r, at = one_size(features, a.updates if features < 10_000 else a.large_updates, a)

@@ -233,7 +233,7 @@ def calibrate(instances: np.ndarray, noise_scale: float, *, z: float = 3.0,
                       float(high + max_step))
 
 
-LAG_LIMIT = 2  # recalibration periods a background check may lag before it waits for the next
+LAG_LIMIT = 1  # recalibration periods a background check may lag before it waits for the next
 LAG_WAIT_SECONDS = 10.0
 
 
@@ -282,8 +282,8 @@ class SpamCheck:
         once half of ``recalibrate_every`` checks have passed since the last one (so the new
         thresholds are normally in place before ``recalibrate_every`` replacements, which is
         what their stale fraction assumes), and checks keep the previous thresholds until it is
-        installed — unless they have served ``LAG_LIMIT`` × ``recalibrate_every`` checks (the
-        null covers instances replaced once, and some twice), when a check waits (at most
+        installed — unless they have served ``LAG_LIMIT`` × ``recalibrate_every`` checks (what
+        their stale fraction assumes, as in line), when a check waits (at most
         ``LAG_WAIT_SECONDS``) for the running recalibration. Only a check without any
         calibration for its key (call :meth:`prime` at start-up) calibrates in line. The
         decision for given thresholds is the same either way (:meth:`decide`), and checks may
@@ -426,8 +426,8 @@ class SpamCheck:
                 if start:
                     self._start_background(instances, in_flight)
                 elif self._pending and self._since >= LAG_LIMIT * every:
-                    # The thresholds have served more replacements than their null models
-                    # (each instance replaced up to twice): wait for the running recalibration.
+                    # The thresholds have served as many checks as their null assumes (as in
+                    # line): wait for the running recalibration rather than go staler.
                     self._state.wait_for(lambda: not self._pending, timeout=LAG_WAIT_SECONDS)
                     cal = self._cal
                 self._since += 1
