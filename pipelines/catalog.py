@@ -65,7 +65,9 @@ def _dp_bagging(config: Mapping[str, Any]):
 def _dnd(config: Mapping[str, Any]):
     from sage_tfx.pipelines import dnd_pipeline
     c = dict(config)
-    settings = {k: c.pop(k) for k in ("k", "gamma", "passes", "n_c") if k in c}
+    # the run's settings; delta (per update) and l2_norm_clip belong to unit "gaussian"
+    settings = {k: c.pop(k) for k in ("k", "gamma", "passes", "n_c", "unit", "delta",
+                                      "l2_norm_clip") if k in c}
     c["settings"] = dnd_pipeline.email_settings(epsilon=float(c.pop("epsilon")), **settings)
     return dnd_pipeline.create_pipeline(c.pop("pipeline_name"), c.pop("pipeline_root"),
                                         c.pop("metadata_path"), **c)
@@ -86,7 +88,8 @@ PIPELINES: Dict[str, Tuple[Callable, Tuple[str, ...], str]] = {
                                  "delta", "k", "n", "label_key", "unit_key", "feature_keys"),
                    "DP bagging on a private window with a declared-public set"),
     "dnd": (_dnd, ("window_last", "epsilon", "validate_epsilon", "target", "serving_model_dir"),
-            "Draw-and-Discard on the email blocks (epsilon: the per-update ε)"),
+            "Draw-and-Discard on the email blocks (epsilon/delta: per update; "
+            "--set unit=gaussian --set l2_norm_clip=C2 --delta D for the Gaussian unit)"),
 }
 
 # name -> {config key: type} that compile as KFP pipeline parameters (see the module doc).

@@ -1,7 +1,8 @@
 """SageGate(plan) -> BlockExampleGen -> DnDTrainer -> DPModelValidator -> Pusher.
 
 The gate charges the plan once, before any read: the ``train`` part is
-:func:`~sage_tfx.components.dnd_trainer.protocol.dnd_train_part` of the run (``passes × ε_update``)
+:func:`~sage_tfx.components.dnd_trainer.protocol.dnd_train_part` of the run (``passes ×
+(ε_update, δ_update)``, δ = 0 for the Laplace units, the δ per update for ``unit="gaussian"``)
 and the ``validate`` part the validator's ε. DnDTrainer runs Draw-and-Discard over the granted
 window's train split (clients of at most N_c examples of one privacy unit) and exports the
 average of the k instances as a serving SavedModel; DPModelValidator checks it on the eval split
@@ -44,14 +45,21 @@ EMAIL_UNIT = "email_id"
 
 
 def email_settings(*, k: int = 10, gamma: float = 0.1, epsilon: float = 4.0, passes: int = 1,
-                   n_c: int = 1) -> RunSettings:
-    """A logistic model on :data:`EMAIL_FEATURES` (one email per unit, so N_c = 1)."""
+                   n_c: int = 1, unit: str = "model", delta: Optional[float] = None,
+                   l2_norm_clip: Optional[float] = None) -> RunSettings:
+    """A logistic model on :data:`EMAIL_FEATURES` (one email per unit, so N_c = 1).
+
+    ``unit="gaussian"`` (L2 clip ``l2_norm_clip``, Gaussian noise at (ε, ``delta``) per update)
+    or the Laplace units ``model`` / ``feature`` (L1 clip 1)."""
     return RunSettings("logistic", len(EMAIL_FEATURES), k=k, gamma=gamma, l1_norm_clip=1.0,
-                       epsilon=epsilon, passes=passes, n_c=n_c)
+                       epsilon=epsilon, passes=passes, n_c=n_c, unit=unit,
+                       delta=None if delta is None else float(delta),
+                       l2_norm_clip=None if l2_norm_clip is None else float(l2_norm_clip))
 
 
 def make_plan(settings: RunSettings, validate_epsilon: float) -> PrivacyPlan:
-    """The run's plan (basic streams): DnD's train part and the validator's ε."""
+    """The run's plan (basic streams): DnD's train part (``passes × (ε, δ)`` per update) and the
+    validator's ε."""
     return PrivacyPlan.of(dnd_train_part(settings), PlanPart(VALIDATE, epsilon=validate_epsilon))
 
 

@@ -144,6 +144,12 @@ PUBLIC_API: dict[str, tuple[str, ...]] = {
         "one_run_audit", "one_run_epsilon_lower_bound", "textbook_laplace_reachable",
         "gaussian_shift_audit"),
     "sage_tfx.pipelines.lineage": ("open_store", "privacy_lineage", "GrantLineage"),
+    # One surface: each system's cost as the DpEvent it charges (docs/design.md, "One surface").
+    "sage_tfx.adaptive.cost": ("cost",),
+    "sage_tfx.ptk.cost": ("cost",),
+    "sage_tfx.pyramid.cost": ("cost",),
+    "sage_tfx.bagging.cost": ("cost",),
+    "sage_tfx.dnd.cost": ("cost",),
 }
 
 

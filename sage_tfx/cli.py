@@ -254,6 +254,7 @@ def _cmd_verify(led, a) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``sage-tfx`` argument parser: the ledger flag and one subcommand per operation."""
     p = argparse.ArgumentParser(prog="sage-tfx", description=(
         "Operate a Sage block ledger: streams, blocks, grants and the audit log."))
     flags.add_ledger_argument(
@@ -436,6 +437,7 @@ def ledger_url(given: Optional[str], environ=os.environ) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Runs the ``sage-tfx`` command ``argv``; returns the process exit code."""
     args = build_parser().parse_args(argv)
     if args.command in ("compile", "submit"):
         return _compile(args)

@@ -116,6 +116,7 @@ class Authenticator:
             os.replace(tmp, self.open_token_file)
 
     def close(self) -> None:
+        """Closes the ledger connection the authenticator reads principals from."""
         self._ledger.close()
 
     def principal(self, authorization: Optional[str]) -> access.Principal:

@@ -6,15 +6,23 @@ Runs :func:`sage_tfx.bagging.eval.grid.run_grid` and writes into ``--out``
 ``tables.png``.
 
     .venv/bin/python benchmarks/bagging/tables_1_2.py [--seeds 0,1,2] [--quick] [--out DIR]
+        [--votes-only] [--plans FILE]
+
+``--votes-only`` runs only the fixed_queries rows of the vote mechanisms (Laplace, Gumbel,
+Gaussian under the ``best`` accountant, at δ = 1e-5 and 1e-3) so they can be merged with an
+earlier grid's rows; ``--plans FILE`` reads the label counts of those rows (data-independent)
+from FILE, or computes and writes it first (one planning for every seed's process).
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import sys
 import time
 
-from sage_tfx.bagging.eval.grid import GridConfig, run_grid
+from sage_tfx.bagging.eval.grid import GridConfig, run_grid, vote_plans
 from sage_tfx.bagging.eval.report import aggregate, plot, table1_markdown, table2_markdown
 from sage_tfx.reporting import BEGIN, END, read_csv, write_auto_markdown, write_csv
 
@@ -29,10 +37,23 @@ def main(argv=None):
     ap.add_argument("--merge", default=None,
                     help="comma-separated grid.csv files (e.g. one per seed, run in parallel): "
                          "regenerate grid.csv, tables.md and tables.png from them without running")
+    ap.add_argument("--votes-only", action="store_true")
+    ap.add_argument("--plans", default=None)
     args = ap.parse_args(argv)
-    cfg = GridConfig(seeds=tuple(int(s) for s in args.seeds.split(",")))
+    cfg = GridConfig(seeds=tuple(int(s) for s in args.seeds.split(",")),
+                     votes_only=args.votes_only)
     if args.quick:
-        cfg = GridConfig(seeds=(0,), ns=(100,), ks=(1, 5), epsilons=(1.0, 3.0))
+        cfg = GridConfig(seeds=(0,), ns=(100,), ks=(1, 5), epsilons=(1.0, 3.0),
+                         votes_only=args.votes_only)
+    if args.plans and not args.merge:
+        if os.path.exists(args.plans):
+            with open(args.plans) as f:
+                plans = json.load(f)
+        else:
+            plans = vote_plans(cfg, log=lambda s: print(s, flush=True))
+            with open(args.plans, "w") as f:
+                json.dump(plans, f, indent=1, sort_keys=True)
+        cfg = dataclasses.replace(cfg, plans=plans)
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
     if args.merge:

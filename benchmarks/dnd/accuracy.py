@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 
+from sage_tfx.dnd import laplace as laplace_noise
 from sage_tfx.dnd import noise as vector_noise
 from sage_tfx.dnd.client import ClientConfig
 from sage_tfx.dnd.eval import digits
@@ -37,7 +38,8 @@ def _per_weight(fn, values, repeat=3):
 
 
 def sampler(rows_out):
-    """µs per weight: OpenDP's vector Gaussian / Laplace vs the CDT vector sampler."""
+    """µs per weight: OpenDP's vector Gaussian / Laplace vs the CDT vector sampler and the
+    discrete Laplace vector sampler (same sizes, same run)."""
     cfg = ClientConfig(0.001, epsilon=8.0, unit="gaussian", delta=1e-6, l2_norm_clip=3.0)
     m, sens = cfg.noise_multiplier, cfg.l2_sensitivity
     rng = np.random.default_rng(0)
@@ -61,10 +63,37 @@ def sampler(rows_out):
                      "us_per_weight": us,
                      "first_call_ms": first, "table_entries": vector_noise.table_size(m, sens, d),
                      "speedup_vs_opendp_gaussian": od_gauss / us})
+    rows += laplace_rows(rng)
     for r in rows:
         print("  " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                                for k, v in r.items()), flush=True)
     rows_out += rows
+
+
+def laplace_rows(rng, sizes=(650, 7850, 50000)):
+    """The L1 units' noise: OpenDP's Laplace (the old path, one call on the vector: ~100 µs per
+    weight) against ``dnd.laplace.laplace_vector`` on the same vector, at each size in one run."""
+    cfg = ClientConfig(0.002, 10.0, 8.0, "model")
+    rows = []
+    for d in sizes:
+        x = rng.normal(size=d) * 0.01
+        sens, eps = cfg.l1_sensitivity(d), cfg.update_epsilon(d)
+        opendp_noise.laplace(x[:10], cfg.noise_scale)   # build the measurement first
+        t = time.perf_counter()
+        laplace_noise.laplace_vector(x, sens, eps)
+        first = (time.perf_counter() - t) * 1e3
+        fast = _per_weight(lambda v: laplace_noise.laplace_vector(v, sens, eps), x, 5)
+        print(f"  laplace {d} weights: vector sampler {fast:.3g} us/weight; OpenDP ...",
+              flush=True)
+        od = _per_weight(lambda v: opendp_noise.laplace(v, cfg.noise_scale), x,
+                         2 if d < 10000 else 1)
+        rows.append({"sampler": "opendp make_laplace (vector)", "weights": d,
+                     "us_per_weight": od})
+        rows.append({"sampler": "dnd.laplace.laplace_vector (discrete Laplace)", "weights": d,
+                     "us_per_weight": fast, "first_call_ms": first,
+                     "table_entries": laplace_noise.laplace_grid(sens, eps, d).period,
+                     "speedup_vs_opendp_laplace": od / fast})
+    return rows
 
 
 def _configs(gamma, k, clip):

@@ -13,6 +13,14 @@ Example::
     # trainer.outputs["model"]: a serving SavedModel (Format-Serving, output 'probabilities'
     # for logistic, 'predictions' otherwise) for DPModelValidator and Pusher, with
     # privacy_report.json beside it.
+
+The gaussian unit (L2 clip, Gaussian noise at (ε, δ) per update; the plan's train part is then
+``passes × (ε, δ)``, or ``SelfComposedDpEvent(GaussianDpEvent(m), passes)`` with
+``dnd_train_part(settings, rdp=True)`` on rdp streams)::
+
+    settings = RunSettings("logistic", n_features=2, k=10, gamma=0.5, l1_norm_clip=1.0,
+                           epsilon=8.0, passes=2, n_c=5, unit="gaussian", delta=1e-7,
+                           l2_norm_clip=1.0)
 """
 from __future__ import annotations
 
@@ -31,7 +39,9 @@ class DnDTrainer(base_component.BaseComponent):
     """k instances, clients of N_c examples of one privacy unit, the average as the model.
 
     Component ``outputs`` contains ``model``: the average (``Format-Serving``) and
-    ``privacy_report.json`` (ε per update, passes, unit, the charge, updates accepted/rejected).
+    ``privacy_report.json`` (ε and δ per update, passes, unit, the charge, updates
+    accepted/rejected). ``settings.unit`` is ``model`` / ``feature`` (L1 clip, Laplace) or
+    ``gaussian`` (L2 clip ``l2_norm_clip``, Gaussian noise at (ε, δ) per update).
     """
 
     SPEC_CLASS = spec.DnDTrainerSpec
@@ -56,6 +66,10 @@ class DnDTrainer(base_component.BaseComponent):
                  spec.EPSILON_KEY: float(settings.epsilon), spec.UNIT_KEY: settings.unit,
                  spec.PASSES_KEY: settings.passes, spec.N_C_KEY: settings.n_c,
                  spec.SPLIT_KEY: split, spec.SPAM_CHECK_KEY: int(bool(spam_check))}
+        for key, value in ((spec.DELTA_KEY, settings.delta),
+                           (spec.L2_CLIP_KEY, settings.l2_norm_clip)):
+            if value is not None:   # gaussian unit only (RunSettings refuses them elsewhere)
+                props[key] = float(value)
         executor.settings_from_exec_properties(props)
         super().__init__(spec=spec.DnDTrainerSpec(
             examples=examples, grant=grant, **props,

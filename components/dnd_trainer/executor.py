@@ -3,9 +3,11 @@
 Privacy. The run spends exactly what the gate charged for it: the plan's ``train`` part if the
 gate stored a plan (the rest pays e.g. DPModelValidator), else the whole grant, and that charge
 must *equal* :func:`~sage_tfx.components.dnd_trainer.protocol.dnd_train_part` of the exec
-properties (``passes × ε_update`` basic, the composed Laplace event rdp); anything else is refused
-before a record is read. Every unit (``client_key``) sends exactly ``passes`` updates, admitted by
-a :class:`~sage_tfx.dnd.budget.RunBudget` of that charge; noise is OpenDP's, server coins a CSPRNG,
+properties (``passes × (ε_update, δ_update)`` basic, the composed Laplace or Gaussian event rdp:
+the same charge as a served run's); anything else is refused before a record is read. Every unit
+(``client_key``) sends exactly ``passes`` updates, admitted by a
+:class:`~sage_tfx.dnd.budget.RunBudget` of that charge; noise is the unit's float-safe sampler
+(:func:`sage_tfx.dnd.client.add_noise`), server coins a CSPRNG,
 the spam check (post-processing) is on by default. Only the average model and an aggregate report
 leave: no instance, draw, slot or per-client value is written or logged.
 
@@ -47,7 +49,8 @@ def settings_from_exec_properties(props: Dict[str, Any]) -> tuple:
         family=props.get(spec.FAMILY_KEY), n_features=len(features), k=props.get(spec.K_KEY),
         gamma=props.get(spec.GAMMA_KEY), l1_norm_clip=props.get(spec.CLIP_KEY),
         epsilon=props.get(spec.EPSILON_KEY), unit=props.get(spec.UNIT_KEY),
-        passes=props.get(spec.PASSES_KEY), n_c=props.get(spec.N_C_KEY))
+        passes=props.get(spec.PASSES_KEY), n_c=props.get(spec.N_C_KEY),
+        delta=props.get(spec.DELTA_KEY), l2_norm_clip=props.get(spec.L2_CLIP_KEY))
     for name in (spec.CLIENT_KEY, spec.LABEL_KEY):
         if not isinstance(props.get(name), str) or not props.get(name):
             raise InvalidRequestError(f"{name} must be a non-empty string")
@@ -154,9 +157,10 @@ class Executor(base_executor.BaseExecutor):
             with open(os.path.join(out_dir, spec.PRIVACY_REPORT_FILE), "w") as f:
                 f.write(json.dumps(_report(grant, settings, charge, spam, result), indent=2,
                                    sort_keys=True))
-            logging.info("DnDTrainer: %d updates (%d accepted) at epsilon=%s per update (%s unit), "
-                         "%d pass(es)", result.updates, result.accepted,
-                         settings.client.update_epsilon(settings.spec.dim), settings.client.unit,
+            logging.info("DnDTrainer: %d updates (%d accepted) at epsilon=%s, delta=%s per "
+                         "update (%s unit), %d pass(es)", result.updates, result.accepted,
+                         settings.client.update_epsilon(settings.spec.dim),
+                         settings.client.update_delta(settings.spec.dim), settings.client.unit,
                          settings.passes)
 
         with open_ledger(
@@ -174,16 +178,26 @@ class Executor(base_executor.BaseExecutor):
         model.set_string_custom_property(spec.RELEASE_DIGEST_PROPERTY, outcome.release.digest)
 
 
+_NOISE = {"gaussian": "sage_tfx.dnd.noise discrete Gaussian (CDT)",
+          "laplace": "sage_tfx.dnd.laplace discrete Laplace"}
+
+
 def _report(grant, settings, charge: dict, spam: bool, result) -> dict:
-    client = settings.client
+    from sage_tfx.ledger import accounting
+    client, dim = settings.client, settings.spec.dim
     return {"grant_id": grant.grant_id, "stream": grant.stream, "family": settings.family,
-            "k": settings.k, "gamma": client.gamma, "l1_norm_clip": client.l1_norm_clip,
-            "unit": client.unit, "epsilon_per_weight_or_update": client.epsilon,
-            "epsilon_per_update": client.update_epsilon(settings.spec.dim),
-            "noise_scale": client.noise_scale, "passes": settings.passes,
+            "k": settings.k, "gamma": client.gamma, "unit": client.unit,
+            "l1_norm_clip": None if client.gaussian else client.l1_norm_clip,
+            "l2_norm_clip": client.l2_norm_clip,
+            "epsilon_per_weight_or_update": client.epsilon,
+            "epsilon_per_update": client.update_epsilon(dim),
+            "delta_per_update": client.update_delta(dim),
+            "update_event": accounting.event_to_dict(client.update_event(dim)),
+            "noise_scale": client.noise_scale, "noise_std": client.sampler_std(dim),
+            "passes": settings.passes,
             "n_c": settings.n_c, "charged": charge, "spam_check": spam,
             "updates": result.updates, "updates_accepted": result.accepted,
-            "updates_rejected": result.rejected_spam, "noise": "opendp",
+            "updates_rejected": result.rejected_spam, "noise": _NOISE[client.noise_kind],
             # the update counts are exact (not DP): passes x the number of units
             "counts_are_not_dp": True,
             "blocks": list(grant.block_ids)}

@@ -21,7 +21,7 @@ import numpy as np
 from sage_tfx.adaptive import plan as plan_lib
 from sage_tfx.dnd import ClientConfig, DnDState, FeatureBounds, GLMSpec, SpamCheck, client_update, \
     initial_instances
-from sage_tfx.dnd.budget import RunBudget, run_epsilon, run_event
+from sage_tfx.dnd.budget import RunBudget, run_delta, run_epsilon, run_event
 from sage_tfx.dnd.client import check_update_matches_ledger_epsilon
 from sage_tfx.errors import InvalidRequestError, MissingGrantError
 from sage_tfx.ledger import accounting
@@ -77,7 +77,12 @@ def bounds_of(features: Sequence[FeatureSpec]) -> FeatureBounds:
 
 @dataclasses.dataclass(frozen=True)
 class RunSettings:
-    """A DnDTrainer run: the model, Alg. 1's client and Alg. 2's server parameters."""
+    """A DnDTrainer run: the model, Alg. 1's client and Alg. 2's server parameters.
+
+    ``unit="gaussian"`` needs ``delta`` (δ per update) and ``l2_norm_clip`` (C₂), and then ignores
+    ``l1_norm_clip``; the Laplace units (``model``, ``feature``) refuse both
+    (:class:`~sage_tfx.dnd.client.ClientConfig`).
+    """
 
     family: str
     n_features: int
@@ -88,6 +93,8 @@ class RunSettings:
     unit: str = "model"
     passes: int = 1
     n_c: int = 1
+    delta: Optional[float] = None
+    l2_norm_clip: Optional[float] = None
 
     def __post_init__(self):
         if self.family not in SERVED_FAMILIES:
@@ -99,7 +106,7 @@ class RunSettings:
                 raise InvalidRequestError(f"{name} must be an integer >= 1, got {v!r}")
         if self.epsilon is None:
             raise InvalidRequestError("a DnDTrainer run must add noise: epsilon is required")
-        self.client  # validates gamma, clip, epsilon and unit
+        self.client  # validates gamma, the clips, epsilon, delta and unit
 
     @property
     def spec(self) -> GLMSpec:
@@ -107,20 +114,25 @@ class RunSettings:
 
     @property
     def client(self) -> ClientConfig:
+        def opt(v):
+            return None if v is None else float(v)
         return ClientConfig(gamma=float(self.gamma), l1_norm_clip=float(self.l1_norm_clip),
-                            epsilon=float(self.epsilon), unit=self.unit)
+                            epsilon=float(self.epsilon), unit=self.unit, delta=opt(self.delta),
+                            l2_norm_clip=opt(self.l2_norm_clip))
 
 
 def dnd_train_part(settings: RunSettings, *, rdp: bool = False) -> plan_lib.PlanPart:
-    """The ``train`` plan part of a run: ``passes × ε_update`` (δ = 0) or the composed Laplace
-    event of :func:`sage_tfx.dnd.budget.run_event` — fixed before any data is read."""
+    """The ``train`` plan part of a run: ``passes × (ε_update, δ_update)`` (δ = 0 for the Laplace
+    units) or the composed event of :func:`sage_tfx.dnd.budget.run_event` (Laplace, or
+    ``GaussianDpEvent(m)`` for the gaussian unit) — what the served path charges
+    (:func:`sage_tfx.dnd.budget.request_run`), fixed before any data is read."""
     dim = settings.spec.dim
     if rdp:
         return plan_lib.PlanPart(plan_lib.TRAIN,
                                  event=run_event(settings.client, dim, settings.passes))
     return plan_lib.PlanPart(plan_lib.TRAIN,
                              epsilon=run_epsilon(settings.client, dim, settings.passes),
-                             delta=0.0)
+                             delta=run_delta(settings.client, dim, settings.passes))
 
 
 def check_train_cost(epsilon: Optional[float], delta: Optional[float], event, settings: RunSettings,
@@ -133,13 +145,15 @@ def check_train_cost(epsilon: Optional[float], delta: Optional[float], event, se
     dim = settings.spec.dim
     if event is None:
         need = run_epsilon(settings.client, dim, settings.passes)
+        need_delta = run_delta(settings.client, dim, settings.passes)
         if (epsilon is None or accounting.exact(epsilon) != accounting.exact(need)
-                or (delta or 0.0) != 0.0):
+                or accounting.exact(delta or 0.0) != accounting.exact(need_delta)):
             raise MissingGrantError(
                 f"{what} charged epsilon={epsilon}, delta={delta}; this run spends "
-                                    f"epsilon={need}, delta=0 ({settings.passes} pass(es) x "
-                                    f"{settings.client.update_epsilon(dim)} per update)")
-        return {"epsilon": need, "delta": 0.0}
+                f"epsilon={need}, delta={need_delta} ({settings.passes} pass(es) x "
+                f"({settings.client.update_epsilon(dim)}, {settings.client.update_delta(dim)}) "
+                "per update)")
+        return {"epsilon": need, "delta": need_delta}
     need_json = accounting.event_to_json(run_event(settings.client, dim, settings.passes))
     if accounting.event_to_json(event) != need_json:
         raise MissingGrantError(f"{what} charged {accounting.event_to_json(event)}; this run "
@@ -179,8 +193,8 @@ def run_protocol(settings: RunSettings, x: np.ndarray, y: np.ndarray, units: Seq
       x: features (n, p) already mapped to [0, 1] with the public bounds (:func:`bounds_of`).
       budget: admits each (unit, pass) draw; refuses beyond the grant's passes.
       rng: server coins (CSPRNG unless a test injects a seeded ``random.Random``).
-      noise: client noise (OpenDP unless an experiment injects a seeded source; never in a
-        component).
+      noise: client noise (the unit's float-safe sampler unless an experiment injects a seeded
+        source; never in a component).
     """
     spec, config = settings.spec, settings.client
     check_update_matches_ledger_epsilon(config, spec.dim)

@@ -16,7 +16,9 @@ K_KEY = "k"
 GAMMA_KEY = "gamma"
 CLIP_KEY = "l1_norm_clip"
 EPSILON_KEY = "epsilon"                    # per update (model unit) / per weight (feature unit)
-UNIT_KEY = "unit"                          # "model" | "feature"
+UNIT_KEY = "unit"                          # "model" | "feature" | "gaussian"
+DELTA_KEY = "delta"                        # δ per update (gaussian unit only)
+L2_CLIP_KEY = "l2_norm_clip"               # C₂ (gaussian unit only)
 PASSES_KEY = "passes"
 N_C_KEY = "n_c"                            # examples per client
 CLIENT_KEY = "client_key"                  # the declared privacy-unit column (e.g. a user id)
@@ -48,6 +50,8 @@ class DnDTrainerSpec(ComponentSpec):
         CLIP_KEY: ExecutionParameter(type=float),
         EPSILON_KEY: ExecutionParameter(type=float),
         UNIT_KEY: ExecutionParameter(type=str),
+        DELTA_KEY: ExecutionParameter(type=float, optional=True),
+        L2_CLIP_KEY: ExecutionParameter(type=float, optional=True),
         PASSES_KEY: ExecutionParameter(type=int),
         N_C_KEY: ExecutionParameter(type=int),
         CLIENT_KEY: ExecutionParameter(type=str),

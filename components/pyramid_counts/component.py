@@ -7,6 +7,10 @@ Example::
                     run_id=pyramid_run_id("flights", spec, window=3))
     counts = PyramidCountTable(grant=gate.outputs["grant"], ledger_url=url, store_dir=store,
                                spec=spec, window=3, retention=12)
+
+``CountSpec(..., aggregation="tree", levels=4)`` (levels = ⌈log2 retention⌉) seals the window
+into dyadic tree nodes instead (same gate cost); :class:`PyramidSnapshot` then reads the live
+windows from at most ``2 levels + 1`` complete nodes.
 """
 from __future__ import annotations
 

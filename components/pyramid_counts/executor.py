@@ -8,6 +8,11 @@ grant before publishing them. A replay — a retried node, a re-run with the sam
 ``store_dir`` — finds the recorded release and re-materializes it byte for byte
 (:meth:`~sage_tfx.pyramid.PyramidStore.restore`): no block is read, no noise drawn, nothing
 charged. The output artifact holds a copy of the released tables (``tables.npz``).
+
+A spec with ``aggregation="tree"`` passes through unchanged (same grant: the spec's cost pays
+for the window's ``levels + 1`` nodes): the store seals the window into its dyadic nodes, the
+artifact holds the window's leaf node, and a replay in a store directory that does not hold the
+window seals it again, which replays every recorded node (:mod:`sage_tfx.pyramid.treestore`).
 """
 from __future__ import annotations
 
@@ -90,7 +95,8 @@ class Executor(base_beam_executor.BaseBeamExecutor):
             check_grant(ledger, recorded, run_id=store.run_id(window), stream=recorded.stream,
                         blocks=None, epsilon=None)
             released = ledger.recorded_release(recorded.grant_id, store.release_name(window))
-            if released is not None or window in store.live_windows:
+            # A tree store re-seals a window it does not hold: its recorded nodes replay.
+            if window in store.live_windows or (released is not None and not store.tree):
                 result = store.restore(window, grant=recorded)     # no read, no noise
             else:
                 files = granted_files(recorded, ledger)

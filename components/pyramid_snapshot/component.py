@@ -1,6 +1,8 @@
 """PyramidSnapshot: the featurization of a Pyramid store (sum of its live windows) as an artifact.
 
-The snapshot is what application servers cache (Pyramid §IV); PyramidTransform reads it.
+The snapshot is what application servers cache (Pyramid §IV); PyramidTransform reads it. With a
+tree spec (``aggregation="tree"``) the sum is read from the complete dyadic nodes covering the
+live windows (at most ``2 levels + 1``), never from a partial node.
 """
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""PyramidSnapshot executor: sums the live sealed windows of a store into featurization.npz."""
+"""PyramidSnapshot executor: sums the live sealed windows of a store into featurization.npz
+(a tree store: the complete dyadic nodes covering them)."""
 from __future__ import annotations
 
 import json

@@ -13,6 +13,7 @@ Depends on :mod:`sage_tfx.ledger` and :mod:`sage_tfx.dp`; no TensorFlow at impor
 """
 from sage_tfx.adaptive.allocator import (ALLOCATION_POLICIES, EVEN, FCFS, UNITS_PER_BLOCK,
                                          AllocationError, Allocator, IterationPlan)
+from sage_tfx.adaptive.cost import cost
 from sage_tfx.adaptive.plan import PlanPart, PrivacyPlan
 from sage_tfx.adaptive.search import (AGGRESSIVE, CONSERVE, SEARCH_POLICIES, AdaptiveSearch,
                                       IterationRecord, SearchConfig, conserve_waste_bound)
@@ -22,3 +23,4 @@ __all__ = ["PlanPart", "PrivacyPlan", "Allocator", "AllocationError", "Iteration
            "AdaptiveSearch", "SearchConfig", "IterationRecord", "conserve_waste_bound",
            "UNITS_PER_BLOCK", "EVEN", "FCFS", "ALLOCATION_POLICIES", "CONSERVE", "AGGRESSIVE",
            "SEARCH_POLICIES", "StatisticIteration", "run_statistic_iteration"]
+__all__ += ["cost"]

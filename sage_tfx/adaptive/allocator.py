@@ -82,6 +82,7 @@ class IterationPlan:
 
     @property
     def window(self) -> int:
+        """Number of blocks in the iteration's window."""
         return len(self.blocks)
 
 
@@ -164,14 +165,17 @@ class Allocator:
 
     @property
     def stream(self) -> str:
+        """Name of the stream whose blocks are allocated."""
         return self._stream.name
 
     @property
     def mode(self) -> str:
+        """The stream's accounting mode (``basic`` or ``rdp``)."""
         return self._stream.mode
 
     @property
     def epsilon_g(self) -> float:
+        """The stream's global per-block budget ε_g."""
         return self._stream.epsilon_g
 
     @property
@@ -181,6 +185,7 @@ class Allocator:
 
     @property
     def ledger(self) -> Ledger:
+        """The ledger the allocator charges."""
         return self._ledger
 
     def waiting(self) -> tuple[str, ...]:

@@ -64,12 +64,15 @@ class PlanPart:
 
     @property
     def mode(self) -> str:
+        """``rdp`` if the part is a DpEvent, else ``basic``."""
         return accounting.RDP if self.event is not None else accounting.BASIC
 
     def param(self, key: str, default: Any = None) -> Any:
+        """The stage parameter ``key`` (from ``params``), or ``default``."""
         return dict(self.params).get(key, default)
 
     def to_dict(self) -> dict:
+        """A JSON-able dict of the part (the event serialized by the ledger's accounting)."""
         return {"name": self.name, "epsilon": self.epsilon,
                 "delta": self.delta,
                 "event": accounting.event_to_dict(self.event) if self.event is not None else None,
@@ -77,6 +80,7 @@ class PlanPart:
 
     @classmethod
     def from_dict(cls, d: dict) -> "PlanPart":
+        """Inverse of :meth:`to_dict`."""
         return cls(d["name"], d.get("epsilon"), d.get("delta"),
                    accounting.event_from_dict(d["event"]) if d.get("event") else None,
                    tuple(tuple(p) for p in d.get("params", ())))
@@ -100,10 +104,12 @@ class PrivacyPlan:
 
     @classmethod
     def of(cls, *parts: PlanPart) -> "PrivacyPlan":
+        """The plan of ``parts``, in order."""
         return cls(tuple(parts))
 
     @property
     def mode(self) -> str:
+        """The accounting mode all parts share."""
         return self.parts[0].mode
 
     def part(self, name: str) -> PlanPart:
@@ -126,10 +132,12 @@ class PrivacyPlan:
         return {"event": events[0] if len(events) == 1 else dp_accounting.ComposedDpEvent(events)}
 
     def to_json(self) -> str:
+        """Canonical JSON of the plan (sorted keys), as the gate's exec property carries it."""
         return json.dumps({"parts": [p.to_dict() for p in self.parts]}, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> "PrivacyPlan":
+        """Inverse of :meth:`to_json`."""
         return cls(tuple(PlanPart.from_dict(d) for d in json.loads(text)["parts"]))
 
 

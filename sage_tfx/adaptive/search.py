@@ -125,6 +125,7 @@ class IterationRecord:
     outcome: Outcome
 
     def to_dict(self) -> dict:
+        """A JSON-able dict of the record (outcome as its value, blocks as a list)."""
         out = dataclasses.asdict(self)
         out["outcome"] = self.outcome.value
         out["blocks"] = list(self.blocks)
@@ -205,10 +206,12 @@ class AdaptiveSearch:
 
     @property
     def done(self) -> bool:
+        """True once the search reached ACCEPT or gave up."""
         return self.outcome is not None
 
     @property
     def records(self) -> tuple[IterationRecord, ...]:
+        """The iterations run so far, oldest first."""
         return tuple(self._records)
 
     @property

@@ -11,6 +11,7 @@ The paper reproduction is ``sage_tfx.bagging.eval``.
 from sage_tfx.bagging.accounting import (PersonalisedMomentsAccountant, epsilon_of, max_queries,
                                          per_query_epsilon, queries_event, query_event)
 from sage_tfx.bagging.cache import TeacherCache
+from sage_tfx.bagging.cost import cost
 from sage_tfx.bagging.labelling import (NON_DP_OPT_IN, LabellingResult, label_public, noisy_argmax,
                                         train_student)
 from sage_tfx.bagging.partition import chunk_assignment
@@ -25,3 +26,4 @@ __all__ = ["chunk_assignment", "TeacherEnsemble", "train_teachers", "vote_counts
            "TeacherCache", "BaggingConfig", "BaggingResult", "LabelPlan", "fit_dp_bagging",
            "plan_labels", "labels_from_grant", "Purchase", "buy_labels", "LABELS_RELEASE",
            "MODEL_RELEASE", "NON_DP_OPT_IN"]
+__all__ += ["cost"]

@@ -152,7 +152,7 @@ def label_public(ensemble: TeacherEnsemble, X_public: np.ndarray, *, epsilon: fl
       mode: ``"fixed_queries"`` (p fixed from the grant, formally DP) or ``"paper"`` (Alg. 1's
         data-dependent stopping, before the query that would cross ε; reproduction only, not
         formally DP: needs ``accept_not_differentially_private=True``).
-      accountant: ``"best"``, ``"pure"``, ``"rdp"`` or ``"pld"`` (fixed_queries;
+      accountant: ``"best"``, ``"pure"``, ``"rdp"``, ``"pld"`` or ``"br"`` (fixed_queries;
         ``sage_tfx.bagging.votes``).
       votes: ``"laplace"``, ``"gumbel"`` or ``"gaussian"`` noisy-max (fixed_queries; paper mode
         is Laplace only).

@@ -32,8 +32,8 @@ class BaggingConfig:
     """k partitions × n teachers, λ, the vote mechanism, the accounting mode and the teacher.
 
     ``votes``: ``laplace`` (Theorem 1), ``gumbel`` (exponential mechanism, bounded range) or
-    ``gaussian`` (GNMax); ``accountant``: ``best`` (the most labels of the pure-DP, RDP and PLD
-    bounds) or one of them (``sage_tfx.bagging.votes``).
+    ``gaussian`` (GNMax); ``accountant``: ``best`` (the most labels of the pure-DP, RDP, PLD and,
+    for Gumbel, bounded-range bounds) or one of them (``sage_tfx.bagging.votes``).
     """
     k: int
     n: int

@@ -44,6 +44,7 @@ class TeacherEnsemble:
     trees: Optional[tuple] = None
 
     def batch_size(self) -> int:
+        """Public points labelled per batch, so votes of k × n teachers fit in memory."""
         return max(1, _BATCH_VALUES // (self.k * self.n))
 
     def predict(self, X: np.ndarray) -> np.ndarray:

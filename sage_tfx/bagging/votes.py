@@ -16,7 +16,12 @@ class to another, so the count vector n_c(x) changes by at most k in ℓ∞, 2k 
   by the RDP bound. It says nothing about the PLD: a ρ-zCDP mechanism need not be dominated by the
   Gaussian of the same ρ, so the PLD bound of a Gumbel vote is dp_accounting's PLD of a pure
   2λ-DP mechanism (``from_privacy_parameters``), the worst case of every 2λ-DP mechanism.
-  **Never account a Gumbel run's event with a Gaussian PLD.**
+  **Never account a Gumbel run's event with a Gaussian PLD.** Its own bound ``br`` is the optimal
+  composition of 2λ-bounded-range mechanisms (Dong, Durfee & Rogers 2020; the worst-case pair is
+  a randomised response with losses {t − 2λ, t}, maximised over t on a finite grid where the
+  maximum is attained exactly; ``sage_tfx.bagging.bounded_range``), checked against
+  dp_accounting's PLD of that pair. It needs the votes to be non-adaptive, which they are (the
+  public points and teachers are fixed before the first vote).
 * ``gaussian`` (PATE's GNMax): N(0, σ²) with σ = √2·k/λ on every count (OpenDP's
   ``make_gaussian``, ``sage_tfx.dp.noise.gaussian``), then argmax. ℓ2 change √2·k, so the query
   is ``GaussianDpEvent(σ/(√2·k)) = GaussianDpEvent(1/λ)``, ρ = λ²/2 (the noise multiplier is
@@ -25,8 +30,9 @@ class to another, so the count vector n_c(x) changes by at most k in ℓ∞, 2k 
 
 **Bounds.** ``pure``: basic composition, p·ε_q ≤ ε (valid at every δ ≥ 0, including 0); ``rdp``:
 dp_accounting's RDP accountant on ``SelfComposed(query, p)``; ``pld``: dp_accounting's PLD
-(Laplace: the event's PLD; Gumbel: the pure-DP PLD above; Gaussian: the event's PLD).
-Accountant ``best`` answers the largest p any of the three allows; the report names the bound
+(Laplace: the event's PLD; Gumbel: the pure-DP PLD above; Gaussian: the event's PLD); ``br``:
+the bounded-range composition above (Gumbel only).
+Accountant ``best`` answers the largest p any of them allows; the report names the bound
 that gives the smallest ε at that p (the one that "won"). The number p depends on the grant and
 the configuration only, never on data.
 """
@@ -46,18 +52,24 @@ __all__ = ["VOTES", "BOUNDS", "ACCOUNTANTS", "VoteMechanism", "check_votes", "ch
            "draw_labels"]
 
 VOTES = ("laplace", "gumbel", "gaussian")
-BOUNDS = ("pure", "rdp", "pld")
+BOUNDS = ("pure", "rdp", "pld", "br")
 ACCOUNTANTS = ("best",) + BOUNDS
 PLD_DISCRETIZATION = 1e-4
+# ``br`` costs O(p) per evaluation: beyond this many votes (a public set far larger than any
+# bagging run's) it says nothing and ``best`` uses the other bounds — a fixed rule, so p stays a
+# function of the grant and the configuration only
+BR_MAX_QUERIES = 200_000
 
 
 def check_votes(votes) -> str:
+    """``votes`` if it is a known vote mechanism; raises InvalidRequestError otherwise."""
     if votes not in VOTES:
         raise InvalidRequestError(f"votes must be one of {VOTES}, got {votes!r}")
     return votes
 
 
 def check_accountant(accountant) -> str:
+    """``accountant`` if it is known; raises InvalidPrivacyParameterError otherwise."""
     if accountant not in ACCOUNTANTS:
         raise InvalidPrivacyParameterError(
             f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
@@ -133,6 +145,10 @@ def epsilon_of(mech: VoteMechanism, queries: int, delta: float, bound: str) -> f
         return math.inf if mech.pure_epsilon is None else queries * mech.pure_epsilon
     if delta == 0:      # RDP and PLD of these mechanisms give no finite ε at δ = 0 beyond pure
         return math.inf
+    if bound == "br":
+        from sage_tfx.bagging import bounded_range
+        return math.inf if mech.votes != "gumbel" or queries > BR_MAX_QUERIES else \
+            bounded_range.epsilon(mech.pure_epsilon, int(queries), delta)
     if bound == "rdp":
         a = dp_accounting.rdp.RdpAccountant()
         a.compose(queries_event(mech, queries))
@@ -147,14 +163,21 @@ def epsilon_of(mech: VoteMechanism, queries: int, delta: float, bound: str) -> f
     return float(a.get_epsilon(delta))
 
 
-def _bounds(accountant: str):
-    return BOUNDS if check_accountant(accountant) == "best" else (accountant,)
+def _bounds(accountant: str, mech: VoteMechanism = None):
+    """The bounds an accountant tries. ``best`` on Gumbel votes skips the pure-DP PLD: every
+    2λ-BR mechanism is 2λ-DP, so the optimal BR composition (``br``) is never above the optimal
+    2λ-DP composition, which dp_accounting's pessimistic PLD bounds from above (beyond
+    ``BR_MAX_QUERIES`` votes neither is tried: pure and RDP decide)."""
+    if check_accountant(accountant) != "best":
+        return (accountant,)
+    return tuple(b for b in BOUNDS if not (mech is not None and mech.votes == "gumbel"
+                                           and b == "pld"))
 
 
 def best_epsilon(mech: VoteMechanism, queries: int, delta: float,
                  accountant: str = "best") -> tuple[float, str]:
     """(smallest ε at δ over the accountant's bounds, the bound that gives it)."""
-    vals = [(epsilon_of(mech, queries, delta, b), b) for b in _bounds(accountant)]
+    vals = [(epsilon_of(mech, queries, delta, b), b) for b in _bounds(accountant, mech)]
     eps, bound = min(vals, key=lambda v: v[0])
     return eps, bound
 
@@ -163,6 +186,12 @@ def _max_for(mech, bound, epsilon, delta, lo, limit) -> int:
     """Largest p in [lo, limit] with ε_bound(p) ≤ ε, or ``lo`` if none beyond it (lo fits or
     is 0)."""
     fits = lambda p: epsilon_of(mech, p, delta, bound) <= epsilon  # noqa: E731
+    if bound == "br":
+        if mech.votes != "gumbel" or delta == 0:
+            return lo
+        from sage_tfx.bagging import bounded_range
+        fits = lambda p: bounded_range.delta(mech.pure_epsilon, p, epsilon) <= delta  # noqa: E731
+        limit = min(limit, BR_MAX_QUERIES)
     if lo >= limit or not fits(lo + 1):
         return lo
     if bound == "pure":
@@ -188,11 +217,13 @@ def max_queries(mech: VoteMechanism, epsilon: float, delta: float, *, accountant
     accountant (0 when none fits one vote), capped at ``limit``; data-independent."""
     epsilon, delta = check_eps_delta(epsilon, delta)
     p = 0
-    for bound in _bounds(accountant):     # each bound only has to beat the best so far
+    for bound in _bounds(accountant, mech):   # each bound only has to beat the best so far
         p = _max_for(mech, bound, epsilon, delta, p, int(limit))
     if p == 0:
-        return 0, 0.0, _bounds(accountant)[0]
+        return 0, 0.0, _bounds(accountant, mech)[0]
     eps, bound = best_epsilon(mech, p, delta, accountant)
+    if bound == "br" and eps > epsilon:     # only the bisection's tolerance: p was admitted by
+        eps = epsilon                       # bounded_range.delta(p, ε) ≤ δ at the grant's ε
     return p, eps, bound
 
 

@@ -55,10 +55,12 @@ class GLMSpec:
         return self.n_classes * (self.n_features + 1)
 
     def to_dict(self) -> dict:
+        """A JSON-able dict of the model specification."""
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> "GLMSpec":
+        """Inverse of :meth:`to_dict`."""
         return cls(d["family"], int(d["n_features"]), int(d.get("n_classes", 1)))
 
     # -- model algebra --
@@ -76,6 +78,7 @@ class GLMSpec:
         return w
 
     def linear_predictor(self, w: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """The linear predictor x·w (one column per class for the multinomial family)."""
         w = self._check_weights(w)
         xt = self._design(x)
         if self.family == "multinomial":
@@ -169,9 +172,11 @@ class FeatureBounds:
 
     @classmethod
     def of(cls, lower: Sequence[float], upper: Sequence[float]) -> "FeatureBounds":
+        """Bounds from sequences of per-feature lower and upper values."""
         return cls(tuple(float(v) for v in lower), tuple(float(v) for v in upper))
 
     def normalize(self, x: np.ndarray) -> np.ndarray:
+        """Features scaled to [0, 1] by the bounds (values outside are clipped)."""
         x = np.asarray(x, dtype=np.float64)
         lo, hi = np.asarray(self.lower), np.asarray(self.upper)
         if x.ndim != 2 or x.shape[1] != lo.size:

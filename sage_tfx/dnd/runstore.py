@@ -145,6 +145,7 @@ def check_ticket_ttl(ttl) -> float:
 
 
 def ticket_digest(ticket: str) -> str:
+    """SHA-256 hex digest of a ticket (tickets are stored only as digests)."""
     return hashlib.sha256(ticket.encode("utf-8")).hexdigest()
 
 
@@ -195,9 +196,11 @@ class RunStore:
 
     @property
     def kind(self) -> str:
+        """The database kind (``sqlite`` or ``postgresql``)."""
         return self._st.kind
 
     def close(self) -> None:
+        """Closes the database connection."""
         with self._lock:
             self._st.close()
 
@@ -268,6 +271,7 @@ class RunStore:
         return existing, created
 
     def run(self, grant_id: str) -> Optional[RunRow]:
+        """The stored run of ``grant_id``, or None."""
         row = self._read(lambda: self._q(_RUN_COLS, (grant_id,)).fetchone())
         return _run_row(row) if row is not None else None
 

@@ -359,8 +359,8 @@ def build_service(*, ledger_url: str, stream: str, run_id: str, spec: GLMSpec,
     from sage_tfx.ledger import Window, open_ledger
     if not config.private:
         raise ValueError("a served run must add noise (epsilon is None)")
-    # What the ledger will be charged per update must be what OpenDP's privacy map (Laplace) or
-    # dp_accounting (Gaussian) says the clients' sampler delivers at this scale and sensitivity.
+    # What the ledger will be charged per update must cover what the Laplace sampler's proved
+    # bound or dp_accounting (Gaussian) says the clients' sampler delivers.
     check_update_matches_ledger_epsilon(config, spec.dim)
     check_ticket_ttl(ticket_ttl)
 
@@ -391,6 +391,7 @@ def build_service(*, ledger_url: str, stream: str, run_id: str, spec: GLMSpec,
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``sage-tfx dnd serve`` argument parser."""
     p = argparse.ArgumentParser(prog="sage-tfx dnd serve",
                                 description="Serve a Draw-and-Discard run charged to a ledger.")
     flags.add_ledger_argument(
@@ -474,6 +475,7 @@ def fast_server_options() -> dict:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Runs ``sage-tfx dnd serve`` with ``argv``; returns the process exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
     try:

@@ -150,9 +150,11 @@ class DnDService:
 
     @property
     def grant_id(self) -> Optional[str]:
+        """The id of the grant the run is charged under, or None for a denied service."""
         return self.budget.grant.grant_id if self.budget is not None else None
 
     def spec_dict(self) -> dict:
+        """What ``GET /spec`` returns: the model, client configuration, k, passes and noise."""
         out = {"model": self.spec.to_dict(), "client": self.config.to_dict(),
                "dim": self.spec.dim, "k": self.k, "passes": self.passes,
                "ticket_ttl": self.ticket_ttl, "granted": self.budget is not None}

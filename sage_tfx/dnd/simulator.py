@@ -31,6 +31,8 @@ ENCODINGS = ("raw", "framed32", "framed64", "json")
 
 @dataclasses.dataclass
 class SimulationResult:
+    """What a simulated client load did: updates, refusals, errors, time and latencies."""
+
     updates: int            # completed draw + discard round trips
     accepted: int
     refused: int            # draws the server refused (budget)
@@ -41,13 +43,16 @@ class SimulationResult:
 
     @property
     def updates_per_second(self) -> float:
+        """Completed updates per second of wall time."""
         return self.updates / self.seconds if self.seconds > 0 else 0.0
 
     def latency_quantile(self, q: float) -> float:
+        """The ``q`` quantile of the update latencies in seconds (NaN if none completed)."""
         return float(np.quantile(self.latencies, q)) if self.latencies else float("nan")
 
 
 def weights_hash(w: np.ndarray) -> str:
+    """SHA-256 hex digest of a weight vector's wire encoding."""
     return hashlib.sha256(encode(w)).hexdigest()
 
 
@@ -58,6 +63,7 @@ def _check_local(base_url: str) -> None:
 
 
 def bearer(token: str) -> dict:
+    """The HTTP header that authenticates with ``token``."""
     return {"authorization": f"Bearer {token}"}
 
 

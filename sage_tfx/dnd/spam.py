@@ -325,6 +325,7 @@ class SpamCheck:
 
     @property
     def stale_fraction(self) -> float:
+        """The share of instances the installed thresholds allow to be replaced since."""
         return self._cal.stale_fraction if self._cal is not None else 0.0
 
     def key(self, k: int, d: int) -> tuple:
@@ -508,9 +509,12 @@ class SpamCheck:
             from sage_tfx.dnd.noise import GRID_FRACTION
             return cls(config.noise_scale * (1.0 + 1.0 / GRID_FRACTION), step_l2=step,
                        step_linf=step, noise="gaussian", **kwargs)
+        # The Laplace sampler's scale is at most max_scale_ratio above b: the null takes the widest.
+        from sage_tfx.dnd.laplace import max_scale_ratio
+        scale = config.noise_scale * max_scale_ratio(config.epsilon)
         if config.unit == "feature":
-            return cls(config.noise_scale, step_linf=step, tail_shift=step, **kwargs)
-        return cls(config.noise_scale, step_l1=step, step_linf=step, **kwargs)
+            return cls(scale, step_linf=step, tail_shift=step, **kwargs)
+        return cls(scale, step_l1=step, step_linf=step, **kwargs)
 
 
 NORM_FALSE_REJECT = 1e-6  # the norm bound's tail: P(an honest update exceeds it) ≤ this
@@ -531,8 +535,10 @@ class NormBound:
       Limit: γC₂ + σ(√d + t) + g√d/2, σ the sampler's std (:meth:`ClientConfig.sampler_std`).
     * model unit (L1): the step is ≤ γC in L1; the noise's L1 norm is a sum of d |Laplace(b)|,
       Gamma(d, b) exactly: its (1 − α) quantile. Feature unit: the step is ≤ γC per weight,
-      γC·d in L1, plus the same quantile. OpenDP's Laplace rounds onto a grid finer than 2⁻⁵⁰
-      relative: a 10⁻⁶ relative margin covers it.
+      γC·d in L1, plus the same quantile. The sampler (:mod:`sage_tfx.dnd.laplace`) adds
+      g·(q − x/g + z), z discrete Laplace of scale t = T/ln 2 steps: P(|z| ≥ m) =
+      2pᵐ/(1 + p) ≤ e^(−(m−1)/t), so |z| ≤ |L| + 1 stochastically with L ~ Laplace(t), and the
+      rounding adds ≤ g/2 per weight: the quantile of Gamma(d, g·t) plus 1.5·d·g.
 
     α = :data:`NORM_FALSE_REJECT` (10⁻⁶): the share of honest updates refused. The bound is public
     (it follows from the run's published parameters); it caps what one accepted update can move
@@ -562,7 +568,11 @@ class NormBound:
             noise = sigma * (math.sqrt(dim) + t) + 0.5 * grid.step * math.sqrt(dim)
             step = config.gamma * config.clip
             return cls("l2", step + noise, step, noise, alpha)
-        noise = float(stats.gamma.isf(alpha, dim, scale=config.noise_scale)) * (1.0 + 1e-6)
+        from sage_tfx.dnd.laplace import laplace_grid
+        grid = laplace_grid(config.l1_sensitivity(dim), config.update_epsilon(dim), dim)
+        t = grid.period / math.log(2.0)
+        noise = (float(stats.gamma.isf(alpha, dim, scale=grid.step * t)) * (1.0 + 1e-6)
+                 + 1.5 * dim * grid.step)
         step = config.gamma * config.clip * (dim if config.unit == "feature" else 1)
         return cls("l1", step + noise, step, noise, alpha)
 

@@ -118,10 +118,12 @@ class DnDState:
 
     @property
     def k(self) -> int:
+        """Number of model instances."""
         return len(self._slots)
 
     @property
     def dim(self) -> int:
+        """Number of weights per instance."""
         return self._slots[0].size
 
     def draw(self) -> tuple[Ticket, np.ndarray]:

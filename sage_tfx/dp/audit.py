@@ -336,6 +336,7 @@ class MembershipInference:
     num_heldout: int
 
     def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict of the attack result, marked as not a DP claim."""
         return {**dataclasses.asdict(self),
                 "attack": ("loss threshold: TF Privacy 0.8.12 THRESHOLD_ATTACK's ROC, AUC and "
                            "advantage, computed with scikit-learn (0.9.0 lacks privacy_tests)"),
@@ -404,6 +405,7 @@ class OneRunAudit:
     beta: float
 
     def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict of the audit."""
         return dataclasses.asdict(self)
 
 

@@ -230,6 +230,7 @@ class CountTable:
         self.counts: dict[bytes, np.ndarray] = {}
 
     def add(self, keys: Sequence[Any], labels: Any) -> None:
+        """Counts each (key, label) pair."""
         lab = _labels(labels, self.n_labels, len(keys))
         for key, l in zip(keys, lab):
             enc = encode_key(key)
@@ -274,6 +275,7 @@ class DomainTable:
         return np.array([self.index.get(encode_key(k), -1) for k in keys], dtype=np.int64)
 
     def add(self, keys: Sequence[Any], labels: Any) -> None:
+        """Counts each (key, label) pair whose key is in the domain (others are dropped)."""
         lab = _labels(labels, self.n_labels, len(keys))
         pos = self.positions(keys)
         keep = pos >= 0
@@ -350,6 +352,7 @@ class CountSketch:
     @staticmethod
     def estimate_cells(cells: np.ndarray, buckets: np.ndarray, signs: np.ndarray,
                        kind: str) -> np.ndarray:
+        """Count estimates from sketch ``cells``: the minimum or median over the rows."""
         rows = np.arange(cells.shape[0])
         vals = cells[rows[None, :], buckets] * signs[:, :, None]        # n × depth × labels
         if kind == COUNT_MIN:

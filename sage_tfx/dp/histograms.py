@@ -59,15 +59,19 @@ class HistogramQuery(Query):
         object.__setattr__(self, "epsilon", check_epsilon(self.epsilon))
 
     def zero(self) -> np.ndarray:
+        """An empty histogram (the aggregation's identity)."""
         return np.zeros(len(self.bin_edges) - 1)
 
     def aggregate(self, *columns: np.ndarray) -> np.ndarray:
+        """Exact bin counts of ``columns[0]``."""
         return _bin_counts(columns[0], self.bin_edges)
 
     def release(self, total: np.ndarray, noise: NoiseSource | None = None) -> Value:
+        """The counts with Laplace noise of sensitivity 1 at ``epsilon``."""
         return LaplaceMechanism(self.epsilon, 1.0).add_noise(total, noise)
 
     def dp_event(self) -> dp_accounting.DpEvent:
+        """The Laplace DpEvent the release spends."""
         return LaplaceMechanism(self.epsilon, 1.0).dp_event()
 
 
@@ -110,6 +114,7 @@ class MinMaxQuery(Query):
 
     @property
     def bin_edges(self) -> tuple[float, ...]:
+        """The public bin edges, evenly spaced over [lower, upper]."""
         return tuple(float(e) for e in np.linspace(self.lower, self.upper, self.num_bins + 1))
 
     @property
@@ -119,12 +124,15 @@ class MinMaxQuery(Query):
         return scale * max(0.0, math.log(self.num_bins / (2.0 * self.failure_probability)))
 
     def zero(self) -> np.ndarray:
+        """Empty bin counts (the aggregation's identity)."""
         return np.zeros(self.num_bins)
 
     def aggregate(self, *columns: np.ndarray) -> np.ndarray:
+        """Exact bin counts of ``columns[0]``."""
         return _bin_counts(columns[0], self.bin_edges)
 
     def release(self, total: np.ndarray, noise: NoiseSource | None = None) -> Value:
+        """[min, max]: edges of the first and last bins whose noisy count passes the threshold."""
         noisy = np.asarray(LaplaceMechanism(self.epsilon, 1.0).add_noise(total, noise))
         occupied = np.flatnonzero(noisy > self.threshold)
         if occupied.size == 0:
@@ -133,6 +141,7 @@ class MinMaxQuery(Query):
         return np.array([edges[occupied[0]], edges[occupied[-1] + 1]])
 
     def dp_event(self) -> dp_accounting.DpEvent:
+        """The Laplace DpEvent the release spends."""
         return LaplaceMechanism(self.epsilon, 1.0).dp_event()
 
 
@@ -164,15 +173,19 @@ class QuantilesQuery(Query):
 
     @property
     def bin_edges(self) -> tuple[float, ...]:
+        """The public bin edges, evenly spaced over [lower, upper]."""
         return tuple(float(e) for e in np.linspace(self.lower, self.upper, self.num_bins + 1))
 
     def zero(self) -> np.ndarray:
+        """Empty bin counts (the aggregation's identity)."""
         return np.zeros(self.num_bins)
 
     def aggregate(self, *columns: np.ndarray) -> np.ndarray:
+        """Exact bin counts of ``columns[0]``."""
         return _bin_counts(columns[0], self.bin_edges)
 
     def release(self, total: np.ndarray, noise: NoiseSource | None = None) -> Value:
+        """The quantiles, interpolated in the noisy cumulative histogram."""
         noisy = np.asarray(LaplaceMechanism(self.epsilon, 1.0).add_noise(total, noise))
         counts = np.maximum(noisy, 0.0)
         qs = np.asarray(self.quantiles)
@@ -190,6 +203,7 @@ class QuantilesQuery(Query):
         return np.clip(edges[bins] + np.clip(fraction, 0.0, 1.0) * width, self.lower, self.upper)
 
     def dp_event(self) -> dp_accounting.DpEvent:
+        """The Laplace DpEvent the release spends."""
         return LaplaceMechanism(self.epsilon, 1.0).dp_event()
 
 

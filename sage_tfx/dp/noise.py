@@ -223,11 +223,15 @@ class SeededNoise:
         self.rng = rng if rng is not None else np.random.default_rng(seed)
 
     def laplace(self, values: ArrayLike, scale: float):
+        """``values`` plus Laplace noise of ``scale`` from the seeded generator (experiments and
+        tests only)."""
         scale = _check_scale(scale, "scale")
         arr = _float_values(values)
         return _scalar_or_array(arr + self.rng.laplace(0.0, scale, size=arr.shape), False)
 
     def gaussian(self, values: ArrayLike, sigma: float):
+        """``values`` plus Gaussian noise of std ``sigma`` from the seeded generator (experiments
+        and tests only)."""
         sigma = _check_scale(sigma, "sigma")
         arr = _float_values(values)
         return _scalar_or_array(arr + self.rng.normal(0.0, sigma, size=arr.shape), False)

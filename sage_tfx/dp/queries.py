@@ -157,15 +157,19 @@ class CountQuery(Query):
         object.__setattr__(self, "epsilon", check_epsilon(self.epsilon))
 
     def zero(self) -> np.ndarray:
+        """A zero count (the aggregation's identity)."""
         return np.zeros(1)
 
     def aggregate(self, *columns: np.ndarray) -> np.ndarray:
+        """The exact number of records."""
         return np.array([float(len(np.asarray(columns[0])))])
 
     def release(self, total: np.ndarray, noise: NoiseSource | None = None) -> Value:
+        """The count with Laplace noise of sensitivity 1 at ``epsilon``."""
         return LaplaceMechanism(self.epsilon, 1.0).add_noise(total[0], noise)
 
     def dp_event(self) -> dp_accounting.DpEvent:
+        """The Laplace DpEvent the release spends."""
         return LaplaceMechanism(self.epsilon, 1.0).dp_event()
 
 
@@ -185,20 +189,25 @@ class SumQuery(Query):
 
     @property
     def mechanism(self) -> LaplaceMechanism:
+        """The Laplace mechanism of sensitivity max(|lower|, |upper|) at ``epsilon``."""
         return LaplaceMechanism(self.epsilon, max(abs(self.lower), abs(self.upper)))
 
     def zero(self) -> np.ndarray:
+        """A zero sum (the aggregation's identity)."""
         return np.zeros(1)
 
     def aggregate(self, *columns: np.ndarray) -> np.ndarray:
+        """The exact sum of the values clipped to [lower, upper] (NaNs dropped)."""
         x = record_values(columns[0])
         x = x[~np.isnan(x)]
         return np.array([np.clip(x, self.lower, self.upper).sum()])
 
     def release(self, total: np.ndarray, noise: NoiseSource | None = None) -> Value:
+        """The sum with the mechanism's Laplace noise."""
         return self.mechanism.add_noise(total[0], noise)
 
     def dp_event(self) -> dp_accounting.DpEvent:
+        """The Laplace DpEvent the release spends."""
         return self.mechanism.dp_event()
 
 
@@ -241,19 +250,23 @@ class MeanQuery(Query):
         object.__setattr__(self, "epsilon", check_epsilon(self.epsilon))
 
     def zero(self) -> np.ndarray:
+        """A zero (centred sum, count) pair."""
         return np.zeros(2)
 
     def aggregate(self, *columns: np.ndarray) -> np.ndarray:
+        """The exact centred sum of the clipped values and their count."""
         x = record_values(columns[0])
         x = np.clip(x[~np.isnan(x)], self.lower, self.upper)
         midpoint = (self.lower + self.upper) / 2.0
         return np.array([(x - midpoint).sum(), float(x.size)])
 
     def release(self, total: np.ndarray, noise: NoiseSource | None = None) -> Value:
+        """The noisy mean, in [lower, upper]."""
         means = _noisy_means(total[:1], total[1:], self.lower, self.upper, self.epsilon, noise)
         return float(means[0])
 
     def dp_event(self) -> dp_accounting.DpEvent:
+        """The DpEvent of the noisy sum and count together."""
         return _mean_event(self.epsilon, self.lower, self.upper)
 
 
@@ -274,16 +287,20 @@ class GroupByCountQuery(Query):
         object.__setattr__(self, "epsilon", check_epsilon(self.epsilon))
 
     def zero(self) -> np.ndarray:
+        """Zero counts, one per key of the domain."""
         return np.zeros(len(self.key_domain))
 
     def aggregate(self, *columns: np.ndarray) -> np.ndarray:
+        """Exact counts per key of the public domain (keys outside it are dropped)."""
         idx = _key_indices(columns[0], self.key_domain)
         return np.bincount(idx[idx >= 0], minlength=len(self.key_domain)).astype(np.float64)
 
     def release(self, total: np.ndarray, noise: NoiseSource | None = None) -> Value:
+        """The counts with Laplace noise of sensitivity 1 at ``epsilon``."""
         return LaplaceMechanism(self.epsilon, 1.0).add_noise(total, noise)
 
     def dp_event(self) -> dp_accounting.DpEvent:
+        """The Laplace DpEvent the release spends."""
         return LaplaceMechanism(self.epsilon, 1.0).dp_event()
 
 
@@ -305,12 +322,15 @@ class GroupBySumQuery(Query):
 
     @property
     def mechanism(self) -> LaplaceMechanism:
+        """The Laplace mechanism of sensitivity max(|lower|, |upper|) at ``epsilon``."""
         return LaplaceMechanism(self.epsilon, max(abs(self.lower), abs(self.upper)))
 
     def zero(self) -> np.ndarray:
+        """Zero sums, one per key of the domain."""
         return np.zeros(len(self.key_domain))
 
     def aggregate(self, *columns: np.ndarray) -> np.ndarray:
+        """Exact sums of the clipped values per key of the public domain."""
         idx = _key_indices(columns[0], self.key_domain)
         x = record_values(columns[1])
         if x.shape != idx.shape:
@@ -320,9 +340,11 @@ class GroupBySumQuery(Query):
                            minlength=len(self.key_domain)).astype(np.float64)
 
     def release(self, total: np.ndarray, noise: NoiseSource | None = None) -> Value:
+        """The sums with the mechanism's Laplace noise."""
         return self.mechanism.add_noise(total, noise)
 
     def dp_event(self) -> dp_accounting.DpEvent:
+        """The Laplace DpEvent the release spends."""
         return self.mechanism.dp_event()
 
 
@@ -349,9 +371,11 @@ class GroupByMeanQuery(Query):
         object.__setattr__(self, "epsilon", check_epsilon(self.epsilon))
 
     def zero(self) -> np.ndarray:
+        """Zero (centred sum, count) pairs, one per key of the domain."""
         return np.zeros(2 * len(self.key_domain))
 
     def aggregate(self, *columns: np.ndarray) -> np.ndarray:
+        """Exact centred sums and counts per key of the public domain."""
         idx = _key_indices(columns[0], self.key_domain)
         x = record_values(columns[1])
         if x.shape != idx.shape:
@@ -365,10 +389,12 @@ class GroupByMeanQuery(Query):
         return np.concatenate([sums, counts]).astype(np.float64)
 
     def release(self, total: np.ndarray, noise: NoiseSource | None = None) -> Value:
+        """The noisy means per key, each in [lower, upper]."""
         k = len(self.key_domain)
         return _noisy_means(total[:k], total[k:], self.lower, self.upper, self.epsilon, noise)
 
     def dp_event(self) -> dp_accounting.DpEvent:
+        """The DpEvent of the noisy sums and counts together."""
         return _mean_event(self.epsilon, self.lower, self.upper)
 
 

@@ -225,10 +225,12 @@ class PipelineRuns:
 
     @property
     def runs(self) -> int:
+        """Number of simulated runs."""
         return int(self.loss_sum.shape[0])
 
     @property
     def variant(self) -> str:
+        """A readable name of the variant (block size and training)."""
         if self.block_rows == 0:
             return "Sage (combined blocks)"
         what = {COMBINED: "validation only", AVERAGE_MODELS: "models averaged",

@@ -159,6 +159,7 @@ class SimulationResult:
         return sum(p.release_step is None for p in self.measured())
 
     def released_fraction(self) -> float:
+        """Fraction of measured pipelines released within the simulation."""
         m = self.measured()
         return (len(m) - self.censored()) / len(m) if m else math.nan
 
@@ -169,6 +170,7 @@ class SimulationResult:
         return spent / released if released else math.inf
 
     def summary(self) -> dict:
+        """A JSON-able summary of the simulation."""
         return {
             "strategy": self.strategy, "arrival_rate": self.config.arrival_rate,
             "seed": self.config.seed, "steps": self.config.steps,

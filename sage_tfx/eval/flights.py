@@ -68,10 +68,12 @@ class Tab2Data:
 
     @property
     def n_pool(self) -> int:
+        """Rows of the training pool."""
         return int(self.pool_x.shape[0])
 
     @property
     def n_heldout(self) -> int:
+        """Rows of the held-out set."""
         return int(self.heldout_x.shape[0])
 
 

@@ -110,9 +110,11 @@ class Tab2Config:
     chunk_runs: int = 50
 
     def n_test(self, step: Step) -> int:
+        """Test rows of ``step``."""
         return max(1, int(round(self.test_fraction * step.n_total)))
 
     def n_train(self, step: Step) -> int:
+        """Training rows of ``step``."""
         return step.n_total - self.n_test(step)
 
 
@@ -136,10 +138,12 @@ class Cells:
 
     @property
     def runs(self) -> int:
+        """Number of simulated runs."""
         return int(next(iter(self.task_arrays.values()))["loss_sum"].shape[0])
 
     @staticmethod
     def concatenate(parts: Sequence["Cells"]) -> "Cells":
+        """``parts`` joined run-wise (same cells, more runs)."""
         first = parts[0]
         arrays = {task: {key: np.concatenate([p.task_arrays[task][key] for p in parts])
                          for key in first.task_arrays[task]} for task in first.task_arrays}

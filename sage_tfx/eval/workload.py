@@ -90,9 +90,11 @@ class SampleComplexity:
     name: str = ""
 
     def samples_needed(self, epsilon: float) -> float:
+        """Samples needed at ``epsilon``: a / ε + b."""
         return self.a / epsilon + self.b
 
     def accepts(self, samples: float, epsilon: float) -> bool:
+        """True if ``samples`` suffice at ``epsilon``."""
         return samples >= self.samples_needed(epsilon)
 
 
@@ -138,6 +140,7 @@ class PowerLaw:
         return self.x_min / (1.0 - u * (1.0 - ratio)) ** (1.0 / self.shape)
 
     def mean(self) -> float:
+        """The mean of the truncated power law."""
         lo, hi, k = self.x_min, self.x_max, self.shape
         if lo == hi:
             return lo
@@ -292,6 +295,7 @@ class WorkloadConfig:
             raise InvalidRequestError("need 0 ≤ warmup, cooldown and warmup + cooldown < steps")
 
     def replace(self, **changes) -> "WorkloadConfig":
+        """A copy with ``changes``."""
         return dataclasses.replace(self, **changes)
 
 

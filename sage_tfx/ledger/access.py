@@ -67,6 +67,7 @@ class Principal:
     pg_role: Optional[str] = None
 
     def has(self, role: str) -> bool:
+        """True if the principal holds ``role``."""
         return role in self.roles
 
 
@@ -225,6 +226,7 @@ class AccessMixin:
         return self._store.read(lambda: lookup(self._store, token))
 
     def principals(self) -> list[Principal]:
+        """Every principal, by name (needs CONFIGURE)."""
         self.authorize(CONFIGURE)
         return [_principal(r) for r in self._store.q(_COLS + "ORDER BY name").fetchall()]
 

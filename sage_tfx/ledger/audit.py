@@ -35,6 +35,8 @@ GENESIS_HASH = "0" * 64
 
 @dataclasses.dataclass(frozen=True)
 class AuditEntry:
+    """One hash-chained audit log entry."""
+
     seq: int
     ts: str
     stream: Optional[str]

@@ -67,6 +67,7 @@ class Ledger(AccessMixin, ReleaseMixin, LeaseMixin, AuditMixin, BlockKeyMixin):
         self._streams: dict[str, Stream] = {}
 
     def close(self) -> None:
+        """Closes the ledger's database connection."""
         self._store.close()
 
     def __enter__(self) -> "Ledger":
@@ -161,6 +162,7 @@ class Ledger(AccessMixin, ReleaseMixin, LeaseMixin, AuditMixin, BlockKeyMixin):
         return stream
 
     def streams(self) -> list[Stream]:
+        """Every stream of the ledger, by name."""
         names = [r[0] for r in self._q("SELECT stream FROM streams ORDER BY stream").fetchall()]
         return [self.stream(n) for n in names]
 
@@ -215,8 +217,7 @@ class Ledger(AccessMixin, ReleaseMixin, LeaseMixin, AuditMixin, BlockKeyMixin):
                            "records", "created_at"),
                 [(stream, sp.block_id, next_seq + k, sp.location, sp.start, sp.end, sp.records,
                   ts) for k, sp in enumerate(specs)])
-            self._store.add_budgets(stream, s.contexts, next_seq, len(specs),
-                                    budget.zero_curve(s))
+            self._store.add_budgets(stream, s.contexts, next_seq, len(specs), budget.zero_curve(s))
             self._q("UPDATE streams SET next_seq = ? WHERE stream = ?",
                     (next_seq + len(specs), stream))
             self._insert_block_keys(stream, specs, ts)  # encrypted blocks' keys, with the blocks
@@ -248,6 +249,7 @@ class Ledger(AccessMixin, ReleaseMixin, LeaseMixin, AuditMixin, BlockKeyMixin):
         return [rows.block_state(s, r) for r in found]
 
     def block(self, stream: str, block_id: str, context: str = DEFAULT_CONTEXT) -> BlockState:
+        """The budget state of one block in ``context``. Raises UnknownBlockError."""
         s = self.stream(stream)
         self._context(s, context)
         self.authorize(access.READ, stream=stream, context=context)
@@ -462,8 +464,7 @@ class Ledger(AccessMixin, ReleaseMixin, LeaseMixin, AuditMixin, BlockKeyMixin):
                 "delta, event, blocks, status, created_at, released_at, principal) "
                 "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (grant_id, s.name, context, run_id, request_text, s.mode, eps, dlt, event_json,
-                 json.dumps(block_ids), status, ts, ts if release else None,
-                 self._store.principal))
+                 json.dumps(block_ids), status, ts, ts if release else None, self._store.principal))
         self._audit(s.name, "grant", {
             "grant_id": grant_id, "run_id": run_id, "context": context, "blocks": block_ids,
             "epsilon": eps, "delta": dlt,
@@ -475,8 +476,7 @@ class Ledger(AccessMixin, ReleaseMixin, LeaseMixin, AuditMixin, BlockKeyMixin):
         return Grant(grant_id, run_id, s.name, context, s.mode, eps, dlt,
                      accounting.event_from_json(event_json) if event_json else None,
                      tuple(GrantedBlock(r.block_id, r.location if release else None)
-                           for r in chosen),
-                     status, ts)
+                           for r in chosen), status, ts)
 
     # -- grants --
 
@@ -505,6 +505,7 @@ class Ledger(AccessMixin, ReleaseMixin, LeaseMixin, AuditMixin, BlockKeyMixin):
         return g
 
     def grant_for_run(self, stream: str, run_id: str) -> Optional[Grant]:
+        """The grant made for ``run_id`` on ``stream``, or None (what a replay finds)."""
         row = self._q("SELECT grant_id FROM grants WHERE stream = ? AND run_id = ?",
                       (stream, run_id)).fetchone()
         return self.grant(row[0]) if row else None  # the one column

@@ -166,12 +166,15 @@ class LocalKeyFile(KeyProvider):
         self._loaded = None
 
     def aead(self):
+        """The Tink AEAD of the current key-encryption key."""
         return self._state()[0]
 
     def version(self) -> str:
+        """The current KEK version, as a string."""
         return str(self._state()[1])
 
     def previous_versions(self) -> int:
+        """Number of earlier KEK versions still kept in the file."""
         return self._state()[2] - 1
 
     def rotate(self) -> None:
@@ -253,6 +256,7 @@ class DataKey:
 
     @classmethod
     def new(cls) -> "DataKey":
+        """A fresh data key (streaming AEAD AES256_GCM_HKDF_1MB)."""
         tink = _tink()
         from tink import streaming_aead
         return cls(tink.new_keyset_handle(
@@ -284,12 +288,14 @@ class DataKey:
         return self._primitive.new_decrypting_stream(fileobj, aad)
 
     def encrypt(self, plaintext: bytes, aad: bytes) -> bytes:
+        """``plaintext`` encrypted with this key, bound to ``aad``."""
         out = _Kept()
         with self.encrypting(out, aad) as w:
             w.write(plaintext)
         return out.getvalue()
 
     def decrypt(self, ciphertext: bytes, aad: bytes) -> bytes:
+        """Inverse of :meth:`encrypt`. Raises if the ciphertext or ``aad`` does not match."""
         with self.decrypting(io.BytesIO(ciphertext), aad) as r:
             return r.read()
 

@@ -50,6 +50,8 @@ class WriterPlan:
 
 @dataclasses.dataclass(frozen=True)
 class WriterResult:
+    """One writer process's results: grants, denials, latencies and peak memory."""
+
     writer: int
     granted: list  # (run_id, grant_id, block_ids, epsilon)
     denied: int

@@ -450,6 +450,7 @@ def _ident(conn, name: str) -> str:
 
 
 def role_exists(conn, role: str) -> bool:
+    """True if the PostgreSQL role ``role`` exists."""
     return conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone() is not None
 
 

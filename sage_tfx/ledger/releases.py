@@ -75,6 +75,7 @@ def check_release_name(name) -> str:
 
 
 def digest_bytes(data: bytes) -> str:
+    """SHA-256 hex digest of ``data`` (a release's digest)."""
     return hashlib.sha256(data).hexdigest()
 
 

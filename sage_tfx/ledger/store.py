@@ -250,6 +250,7 @@ class Store:
         return self.backend.kind
 
     def close(self) -> None:
+        """Closes the connection and the SQLite lock and WAL file descriptors."""
         self.conn.close()
         for name in ("_lock_fd", "_wal_fd"):
             fd = getattr(self.backend, name, None)

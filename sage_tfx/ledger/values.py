@@ -106,6 +106,7 @@ class BlockState:
 
     @property
     def active(self) -> bool:
+        """True if the block can still be granted."""
         return self.status == ACTIVE
 
 
@@ -134,6 +135,7 @@ class Grant:
 
     @property
     def block_ids(self) -> tuple[str, ...]:
+        """The granted block ids, in grant order."""
         return tuple(b.block_id for b in self.blocks)
 
     @property
@@ -148,6 +150,7 @@ class Grant:
         return tuple(b.location for b in self.blocks)  # type: ignore[misc]
 
     def to_dict(self) -> dict:
+        """A JSON-able dict of the grant (the event serialized by the ledger's accounting)."""
         return {
             "grant_id": self.grant_id, "run_id": self.run_id, "stream": self.stream,
             "context": self.context, "mode": self.mode, "epsilon": self.epsilon,
@@ -158,10 +161,12 @@ class Grant:
         }
 
     def to_json(self) -> str:
+        """Canonical JSON of the grant (sorted keys)."""
         return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
     def from_dict(cls, d: dict) -> "Grant":
+        """Inverse of :meth:`to_dict`."""
         return cls(
             grant_id=d["grant_id"], run_id=d["run_id"], stream=d["stream"],
             context=d["context"], mode=d["mode"], epsilon=d["epsilon"], delta=d["delta"],
@@ -171,6 +176,7 @@ class Grant:
 
     @classmethod
     def from_json(cls, text: str) -> "Grant":
+        """Inverse of :meth:`to_json`."""
         return cls.from_dict(json.loads(text))
 
 
@@ -205,5 +211,6 @@ class Window:
 
     @property
     def required(self) -> int:
+        """The fewest blocks the window needs (``min_blocks``, else ``last``)."""
         return self.last if self.min_blocks is None else self.min_blocks
 

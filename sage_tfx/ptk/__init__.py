@@ -14,6 +14,7 @@ from sage_tfx.ptk.abstraction import (PTK, FunctionReferenceError, PerformanceTa
                                       PrivacyCharge, PTKType, SubscriberError,
                                       UnaccountableEventError, UnknownPTKError)
 from sage_tfx.ptk.allocator import Allocation, Option, allocate
+from sage_tfx.ptk.cost import cost
 from sage_tfx.ptk.registry import TypeRegistry, UnknownPTKTypeError, default_registry
 from sage_tfx.ptk.store import PTKStore, Reject, StoreConfig
 
@@ -21,3 +22,4 @@ __all__ = ["PTK", "PTKType", "PrivacyCharge", "PTKStore", "StoreConfig", "Reject
            "Allocation", "Option", "UnknownPTKError", "FunctionReferenceError",
            "UnaccountableEventError", "PerformanceTargetError", "SubscriberError", "TypeRegistry",
            "UnknownPTKTypeError", "default_registry"]
+__all__ += ["cost"]

@@ -58,14 +58,20 @@ class RegisterRequest(_Body):
 
 
 class ConfigUpdate(_Body):
+    """Body of a PTK configuration update."""
+
     config: Config
 
 
 class TauUpdate(_Body):
+    """Body of a performance-target (τ) update."""
+
     tau: Tau
 
 
 class Subscription(_Body):
+    """Body of a subscription: the http(s) endpoint notified of new versions."""
+
     endpoint: Annotated[str, Field(pattern=r"^https?://[^\s]+$", max_length=2048)]
 
 

@@ -115,6 +115,7 @@ class LakeDB:
                        "train_dp_ref = ?", (name, f"sage_tfx.ptk.kernels.{name}:train_dp"))
 
     def q(self, sql: str, params: Sequence = ()):
+        """Runs ``sql`` (``?`` placeholders) with ``params``; returns the cursor."""
         if self.kind == "postgresql":
             sql = sql.replace("?", "%s")
         with self._lock:
@@ -146,6 +147,7 @@ class LakeDB:
         return _Txn()
 
     def close(self) -> None:
+        """Closes the database connection."""
         self.conn.close()
 
 
@@ -166,16 +168,19 @@ class Lake:
         self.db = LakeDB(url)
 
     def close(self) -> None:
+        """Closes the database connection."""
         self.db.close()
 
     # --- registry -------------------------------------------------------------------------
     def insert_ptk(self, rec: dict) -> None:
+        """Inserts a PTK registry row."""
         vals = [json.dumps(rec[c]) if c in JSON_COLS and rec.get(c) is not None else rec.get(c)
                 for c in REGISTRY_COLS]
         self.db.q(f"INSERT INTO ptk_registry ({', '.join(REGISTRY_COLS)}) VALUES "
                   f"({', '.join('?' * len(REGISTRY_COLS))})", vals)
 
     def update_ptk(self, ptk_id: str, **fields) -> None:
+        """Updates fields of a PTK registry row (JSON columns encoded)."""
         sets = ", ".join(f"{k} = ?" for k in fields) + ", updated_at = ?"
         vals = [json.dumps(v) if k in JSON_COLS else v for k, v in fields.items()]
         self.db.q(f"UPDATE ptk_registry SET {sets} WHERE ptk_id = ?", [*vals, now(), ptk_id])
@@ -229,6 +234,7 @@ class Lake:
 
     # --- subscriptions and outbox ---------------------------------------------------------
     def subscribe(self, ptk_id: str, endpoint: str) -> None:
+        """Subscribes ``endpoint`` to new versions of ``ptk_id`` (once)."""
         with self.db.transaction():
             if self.db.q("SELECT 1 FROM ptk_subscriptions WHERE ptk_id = ? AND endpoint = ?",
                           (ptk_id, endpoint)).fetchone() is None:
@@ -236,6 +242,7 @@ class Lake:
                           "VALUES (?, ?, ?)", (ptk_id, endpoint, now()))
 
     def subscribers(self, ptk_id: str) -> list[str]:
+        """The endpoints subscribed to ``ptk_id``."""
         return [r[0] for r in self.db.q("SELECT endpoint FROM ptk_subscriptions WHERE ptk_id = ? "
                                         "ORDER BY endpoint", (ptk_id,)).fetchall()]
 
@@ -250,12 +257,14 @@ class Lake:
                               (ptk_id, version, ep, now()))
 
     def pending(self) -> list[tuple[str, int, str, int]]:
+        """Undelivered notifications: (ptk_id, version, endpoint, attempts)."""
         return [tuple(r) for r in self.db.q(
             "SELECT ptk_id, version, endpoint, attempts FROM ptk_outbox WHERE status = 'pending' "
             "ORDER BY ptk_id, version, endpoint").fetchall()]
 
     def mark(self, ptk_id: str, version: int, endpoint: str, status: str,
              error: Optional[str] = None) -> None:
+        """Records a delivery attempt of a notification and its new status."""
         self.db.q("UPDATE ptk_outbox SET status = ?, attempts = attempts + 1, last_error = ?, "
                   "updated_at = ? WHERE ptk_id = ? AND version = ? AND endpoint = ?",
                   (status, error, now(), ptk_id, version, endpoint))
@@ -307,6 +316,7 @@ class Lake:
             return prior
 
     def set_profile_status(self, run_id: str, status: str) -> None:
+        """Sets the status of a profile run."""
         self.db.q("UPDATE ptk_profiles SET status = ? WHERE run_id = ?", (status, run_id))
 
     def pending_profiles(self, window_index: int) -> list[dict]:
@@ -330,10 +340,12 @@ class Lake:
                                     "window_index = ?", (window_index,)).fetchone())
 
     def open_windows(self) -> list[int]:
+        """Indices of the open windows, oldest first."""
         return [r[0] for r in self.db.q("SELECT window_index FROM ptk_windows WHERE status = "
                                         "'open' ORDER BY window_index").fetchall()]
 
     def last_window(self) -> Optional[int]:
+        """The highest window index, or None if there is none."""
         return self.db.q("SELECT MAX(window_index) FROM ptk_windows").fetchone()[0]
 
     def close_window(self, window_index: int, remove: Callable[[str], Any] = os.remove) -> None:
@@ -368,4 +380,5 @@ class Lake:
         return None if row is None else (row[0], row[1])
 
     def drop_window_key(self, window_index: int) -> None:
+        """Deletes the data key of a window (its files can no longer be read)."""
         self.db.q("DELETE FROM ptk_window_keys WHERE window_index = ?", (window_index,))

@@ -19,6 +19,7 @@ from sage_tfx.ptk.abstraction import SubscriberError
 
 
 def check_endpoint(endpoint: str) -> str:
+    """``endpoint`` if it is an http(s) URL with a host; raises SubscriberError otherwise."""
     try:
         u = urlparse(endpoint) if isinstance(endpoint, str) else None
         if u is not None:
@@ -32,6 +33,8 @@ def check_endpoint(endpoint: str) -> str:
 
 
 class Notifier:
+    """Delivers the lake's outbox of new-version notifications over HTTP, with retries."""
+
     def __init__(self, lake, *, attempts: int = 3, max_attempts: int = 10, backoff: float = 0.05,
                  timeout: float = 5.0):
         self.lake = lake
@@ -40,6 +43,7 @@ class Notifier:
         self.client = httpx.Client(timeout=timeout)
 
     def close(self) -> None:
+        """Closes the HTTP client."""
         self.client.close()
 
     def _post(self, endpoint: str, body: dict) -> Optional[str]:

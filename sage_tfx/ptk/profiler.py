@@ -62,10 +62,12 @@ class ProfileParams:
 
     @property
     def T(self) -> int:  # noqa: N802 - the paper's name
+        """Number of doubling steps, ⌊log2 n_max⌋ (Fig. 3's T)."""
         return int(math.floor(math.log2(self.n_max)))
 
     @property
     def m(self) -> int:
+        """Size of the validation set V_m (Fig. 3's m). Raises InvalidRequestError if unbounded."""
         t = self.tau
         try:
             m = 2 * (t ** -2 + 1 / (self.epsilon * t)) * math.log(100 * self.T)
@@ -78,6 +80,7 @@ class ProfileParams:
         return int(math.ceil(m))
 
     def delta_star(self, n: int) -> float:
+        """The confidence radius δ*_n = sqrt(ln(100 T) / (2 n)) at n samples."""
         return math.sqrt(math.log(100 * self.T) / (2 * n))
 
     def records_needed(self, with_erm: bool = True) -> int:
@@ -87,6 +90,8 @@ class ProfileParams:
 
 @dataclasses.dataclass(frozen=True)
 class ProfileStep:
+    """One profiling step: n and the loss bounds found there."""
+
     n: int
     lower: Optional[float]
     upper: float

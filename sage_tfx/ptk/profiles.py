@@ -28,6 +28,8 @@ from sage_tfx.ptk.windows import exact_float
 
 
 class ProfileRuns:
+    """Charged profile runs of a store, each released once (see the module docstring)."""
+
     def __init__(self, store):
         self.store = store
 
@@ -40,6 +42,7 @@ class ProfileRuns:
 
     @staticmethod
     def params(spec: dict) -> profiler.ProfileParams:
+        """The profiler parameters recorded in a profile run's ``spec``."""
         return profiler.ProfileParams(spec["profile_epsilon"], spec["profile_n_max"], spec["tau"])
 
     def run(self, ptk_id: str, ptype: PTKType, config: dict, tau: float,

@@ -218,6 +218,7 @@ def serve(url: str, data_root: str, *, host: str = "127.0.0.1", port: int = 8765
 
 
 def main(argv=None) -> int:
+    """Runs the PTK service command (serve, plan or records); returns the exit code."""
     ap = argparse.ArgumentParser(prog="python -m sage_tfx.ptk.service",
                                  description="The Sage PTK store: serve the API, print the plan, "
                                              "or print the records a profiled registration needs")

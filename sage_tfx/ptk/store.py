@@ -96,6 +96,7 @@ class StoreConfig:
                 "epsilon": max(max(menu), self.profile_epsilon * (params.T + 1))}
 
     def describe_profile_need(self, taus: Sequence[float]) -> str:
+        """Readable text of how many profile records each τ needs."""
         lines = [f"profiler: n_max = {self.profile_n_max}, epsilon_profile = "
                  f"{self.profile_epsilon}, menu = {list(self.menu)}, profile share = "
                  f"{self.profile_share}"]
@@ -108,11 +109,13 @@ class StoreConfig:
         return "\n".join(lines)
 
 def check_tau(tau) -> float:
+    """``tau`` as a float in (0, 1]; raises PerformanceTargetError otherwise."""
     if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not 0 < tau <= 1:
         raise PerformanceTargetError(f"the performance target tau must lie in (0, 1], got {tau!r}")
     return float(tau)
 
 def check_frequency(freq) -> int:
+    """``freq`` as a positive int; raises InvalidRequestError otherwise."""
     if isinstance(freq, bool) or not isinstance(freq, int) or freq < 1:
         raise InvalidRequestError(f"train_frequency must be a positive integer (windows), got "
                                   f"{freq!r}")
@@ -149,6 +152,7 @@ def check_menu(menu) -> Optional[list]:
     return out
 
 def check_ptk_id(ptk_id) -> str:
+    """``ptk_id`` if it matches the PTK id pattern; raises InvalidRequestError otherwise."""
     if not isinstance(ptk_id, str) or not re.match(PTK_ID_PATTERN, ptk_id):
         raise InvalidRequestError(f"a PTK id matches {PTK_ID_PATTERN}, got {ptk_id!r}")
     return ptk_id

@@ -49,6 +49,7 @@ class WindowFiles:
 
     @property
     def provider(self) -> keys.KeyProvider:
+        """The key provider wrapping window data keys (the default one on first use)."""
         if self._provider is None:
             self._provider = keys.provider()
         return self._provider
@@ -89,6 +90,7 @@ class WindowFiles:
             self._keys.pop(window_index, None)
 
     def folder(self, window_index: int) -> str:
+        """The directory of window ``window_index``'s block files."""
         return os.path.join(self.data_root, self.stream, f"w{window_index:06d}")
 
     def write_block(self, window_index: int, block_id: str, columns: Mapping) -> str:

@@ -47,6 +47,7 @@ LEASE_WAIT = 900.0
 
 
 def exact_float(x: Decimal) -> float:
+    """``x`` as a float that represents it exactly; raises InvalidRequestError, never rounds."""
     f = float(x)
     if Decimal(repr(f)) != x:
         raise InvalidRequestError(f"the charge {x} has no exact float form; refusing to round it")
@@ -83,6 +84,8 @@ def _release_name(ptk_id: str, w: int) -> str:
 
 
 class WindowRunner:
+    """The tumbling window 𝒯: ingests windows, plans and trains the due PTKs on them."""
+
     def __init__(self, store, data_root: str, key_provider=None):
         self.store = store
         self.files = WindowFiles(store.lake, store.cfg.stream, data_root, key_provider)
@@ -92,9 +95,11 @@ class WindowRunner:
 
     @property
     def lake(self):
+        """The store's lake."""
         return self.store.lake
 
     def current(self) -> Optional[int]:
+        """The index of the open window, or None."""
         open_ = self.lake.open_windows()
         return open_[-1] if open_ else None
 

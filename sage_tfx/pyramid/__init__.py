@@ -6,6 +6,9 @@
   charge and one recorded release per (stream, spec, window), discard, restore, retention with
   drop + retrain, roll-over deletion; safe for several processes on one directory.
 * :mod:`~sage_tfx.pyramid.sealing` — the noisy tables of a window, released once per grant.
+* :mod:`~sage_tfx.pyramid.treestore` — the store's dyadic tree (``aggregation="tree"``): nodes
+  released once when complete, ranges read from ≤ 2L+1 complete nodes
+  (:mod:`~sage_tfx.pyramid.tree`: the mechanism, in memory).
 * :mod:`~sage_tfx.pyramid.hot` — the directory lock and the hot windows' data keys (kept in the
   ledger's database); :mod:`~sage_tfx.pyramid.rows` — raw rows as bytes without pickle.
 * :mod:`~sage_tfx.pyramid.weights` — weighted noise infusion with DP weights.
@@ -17,6 +20,7 @@
 The count-table and sketch kernel is the shared :mod:`sage_tfx.dp.counts`. No TensorFlow at
 import time.
 """
+from sage_tfx.pyramid.cost import cost
 from sage_tfx.pyramid.featurize import (CountSpec, Featurization, KeyKindError,
                                         NonCategoricalError, UnknownFeatureError)
 from sage_tfx.pyramid.selection import select_groups
@@ -30,3 +34,4 @@ __all__ = ["CountSpec", "Featurization", "PyramidStore", "SealResult", "WindowSe
            "KeyKindError",
            "select_groups", "pyramid_run_id", "select_noise_weights", "exact_noise_weights",
            "window_event", "release_name"]
+__all__ += ["cost"]

@@ -30,10 +30,12 @@ from sage_tfx.ledger.accounting import check_epsilon
 
 __all__ = ["CountSpec", "Featurization", "UnknownFeatureError", "NonCategoricalError",
            "KeyKindError", "group_keys", "check_frame", "check_max_variance", "key_kinds",
-           "MAX_CACHED_KEYS", "LAPLACE", "GAUSSIAN", "MECHANISMS"]
+           "MAX_CACHED_KEYS", "LAPLACE", "GAUSSIAN", "MECHANISMS", "FLAT", "TREE", "AGGREGATIONS"]
 
 LAPLACE, GAUSSIAN = "laplace", "gaussian"
 MECHANISMS = (LAPLACE, GAUSSIAN)
+FLAT, TREE = "flat", "tree"
+AGGREGATIONS = (FLAT, TREE)
 MAX_CACHED_KEYS = 2 ** 15   # default bound of the featurizer's key-hash memo, per table
 
 
@@ -122,6 +124,12 @@ class CountSpec:
       mechanism: ``"laplace"`` (default; pure ε-DP, ``delta`` 0) or ``"gaussian"`` (discrete
         Gaussian noise calibrated to (``epsilon``, ``delta``), :mod:`sage_tfx.pyramid.plan`).
       delta: δ of one window's tables: 0 for Laplace, in (0, 1) for Gaussian.
+      aggregation: ``"flat"`` (default: one noisy table per window, summed) or ``"tree"``
+        (dyadic nodes over windows, :mod:`sage_tfx.pyramid.treestore`): a window's (ε, δ) is
+        split over the ``levels + 1`` nodes it is in, and a range of windows is read from at
+        most ``2 levels + 1`` complete nodes.
+      levels: the tree's top level ``L`` (nodes of ``1 .. 2^L`` windows); required with
+        ``"tree"`` (a store's retention ``R`` needs ``L = ⌈log2 R⌉``), None with ``"flat"``.
     """
 
     groups: tuple
@@ -136,6 +144,8 @@ class CountSpec:
     hash_family: str = HASH_BLAKE2B
     mechanism: str = LAPLACE
     delta: float = 0.0
+    aggregation: str = FLAT
+    levels: Optional[int] = None
 
     def __post_init__(self):
         object.__setattr__(self, "groups", _groups(self.groups))
@@ -167,6 +177,23 @@ class CountSpec:
                 f"delta must be 0 for the Laplace tables and in (0, 1) for the Gaussian ones, "
                 f"got {d!r} ({self.mechanism})")
         object.__setattr__(self, "delta", float(d))
+        if self.aggregation not in AGGREGATIONS:
+            raise InvalidRequestError(f"aggregation must be one of {AGGREGATIONS}, got "
+                                      f"{self.aggregation!r}")
+        lv = self.levels
+        if self.aggregation == FLAT and lv is not None:
+            raise InvalidRequestError(f"levels is for aggregation='tree' only, got {lv!r}")
+        if self.aggregation == TREE and (isinstance(lv, bool) or not isinstance(
+                lv, (int, np.integer)) or not 0 <= int(lv) <= 30):
+            raise InvalidRequestError(
+                f"aggregation='tree' needs levels, an int in [0, 30], got {lv!r}")
+        if lv is not None:
+            object.__setattr__(self, "levels", int(lv))
+
+    @property
+    def nodes_per_window(self) -> int:
+        """Noisy releases a window's data is in: ``levels + 1`` tree nodes, or 1 (flat)."""
+        return 1 if self.aggregation == FLAT else self.levels + 1
 
     @property
     def features(self) -> tuple[str, ...]:
@@ -195,6 +222,8 @@ class CountSpec:
             del d["hash_family"]               # stores of earlier specs stay valid
         if d["mechanism"] == LAPLACE:          # likewise
             del d["mechanism"], d["delta"]
+        if d["aggregation"] == FLAT:           # likewise
+            del d["aggregation"], d["levels"]
         return d
 
     @classmethod

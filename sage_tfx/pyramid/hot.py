@@ -43,6 +43,7 @@ class DirLock:
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
+        """Holds the directory lock (reentrant within a thread)."""
         depth = getattr(self._local, "depth", 0)
         if depth:
             self._local.depth = depth + 1
@@ -136,6 +137,7 @@ class HotKeys:
 
     @property
     def kek(self) -> keys.KeyProvider:
+        """The key-encryption key provider (resolved on first use)."""
         if self._kek is None:
             spec = self._kek_spec
             self._kek = spec if isinstance(spec, keys.KeyProvider) else keys.provider(spec)

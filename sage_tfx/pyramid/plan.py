@@ -29,6 +29,7 @@ Laplace standard deviation of 77.8 (``√2 · 55``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Optional, Sequence
 
@@ -85,6 +86,14 @@ def gaussian_sigmas(spec: CountSpec, weights: Optional[Sequence[float]] = None,
     if spec.mechanism != GAUSSIAN:
         raise InvalidPrivacyParameterError(f"spec {spec.digest()} is not a Gaussian spec")
     w = _weights(spec, weights)
+    return _calibrated(spec, tuple(float(v) for v in w), repeat).copy()
+
+
+@functools.lru_cache(maxsize=64)
+def _calibrated(spec: CountSpec, w: tuple, repeat: int) -> np.ndarray:
+    """:func:`gaussian_sigmas`, computed once per (spec, weights, repeat) in a process (the
+    calibration is deterministic; a tree store plans every seal)."""
+    w = np.asarray(w)
     depths = table_depths(spec)
     c = dp_accounting.calibrate_dp_mechanism(
         RdpAccountant, lambda c: _repeated(gaussian_event(c * w, depths, spec.k), repeat),
@@ -140,12 +149,16 @@ class NoisePlan:
 
 
 def plan_window(spec: CountSpec, weights: Optional[Sequence[float]] = None, *,
-                rdp: bool = False, repeat: int = 1) -> NoisePlan:
+                rdp: bool = False, repeat: Optional[int] = None) -> NoisePlan:
     """The noise of a window's tables under ``spec`` at noise ``weights``, on a basic stream
     or (``rdp``) an rdp one. See the module docstring. With ``repeat`` > 1 the tables are
     released ``repeat`` times with independent noise (a window in ``repeat`` tree nodes): the
     scales are those for which the ``repeat`` releases *together* cost the spec's (ε, δ), and
-    :attr:`NoisePlan.event` is the composition of all of them."""
+    :attr:`NoisePlan.event` is the composition of all of them. Default: the spec's
+    :attr:`~sage_tfx.pyramid.featurize.CountSpec.nodes_per_window` (``levels + 1`` for a tree
+    spec, whose scales are then those of one node)."""
+    if repeat is None:
+        repeat = spec.nodes_per_window
     if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
         raise InvalidPrivacyParameterError(f"repeat must be an int >= 1, got {repeat!r}")
     depths = table_depths(spec)
@@ -173,5 +186,6 @@ def window_event(spec: CountSpec, weights: Optional[Sequence[float]] = None
     """The DpEvent one window's tables cost on an rdp stream (what
     :meth:`~sage_tfx.pyramid.windows.PyramidStore.seal` charges there, and what a pipeline's
     gate must charge): Laplace — one :func:`~sage_tfx.dp.counts.table_event` per table at the ε
-    shares of ``weights`` (even split if None); Gaussian — :func:`gaussian_event`."""
+    shares of ``weights`` (even split if None); Gaussian — :func:`gaussian_event`. For a tree
+    spec, the ``levels + 1`` node releases a window is in, composed."""
     return plan_window(spec, weights, rdp=True).event

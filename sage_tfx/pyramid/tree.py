@@ -20,8 +20,9 @@ windows it holds so far (counted in the ``L + 1`` releases each of them is charg
 would reveal the exact counts added between the two reads. Nodes that hold any window before
 the retention horizon are deleted (:meth:`DyadicTree.retain`).
 
-This module is the mechanism and its accounting; :class:`~sage_tfx.pyramid.windows.PyramidStore`
-does not use it yet (its windows are flat). No TensorFlow.
+This module is the mechanism and its accounting, in memory (benchmarks); a
+:class:`~sage_tfx.pyramid.windows.PyramidStore` of a spec with ``aggregation="tree"`` keeps its
+nodes on disk and on the ledger (:mod:`sage_tfx.pyramid.treestore`). No TensorFlow.
 """
 from __future__ import annotations
 
@@ -98,6 +99,7 @@ class DyadicTree:
 
     @property
     def nodes_per_window(self) -> int:
+        """Nodes a window's tables are released in (one per level)."""
         return self.levels + 1
 
     def _noisy(self, tables: dict) -> dict:
@@ -132,6 +134,7 @@ class DyadicTree:
         self.newest = window
 
     def complete(self, ell: int, j: int) -> bool:
+        """True if node (ℓ, j) holds all of its 2^ℓ windows."""
         node = self.nodes.get((ell, j))
         return node is not None and node["count"] == 2 ** ell
 

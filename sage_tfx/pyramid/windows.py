@@ -31,6 +31,10 @@ draws new noise; :meth:`PyramidStore.restore` re-materializes a window from the 
 re-reads the manifest under it, so several processes share one store: part files have unique
 names and retention drops windows whichever process sealed them.
 
+**Tree.** A spec with ``aggregation="tree"`` keeps dyadic nodes over windows instead of one
+table per window (:mod:`sage_tfx.pyramid.treestore`): same charge per window, each node
+released once, the live windows read from at most ``2L + 1`` complete nodes.
+
 **Mechanism.** A spec with ``mechanism="gaussian"`` gets OpenDP discrete Gaussian noise
 calibrated with dp_accounting to its (ε, δ) instead (:mod:`sage_tfx.pyramid.plan`), charged
 ``(ε, δ)`` on a basic stream and its Gaussian DpEvent on an rdp stream. What follows describes
@@ -70,7 +74,9 @@ from sage_tfx.dp.counts import table_epsilons
 from sage_tfx.errors import InvalidRequestError, RetiredBlockError, SageError
 from sage_tfx.ledger import accounting
 from sage_tfx.pyramid import hot as hot_lib
-from sage_tfx.pyramid.featurize import CountSpec, Featurization, check_frame, check_max_variance
+from sage_tfx.pyramid import treestore
+from sage_tfx.pyramid.featurize import (TREE, CountSpec, Featurization, check_frame,
+                                        check_max_variance)
 from sage_tfx.pyramid.plan import plan_window, window_event
 from sage_tfx.pyramid.sealing import (PRIOR, check_grant, discrete_laplace_variance, draw_tables,
                                       read_meta, release_name, release_once, retired_is_spent)
@@ -145,6 +151,8 @@ class PyramidStore:
         if (ledger is None) != (stream is None):
             raise InvalidRequestError("give both ledger and stream, or neither")
         max_variance = check_max_variance(max_variance)
+        if spec.aggregation == TREE:
+            treestore.check_retention(spec, retention)
         if ledger is not None:
             ledger.stream(stream)  # raises UnknownStreamError
         self.spec, self.retention, self.ledger, self.stream = spec, retention, ledger, stream
@@ -208,14 +216,24 @@ class PyramidStore:
         return pyramid_run_id(self.stream or "offline", self.spec, window)
 
     def release_name(self, window: int) -> str:
-        """The ledger release name of ``window``'s tables."""
+        """The ledger release name of ``window``'s tables (a tree store: its leaf node's)."""
+        if self.tree:
+            return treestore.node_release_name(self.spec, 0, window)
         return release_name(self.spec, window)
+
+    @property
+    def tree(self) -> bool:
+        """Whether the spec aggregates windows in a dyadic tree."""
+        return self.spec.aggregation == TREE
 
     def _hot_dir(self, window: int) -> str:
         return os.path.join(self.state_dir, "hot", f"w{int(window)}")
 
     def sealed_path(self, window: int) -> str:
-        """The sealed tables of ``window`` in this store (a copy of the recorded release)."""
+        """The sealed tables of ``window`` in this store (a copy of the recorded release; a tree
+        store: its leaf node's)."""
+        if self.tree:
+            return treestore.node_path(self.state_dir, 0, window)
         return os.path.join(self.state_dir, "sealed", f"w{int(window)}.npz")
 
     def on_retrain(self, callback: Callable[[tuple], Any]) -> None:
@@ -359,6 +377,9 @@ class PyramidStore:
             window = int(hot["window"])
             if weights is None and m["next_weights"] is not None:
                 weights = m["next_weights"]
+            if self.tree and (weights is not None or weight_epsilon is not None):
+                raise InvalidRequestError("a tree store splits ε evenly over its tables: noise "
+                                          "weights (and their selection) are flat-only")
             if weight_epsilon is not None and (max_count is None or not 0 < weight_quantile < 1):
                 raise InvalidRequestError(
                     "weight selection needs max_count (a public bound) and a quantile in (0, 1), "
@@ -393,6 +414,8 @@ class PyramidStore:
                                    noise=self.noise, meta=meta, weight_epsilon=weight_epsilon,
                                    weight_quantile=weight_quantile, max_count=max_count)
 
+            if self.tree:
+                return treestore.seal_window(self, m, hot, plan, grant_id, run_id, event)
             if grant_id is None:
                 data, replayed = produce(), False
             else:
@@ -464,6 +487,8 @@ class PyramidStore:
             raise InvalidRequestError("only a store on a ledger can restore a window")
         window = int(window)
         run_id = self.run_id(window)
+        if self.tree:
+            return treestore.restore_nodes(self, window)
         with self._lock.held():
             m = self._read()
             if grant is None:
@@ -497,13 +522,19 @@ class PyramidStore:
 
     # -- featurization --
 
-    def _load_sum(self, live: Sequence[int]) -> Featurization:
+    def _paths(self, m: dict) -> list[str]:
+        if self.tree:
+            return [treestore.node_path(self.state_dir, ell, j)
+                    for ell, j in treestore.cover_nodes(self, m)]
+        return [self.sealed_path(w) for w in m["live"]]
+
+    def _load_sum(self, live: Sequence[int], paths: Sequence[str]) -> Featurization:
         cells: dict = {}
         prior = np.zeros(self.spec.n_labels)
         noise_var: dict = {}
         kinds: Optional[dict] = {}
-        for w in live:
-            with np.load(self.sealed_path(w), allow_pickle=False) as z:
+        for path in paths:
+            with np.load(path, allow_pickle=False) as z:
                 meta = json.loads(str(z["meta"]))
                 if kinds is not None and "kinds" in meta:
                     for f, v in meta["kinds"].items():
@@ -527,14 +558,19 @@ class PyramidStore:
         """The sum of the live windows' tables; cached until the live windows change unless
         ``cache=False`` (then re-read from disk, as a server without a local snapshot would).
         A live window whose file is gone is restored from the ledger first."""
-        live = tuple(self._read()["live"])
-        missing = [w for w in live if not os.path.exists(self.sealed_path(w))]
-        if missing and self.ledger is not None:
-            for w in missing:
-                self.restore(w)
-            live = tuple(self._read()["live"])
+        m = self._read()
+        live, paths = tuple(m["live"]), self._paths(m)
+        missing = [p for p in paths if not os.path.exists(p)]
+        if missing and self.ledger is not None and live:
+            if self.tree:
+                self.restore(live[-1])
+            for w in () if self.tree else live:
+                if not os.path.exists(self.sealed_path(w)):
+                    self.restore(w)
+            m = self._read()
+            live, paths = tuple(m["live"]), self._paths(m)
         if not cache:
-            return self._load_sum(live)
+            return self._load_sum(live, paths)
         if self._cached is None or self._cached_live != live:
-            self._cached, self._cached_live = self._load_sum(live), live
+            self._cached, self._cached_live = self._load_sum(live, paths), live
         return self._cached

@@ -146,6 +146,7 @@ class TfRecordToBlocks(_ReadAndAssign):
     """
 
     def setup(self):
+        """Imports TensorFlow on the worker."""
         import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
         self._tf = tf
@@ -190,6 +191,7 @@ class WriteBlock(beam.DoFn):
         self._blocks = beam.metrics.Metrics.counter(METRICS_NAMESPACE, "blocks_written")
 
     def setup(self):
+        """Opens the key provider on the worker."""
         from sage_tfx.ledger import keys
 
         self._kek = keys.provider(self._key_provider, create=False)
@@ -197,6 +199,7 @@ class WriteBlock(beam.DoFn):
         self._started = time.monotonic()
 
     def process(self, element: tuple[str, Iterable[list[bytes]]]) -> Iterator[dict]:
+        """Writes one block's encrypted file and yields its metadata."""
         from sage_tfx.streams import blockfiles
 
         block_id, batches = element

@@ -158,6 +158,7 @@ class SplitResult:
 
     @property
     def records_written(self) -> int:
+        """Records written over all blocks."""
         return sum(b.records for b in self.blocks)
 
 

@@ -31,7 +31,8 @@ def test_trajectory_gives_the_same_count_as_the_sequential_loop():
 
 
 def test_tiny_grid_rows_and_tables():
-    cfg = GridConfig(epsilons=(2.0,), ns=(10,), ks=(1, 3), seeds=(0,))
+    cfg = GridConfig(epsilons=(2.0,), ns=(10,), ks=(1, 3), seeds=(0,),
+                     votes=("laplace", "gumbel"))
     rows = run_grid(cfg, data=_synthetic())
     methods = {r["method"] for r in rows}
     assert methods == {"NPB", "SAA", "SAA-fixed", "DPBag", "DPBag-", "DPBag-fixed"}
@@ -44,7 +45,15 @@ def test_tiny_grid_rows_and_tables():
     saa = [r for r in rows if r["method"] == "SAA"]
     dpbag_minus = [r for r in rows if r["method"] == "DPBag-"]
     assert sorted(r["labels"] for r in saa) == sorted(r["labels"] for r in dpbag_minus)
+    votes = {(r["accountant"], r["k"], r["delta"]): r["labels"] for r in rows
+             if r.get("accountant", "").endswith("-best")}
+    assert {a for a, _, _ in votes} == {"laplace-best", "gumbel-best"}
+    assert {d for _, _, d in votes} == {1e-5, 1e-3}
+    for k in (1, 3):   # the vote rows at both δ: Gumbel (bounded range) buys more than Laplace
+        assert votes[("gumbel-best", k, 1e-5)] > votes[("laplace-best", k, 1e-5)]
+        assert votes[("gumbel-best", k, 1e-3)] > votes[("gumbel-best", k, 1e-5)]
     agg = aggregate(rows)
+    assert "DPBag fixed Gumbel best δ=0.001" in table2_markdown(agg, [2.0])
     assert "DPBag paper acct" in table2_markdown(agg, [2.0])
     assert "NPB" in table1_markdown(agg, [2.0])
 

@@ -104,9 +104,11 @@ def test_max_queries_is_the_best_bound_and_maximal(votes):
 def test_gumbel_buys_about_four_times_the_laplace_labels():
     """ρ = λ²/2 instead of the Laplace vote's (2λ)²/2 (issue 25's n = 250 setting, ε = 1)."""
     lap = V.max_queries(V.mechanism("laplace", k=50, lam=2 / 250), 1.0, 1e-5, accountant="rdp")
-    gum = V.max_queries(V.mechanism("gumbel", k=50, lam=2 / 250), 1.0, 1e-5)
+    gumbel = V.mechanism("gumbel", k=50, lam=2 / 250)
+    gum = V.max_queries(gumbel, 1.0, 1e-5, accountant="rdp")
     assert lap[0] == 238 and gum[2] == "rdp"
     assert gum[0] >= 3.5 * lap[0]
+    assert V.max_queries(gumbel, 1.0, 1e-5)[2] == "br"    # the bounded-range bound buys more
 
 
 # --- empirical audits: the claim holds, half the noise is caught -----------------------------

@@ -98,6 +98,64 @@ def test_the_average_learns_a_separable_rule():
     assert result.weights[1] > 0 > result.weights[2]
 
 
+GAUSS = P.RunSettings("logistic", 2, k=5, gamma=0.5, l1_norm_clip=1.0, epsilon=8.0, passes=2,
+                      n_c=3, unit="gaussian", delta=1e-7, l2_norm_clip=1.0)
+
+
+def _spy_gaussian(monkeypatch):
+    """Records (m, Δ₂, the δ left to the sampler) of every Gaussian vector the clients draw."""
+    from sage_tfx.dnd import noise as vector_noise
+    calls, real = [], vector_noise.gaussian_vector
+
+    def spy(values, m, l2, *, max_extra_delta):
+        calls.append((m, l2, max_extra_delta))
+        return real(values, m, l2, max_extra_delta=max_extra_delta)
+    monkeypatch.setattr(vector_noise, "gaussian_vector", spy)
+    return calls
+
+
+def test_gaussian_unit_charge_is_the_event_of_what_runs(monkeypatch):
+    from dp_accounting import dp_event as E
+    from dp_accounting.pld import pld_privacy_accountant
+    from sage_tfx.dnd import noise as vector_noise
+    calls = _spy_gaussian(monkeypatch)
+    x, y, units = _data(n_units=20)
+    part = P.dnd_train_part(GAUSS)
+    assert (part.epsilon, part.delta) == (16.0, 2e-7)
+    event = P.dnd_train_part(GAUSS, rdp=True).event
+    budget = RunBudget(_grant(event=event), GAUSS.client, 3, 2)
+    P.run_protocol(GAUSS, P.bounds_of(FEATURES).normalize(x), y, units, budget,
+                   rng=random.Random(5))
+    assert len(calls) == 2 * 20 and len(set(calls)) == 1
+    m, l2, extra = calls[0]
+    assert l2 == 2 * GAUSS.gamma * GAUSS.l2_norm_clip and extra <= 1e-7 * 1e-3
+    # rdp streams: the charge is exactly passes x GaussianDpEvent(m) of the m that ran
+    assert accounting.event_to_json(event) == accounting.event_to_json(
+        E.SelfComposedDpEvent(E.GaussianDpEvent(m), 2))
+    # basic streams: (ε, δ) per update covers one GaussianDpEvent(m) by PLD plus the sampler
+    acc = pld_privacy_accountant.PLDAccountant()
+    acc.compose(E.GaussianDpEvent(m))
+    assert acc.get_epsilon(1e-7 * (1 - 1e-3)) + vector_noise.SAMPLER_EPSILON <= 8.0
+    assert vector_noise.sampler_delta(m, l2, 3) <= extra
+    assert P.check_train_cost(16.0, 2e-7, None, GAUSS, "g") == {"epsilon": 16.0, "delta": 2e-7}
+    laplace = P.dnd_train_part(P.RunSettings(**{**SETTINGS.__dict__}), rdp=True).event
+    for eps, dlt, ev in ((16.0, 0.0, None), (16.0, 1e-7, None), (16.0, 3e-7, None),
+                         (8.0, 2e-7, None), (None, None, laplace),
+                         (None, None, E.GaussianDpEvent(m))):
+        with pytest.raises(MissingGrantError):
+            P.check_train_cost(eps, dlt, ev, GAUSS, "g")
+
+
+def test_gaussian_settings_refuse_a_missing_or_misplaced_delta_or_clip():
+    for bad in (dict(delta=None), dict(l2_norm_clip=None), dict(delta=0.0), dict(delta=1.5),
+                dict(l2_norm_clip=-1.0)):
+        with pytest.raises(ValueError):
+            P.RunSettings(**{**GAUSS.__dict__, **bad})
+    for bad in (dict(delta=1e-7), dict(l2_norm_clip=1.0)):   # not on the Laplace units
+        with pytest.raises(ValueError):
+            P.RunSettings(**{**SETTINGS.__dict__, **bad})
+
+
 # ------------------------------------------------------------------------------------------
 # The component and its executor (TFX / TensorFlow).
 
@@ -119,19 +177,21 @@ def _examples(tmp_path, x, y, units, grant_id):
 
 
 def _props(settings=SETTINGS, **kw):
+    extra = {k: getattr(settings, k) for k in ("delta", "l2_norm_clip")
+             if getattr(settings, k) is not None}
     return {"family": settings.family, "k": settings.k, "gamma": settings.gamma,
             "l1_norm_clip": settings.l1_norm_clip, "epsilon": settings.epsilon,
             "unit": settings.unit, "passes": settings.passes, "n_c": settings.n_c,
             "client_key": "user", "features": P.features_to_json(FEATURES), "label_key": "label",
-            "split": "train", "spam_check": 1, **kw}
+            "split": "train", "spam_check": 1, **extra, **kw}
 
 
-def _inputs(tmp_path, epsilon=None, event=None):
+def _inputs(tmp_path, epsilon=None, event=None, delta=0.0):
     from tfx.types import standard_artifacts
     from sage_tfx.components import artifacts
     from sage_tfx.ledger import BlockSpec, Window, open_ledger
     url = f"sqlite:///{tmp_path}/ledger.db"
-    cost = dict(epsilon=epsilon, delta=0.0) if event is None else dict(event=event)
+    cost = dict(epsilon=epsilon, delta=delta) if event is None else dict(event=event)
     with open_ledger(url) as ledger:
         ledger.create_stream("s", epsilon_g=20.0, delta_g=1e-6, granularity="day",
                              mode="basic" if event is None else "rdp")
@@ -268,3 +328,45 @@ def test_a_re_executed_trainer_returns_the_recorded_model_byte_for_byte(tmp_path
         assert [r.name for r in led.releases(grant_id)] == [spec.RELEASE_NAME]
         assert [b.charges for b in led.blocks("s")] == [1]
         assert led.check_consistency("s") == []
+
+
+@pytest.mark.slow
+def test_executor_gaussian_unit_charges_what_ran_and_a_replay_returns_the_same_model(
+        tmp_path, monkeypatch):
+    """The gaussian unit on an rdp stream: the ledger's charge is the composed GaussianDpEvent of
+    the noise that ran; a re-execution releases the recorded model byte for byte."""
+    from dp_accounting import dp_event as E
+    from tfx.types import standard_artifacts
+    from sage_tfx.components.dnd_trainer import spec
+    from sage_tfx.components.dnd_trainer.executor import Executor
+    from sage_tfx.ledger import open_ledger
+    from sage_tfx.ledger.releases import tree_digest
+    calls = _spy_gaussian(monkeypatch)
+    inputs, outputs = _inputs(tmp_path, event=P.dnd_train_part(GAUSS, rdp=True).event)
+    Executor().Do(inputs, outputs, _props(GAUSS))
+    first = outputs["model"][0]
+    [m] = {c[0] for c in calls}
+    assert len(calls) == 2 * 60
+    grant_id = first.get_string_custom_property(spec.GRANT_ID_PROPERTY)
+    with open_ledger(f"sqlite:///{tmp_path}/ledger.db") as led:
+        charged = led.grant(grant_id).event
+        assert [b.charges for b in led.blocks("s")] == [1]
+    assert accounting.event_to_json(charged) == accounting.event_to_json(
+        E.SelfComposedDpEvent(E.GaussianDpEvent(m), 2))
+    report = json.load(open(os.path.join(first.uri, "privacy_report.json")))
+    assert report["unit"] == "gaussian" and report["delta_per_update"] == 1e-7
+    assert report["l2_norm_clip"] == 1.0 and report["update_event"]["noise_multiplier"] == m
+    assert report["noise_scale"] == pytest.approx(m * 2 * 0.5 * 1.0)
+    calls.clear()
+    again = standard_artifacts.Model()
+    again.uri = str(tmp_path / "again")
+    Executor().Do(inputs, {"model": [again]}, _props(GAUSS))
+    assert calls == [] and again.get_int_custom_property(spec.REPLAYED_PROPERTY) == 1
+    assert tree_digest(again.uri) == tree_digest(first.uri)
+    # a basic-stream charge of another δ is refused before anything runs
+    other = tmp_path / "other"
+    other.mkdir()
+    inputs, outputs = _inputs(other, epsilon=16.0, delta=1e-7)
+    with pytest.raises(MissingGrantError, match="delta"):
+        Executor().Do(inputs, outputs, _props(GAUSS))
+    assert not os.path.exists(other / "model")

@@ -205,3 +205,52 @@ def test_components_validate_arguments():
     c = PyramidCountTable(grant=grant, ledger_url="sqlite:///x.db", store_dir="/tmp/x",
                           spec=spec, window=0, retention=2)
     assert set(c.outputs) == {"window_table"}
+
+
+def test_tree_spec_passes_through_count_table_and_snapshot(tmp_path, setup):
+    """A tree spec: windows 0 and 1 sealed by the executor from their gate grants; the snapshot
+    reads node (1, 0) alone; window 1 re-run in another store directory replays its nodes."""
+    from sage_tfx.components.pyramid_artifacts import PyramidFeaturization, PyramidWindowTable
+    from sage_tfx.components.pyramid_counts import executor as counts, spec as cs
+    from sage_tfx.components.pyramid_snapshot import executor as snap, spec as ss
+    from sage_tfx.ledger import open_ledger
+    from sage_tfx.pyramid import CountSpec, Featurization, pyramid_run_id
+    from sage_tfx.pyramid.treestore import node_path, node_release_name
+
+    url = setup
+    spec = CountSpec(groups=("user",), label="y", width=64, epsilon=1.0, aggregation="tree",
+                     levels=1)
+    grants = [grant_artifact(tmp_path, url, pyramid_run_id(STREAM, spec, w), [BLOCKS[w]], 1.0,
+                             name=f"g{w}") for w in (0, 1)]
+    for store, windows in (("store", (0, 1)), ("store2", (1,))):
+        for w in windows:
+            out = PyramidWindowTable()
+            out.uri = str(tmp_path / f"{store}-wt{w}")
+            os.makedirs(out.uri)
+            counts.Executor().Do({cs.GRANT_INPUT_KEY: [grants[w]]}, {cs.WINDOW_TABLE_KEY: [out]},
+                                 {cs.LEDGER_URL_KEY: url, cs.STORE_DIR_KEY: str(tmp_path / store),
+                                  cs.WINDOW_KEY: w, cs.RETENTION_KEY: 2,
+                                  cs.SPEC_JSON_KEY: json.dumps(spec.to_json())})
+            meta = json.load(open(os.path.join(out.uri, "window.json")))
+            assert meta["replayed"] == (store == "store2")
+            assert meta["release"] == node_release_name(spec, 0, w)
+    assert open(node_path(str(tmp_path / "store"), 0, 1), "rb").read() == \
+        open(node_path(str(tmp_path / "store2"), 0, 1), "rb").read()
+    # store2's live range is window 1 alone: node (1, 0) holds window 0, so it is never read
+    assert not os.path.exists(node_path(str(tmp_path / "store2"), 1, 0))
+    with open_ledger(url) as led:
+        assert {b.block_id: b.epsilon_spent for b in led.blocks(STREAM)} == \
+            {"d0": 1.0, "d1": 1.0, "d2": 0.0}
+        assert led.check_consistency(STREAM) == []
+    feat_art = PyramidFeaturization()
+    feat_art.uri = str(tmp_path / "feat")
+    os.makedirs(feat_art.uri)
+    snap.Executor().Do({ss.WINDOW_TABLE_KEY: [out]}, {ss.FEATURIZATION_KEY: [feat_art]},
+                       {ss.STORE_DIR_KEY: str(tmp_path / "store"),
+                        ss.SPEC_JSON_KEY: json.dumps(spec.to_json()), ss.RETENTION_KEY: 2,
+                        ss.MAX_VARIANCE_KEY: 0.05})
+    feat = Featurization.load(os.path.join(feat_art.uri, "featurization.npz"))
+    assert feat.windows == (0, 1)
+    with np.load(node_path(str(tmp_path / "store"), 1, 0)) as z:
+        assert np.array_equal(feat.cells["user"], z["cells__user"])
+        assert feat.noise_var["user"] == json.loads(str(z["meta"]))["noise_var"]["user"]

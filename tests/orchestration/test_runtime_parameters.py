@@ -91,6 +91,7 @@ def test_compile_errors_are_clear_and_write_nothing(tmp_path, capsys, monkeypatc
          "epsilon"),
         (_args("ptk", tmp_path, url)[:-6], "needs ['ptk_id', 'window_index']"),
         (_args("dnd", tmp_path, url) + ["--set", "no_such_option=1"], "no_such_option"),
+        (_args("dnd", tmp_path, url) + ["--delta", "1e-6"], "gaussian unit"),
         (["--target", "airflow", *_args("gate-stats", tmp_path, url)[2:]], "--metadata-path"),
     ]
     for argv, message in cases:
@@ -98,6 +99,32 @@ def test_compile_errors_are_clear_and_write_nothing(tmp_path, capsys, monkeypatc
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err, (argv, err)
     assert not os.path.exists(tmp_path / "out")
+
+
+def test_compile_dnd_with_the_gaussian_unit(tmp_path, capsys, monkeypatch):
+    """--delta and --set unit=gaussian / l2_norm_clip reach DnDTrainer, and the gate's plan
+    charges the train part (ε, δ) per update."""
+    from kfp_pods import load_job, pipeline_spec
+    from sage_tfx.pipelines import compile as compile_cli
+
+    monkeypatch.delenv("SAGE_LEDGER_URL", raising=False)
+    argv = _args("dnd", tmp_path, "postgresql://sage@ledger:5432/sage") + [
+        "--delta", "1e-6", "--set", "unit=gaussian", "--set", "l2_norm_clip=2.0"]
+    assert compile_cli.main(argv) == 0
+    job_path, _ = capsys.readouterr().out.split()
+    spec = pipeline_spec(load_job(job_path))
+    [trainer] = [t for n, t in spec.root.dag.tasks.items() if n.startswith("DnDTrainer")]
+    [gate] = [t for n, t in spec.root.dag.tasks.items() if n.startswith("SageGate")]
+
+    def const(task, key):
+        return task.inputs.parameters[key].runtime_value.constant
+
+    assert const(trainer, "unit").string_value == "gaussian"
+    assert const(trainer, "delta").number_value == 1e-6
+    assert const(trainer, "l2_norm_clip").number_value == 2.0
+    plan = json.loads(const(gate, "plan_json").string_value)
+    assert plan["parts"][0] == {"name": "train", "epsilon": 4.0, "delta": 1e-6, "event": None,
+                                "params": []}
 
 
 def test_compiled_airflow_dag_takes_only_deployment_from_the_environment(tmp_path, capsys,

@@ -20,6 +20,8 @@ FIXED_ATTRIBUTES = ("sex", "black", "educdec", "idp", "lc", "lpi", "fmde")
 
 @dataclasses.dataclass(frozen=True)
 class Split:
+    """The private, public and test splits of the doctor-contacts data (disjoint persons)."""
+
     X: np.ndarray          # private features (scaled with public statistics)
     y: np.ndarray
     units: np.ndarray      # private person ids
@@ -54,6 +56,7 @@ def load_doctor_contacts():
 
 
 def split_dataset(seed: int = 0, data=None) -> Split:
+    """Splits persons at random into private, public and test sets."""
     X, y, person = data if data is not None else load_doctor_contacts()
     rng = np.random.default_rng(seed)
     persons = np.unique(person)

@@ -1,5 +1,7 @@
 """Tables 1–2's grid on the stand-in data: DPBag (paper accountant), DPBag fixed-queries (RDP,
-PLD), DPBag- (bagged teachers, SAA's label count), SAA (k = 1) and the non-private baseline.
+PLD), DPBag- (bagged teachers, SAA's label count), SAA (k = 1) and the non-private baseline;
+with the vote mechanisms of ``sage_tfx.bagging.votes`` (Laplace, Gumbel, Gaussian noisy-max under
+the ``best`` accountant, accountant column ``<votes>-best``) at both δ of the paper.
 
 Per seed: one split, one teacher ensemble per (n, k) (teachers do not depend on ε), the exact
 vote counts of every public point, and one pass of the paper's personalised accountant over the
@@ -48,6 +50,8 @@ PAPER_TABLE1 = {
 
 @dataclasses.dataclass(frozen=True)
 class GridConfig:
+    """The reproduction grid: ε, n, k, δ, seeds and the teacher."""
+
     epsilons: tuple = (1.0, 3.0, 5.0)
     ns: tuple = (100, 250)
     ks: tuple = (1, 50, 100)
@@ -56,9 +60,13 @@ class GridConfig:
     seeds: tuple = (0, 1, 2)
     teacher: str = "logistic"
     max_order: int = acc.DEFAULT_MAX_ORDER
+    plans: Optional[dict] = None   # vote_plans(cfg), when computed beforehand
+    votes: tuple = ("laplace", "gumbel", "gaussian")   # fixed_queries with the best accountant
+    votes_only: bool = False      # only the rows of ``votes`` (no paper accountant, no NPB)
 
 
 def metrics(student, X_test, y_test) -> dict:
+    """Accuracy, AUROC and AUPRC of ``student`` on the test set."""
     from sklearn.metrics import accuracy_score, average_precision_score, roc_auc_score
 
     proba = student.predict_proba(X_test)[:, 1]
@@ -84,9 +92,33 @@ def _fixed_counts(cfg: GridConfig, n: int, public_size: int) -> dict:
     return out
 
 
+PLAN_LIMIT = 10_000       # above every public set; p = min(plan, public size) as with limit=P
+
+
+def vote_plans(cfg: GridConfig, *, log=None) -> dict:
+    """"votes/n/k/ε/δ" -> labels a grant buys with the ``best`` accountant (data-independent,
+    capped at ``PLAN_LIMIT``); computed once for every seed (``--plans`` of the benchmark)."""
+    from sage_tfx.bagging import votes as V
+
+    out = {}
+    for votes in cfg.votes:
+        for n in cfg.ns:
+            for k in cfg.ks:
+                mech = V.mechanism(votes, k=k, lam=2.0 / n)
+                for eps in cfg.epsilons:
+                    for delta in cfg.paper_deltas:
+                        key = f"{votes}/{n}/{k}/{eps:g}/{delta:g}"
+                        out[key] = V.max_queries(mech, eps, delta, accountant="best",
+                                                 limit=PLAN_LIMIT)[0]
+                        if log:
+                            log(f"plan {key}: {out[key]} labels")
+    return out
+
+
 def run_grid(cfg: GridConfig = GridConfig(), *, log: Optional[Callable[[str], None]] = None,
              data=None) -> list[dict]:
     """One row per (seed, method, n, k, ε, δ) with labels answered and the student's metrics."""
+    from sage_tfx.bagging import votes as V
     from sage_tfx.dp.noise import SeededNoise
     from sklearn.linear_model import LogisticRegression
 
@@ -94,32 +126,36 @@ def run_grid(cfg: GridConfig = GridConfig(), *, log: Optional[Callable[[str], No
     rows = []
     for seed in cfg.seeds:
         split: Split = split_dataset(seed, data)
-        noise = SeededNoise(10_000 + seed)
+        noise = SeededNoise((20_000 if cfg.votes_only else 10_000) + seed)
         npb = LogisticRegression(max_iter=1000).fit(split.X, split.y)
-        for eps in cfg.epsilons:
+        for eps in () if cfg.votes_only else cfg.epsilons:
             rows.append(
                 dict(seed=seed, method="NPB", n=0, k=0, epsilon=eps, delta=0.0, labels=len(split.y),
                              **metrics(npb, split.X_test, split.y_test)))
         uniq, inverse = np.unique(split.units, return_inverse=True)
         P = len(split.X_public)
+        plans = cfg.plans if cfg.plans is not None else vote_plans(cfg, log=log)
         for n in cfg.ns:
             lam = 2.0 / n
-            fixed = _fixed_counts(cfg, n, P)
+            fixed = {} if cfg.votes_only else _fixed_counts(cfg, n, P)
             saa_paper = {}
             for k in sorted(cfg.ks):
                 t0 = time.time()
                 chunks = chunk_assignment(uniq.tolist(), k=k, n=n, salt=f"grid-{seed}".encode())
                 ens = train_teachers(split.X, split.y, chunks[inverse], n=n, kind=cfg.teacher)
                 counts = vote_counts(ens, split.X_public)
-                pma = acc.PersonalisedMomentsAccountant(chunks, n=n, lam=lam, delta=cfg.delta,
-                                                        max_order=cfg.max_order)
-                running = np.concatenate(
-                    [pma.trajectory(pred, 2) for _, pred in ens.predict_batches(split.X_public)])
+                if not cfg.votes_only:
+                    pma = acc.PersonalisedMomentsAccountant(chunks, n=n, lam=lam, delta=cfg.delta,
+                                                            max_order=cfg.max_order)
+                    running = np.concatenate([pma.trajectory(pred, 2)
+                                              for _, pred in ens.predict_batches(split.X_public)])
                 log(f"seed {seed} n={n} k={k}: teachers, votes and accountant in "
                     f"{time.time() - t0:.1f}s")
 
-                def emit(method, p, eps, delta, accountant=None, **extra):
-                    labels = noisy_argmax(counts[:p], k=k, lam=lam, noise=noise)
+                def emit(method, p, eps, delta, accountant=None, votes=None, **extra):
+                    labels = (noisy_argmax(counts[:p], k=k, lam=lam, noise=noise) if votes is None
+                              else V.draw_labels(counts[:p], V.mechanism(votes, k=k, lam=lam),
+                                                 noise=noise))
                     student = train_student(split.X_public[:p], labels)
                     rows.append(dict(seed=seed, method=method, n=n, k=k, epsilon=eps, delta=delta,
                                      accountant=accountant or "", labels=p,
@@ -129,6 +165,13 @@ def run_grid(cfg: GridConfig = GridConfig(), *, log: Optional[Callable[[str], No
                                      **metrics(student, split.X_test, split.y_test), **extra))
 
                 for eps in cfg.epsilons:
+                    method = "SAA-fixed" if k == 1 else "DPBag-fixed"
+                    for votes in cfg.votes:
+                        for delta in cfg.paper_deltas:
+                            p = min(plans[f"{votes}/{n}/{k}/{eps:g}/{delta:g}"], P)
+                            emit(method, p, eps, delta, f"{votes}-best", votes=votes)
+                    if cfg.votes_only:
+                        continue
                     for delta in cfg.paper_deltas:
                         p = paper_answer_count(running, epsilon=eps, delta=delta, lam=lam,
                                                max_order=cfg.max_order)
@@ -142,6 +185,5 @@ def run_grid(cfg: GridConfig = GridConfig(), *, log: Optional[Callable[[str], No
                             if (eps, delta) in saa_paper:
                                 emit("DPBag-", saa_paper[(eps, delta)], eps, delta, "paper")
                     for name in acc.ACCOUNTANTS:
-                        method = "SAA-fixed" if k == 1 else "DPBag-fixed"
                         emit(method, fixed[(name, eps)], eps, cfg.delta, name)
     return rows

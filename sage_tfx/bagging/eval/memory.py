@@ -22,6 +22,7 @@ __all__ = ["vote_memory_benchmark"]
 
 def vote_memory_benchmark(*, private=24_000, public=8_000, n=250, k=100, d=29, seed=0,
                           paper_queries=None, log=print) -> dict:
+    """Peak memory of the vote computation at the paper's scale, dense against batched."""
     rng = np.random.default_rng(seed)
     w = rng.normal(size=d)
     X = rng.normal(size=(private, d))

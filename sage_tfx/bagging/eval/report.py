@@ -10,6 +10,7 @@ from sage_tfx.bagging.eval.grid import PAPER_TABLE1, PAPER_TABLE2
 __all__ = ["aggregate", "table1_markdown", "table2_markdown", "plot"]
 
 METRICS = ("accuracy", "auroc", "auprc")
+VOTE_ACCOUNTANTS = ("laplace-best", "gumbel-best", "gaussian-best")   # grid.py's vote rows
 
 
 def aggregate(rows) -> dict:
@@ -57,8 +58,23 @@ def _lines(agg, epsilons):
             for n in ns:
                 lines.append(
                     (f"SAA fixed_queries {acct.upper()} δ={d:g}", "SAA-fixed", n, 1, d, acct))
+    for acct in VOTE_ACCOUNTANTS:
+        for d in sorted({k[4] for k in agg if k[5] == acct}):
+            name = acct.split("-")[0].capitalize()
+            for n in ns:
+                for k in ks:
+                    lines.append((f"DPBag fixed {name} best δ={d:g}", "DPBag-fixed", n, k, d, acct))
+            for n in ns:
+                lines.append((f"SAA fixed {name} best δ={d:g}", "SAA-fixed", n, 1, d, acct))
     lines.append(("NPB (non-private)", "NPB", 0, 0, 0.0, ""))
     return lines
+
+
+def _shows_paper(label, method, acct) -> bool:
+    """The paper's number beside: its own method at δ = 1e-3 (the δ its counts reproduce at),
+    NPB, and the vote mechanisms' rows (what replaces the paper's method)."""
+    return acct in VOTE_ACCOUNTANTS or method == "NPB" or (
+        "δ=0.001" in label and "fixed" not in label)
 
 
 def _paper_key(method, n, k):
@@ -67,6 +83,7 @@ def _paper_key(method, n, k):
 
 
 def table1_markdown(agg, epsilons) -> str:
+    """Table 1 (accuracy, AUROC, AUPRC) as markdown."""
     head = "| model | n | k | " + " | ".join(
         f"{m} ε={e:g}" for m in METRICS for e in epsilons) + " |"
     out = [head, "|" + "---|" * (3 + len(METRICS) * len(epsilons))]
@@ -76,19 +93,19 @@ def table1_markdown(agg, epsilons) -> str:
             for e in epsilons:
                 row = agg.get((method, n, k, float(e), d, acct))
                 ours = row[m] if row else None
-                paper = PAPER_TABLE1.get(_paper_key(method, n, k) or ("", 0, 0))
+                base = method.replace("-fixed", "") if acct in VOTE_ACCOUNTANTS else method
+                paper = PAPER_TABLE1.get(_paper_key(base, n, k) or ("", 0, 0))
                 pv = paper[mi][list(epsilons).index(e)] if paper and e in (1, 3, 5) else None
-                vals.append(
-                    _fmt(ours) + (
-                        f" ({_fmt(pv)})" if pv is not None and (
-                            "δ=0.001" in label or method == "NPB")
-                                           and "fixed" not in label else ""))
+                vals.append(_fmt(ours) + (
+                    f" ({_fmt(pv)})" if pv is not None and _shows_paper(label, method, acct)
+                    else ""))
         if any(v != "–" for v in vals):
             out.append(f"| {label} | {n or '–'} | {k or '–'} | " + " | ".join(vals) + " |")
     return "\n".join(out)
 
 
 def table2_markdown(agg, epsilons) -> str:
+    """Table 2 (labels bought per ε) as markdown."""
     out = ["| model | n | k | " + " | ".join(f"labels ε={e:g} (paper)" for e in epsilons) + " |",
            "|" + "---|" * (3 + len(epsilons))]
     for label, method, n, k, d, acct in _lines(agg, epsilons):
@@ -98,7 +115,7 @@ def table2_markdown(agg, epsilons) -> str:
         for e in epsilons:
             row = agg.get((method, n, k, float(e), d, acct))
             paper = PAPER_TABLE2.get((method.replace("-fixed", ""), n, k), {}).get(int(e)) \
-                if method in ("DPBag", "SAA") else None
+                if method in ("DPBag", "SAA") or acct in VOTE_ACCOUNTANTS else None
             vals.append(
                 ("–" if row is None else f"{row['labels']:,.0f}") + (
                     f" ({paper:,})" if paper else ""))
@@ -108,6 +125,7 @@ def table2_markdown(agg, epsilons) -> str:
 
 
 def plot(agg, epsilons, path):
+    """Plots the grid's metrics against ε to ``path``."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -119,6 +137,8 @@ def plot(agg, epsilons, path):
               ("DPBag fixed PLD", "DPBag-fixed", 250, 100, 1e-5, "pld"),
               ("SAA paper δ=1e-5", "SAA", 250, 1, 1e-5, "paper"),
               ("SAA fixed PLD", "SAA-fixed", 250, 1, 1e-5, "pld"),
+              ("DPBag fixed Gumbel best", "DPBag-fixed", 250, 100, 1e-5, "gumbel-best"),
+              ("DPBag fixed Gaussian best", "DPBag-fixed", 250, 100, 1e-5, "gaussian-best"),
               ("NPB", "NPB", 0, 0, 0.0, "")]
     for ax, m in zip(axes, ("labels",) + METRICS):
         for label, method, n, k, d, acct in series:

@@ -24,6 +24,8 @@ from sage_tfx.dnd.glm import GLMSpec
 
 @dataclasses.dataclass
 class BatchedCurve:
+    """A learning curve of the batched protocol: loss and accuracy per number of updates."""
+
     label: str
     updates: list
     train_loss: list

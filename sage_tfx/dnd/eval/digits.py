@@ -32,6 +32,8 @@ def load(seed: int = 0):
 
 @dataclasses.dataclass(frozen=True)
 class Setting:
+    """The digits experiment's protocol settings (step size, passes, clients, curve points)."""
+
     gamma: float = 0.05
     passes: int = 40
     clients_of: int = 10
@@ -81,6 +83,7 @@ def strategies(s: Setting, k: int, gamma: Optional[float] = None) -> list[RunCon
 
 
 def run_all(runs: list[RunConfig], s: Setting, data, seed: int = 0) -> list[Curve]:
+    """One learning curve per run configuration on the digits data."""
     xtr, ytr, xte, yte = data
     return [run_curve(SPEC, r, xtr, ytr, xte, yte, clients_of=s.clients_of, passes=s.passes,
                       points=s.points, seed=seed) for r in runs]
@@ -108,6 +111,7 @@ def plot_panels(panels: list[tuple[str, list[Curve]]], path: str, title: str) ->
 
 
 def final_rows(figure: str, panel: str, curves: list[Curve]) -> list[dict]:
+    """One summary row per curve: final and mid-run loss and accuracy."""
     return [{"figure": figure, "panel": panel, "config": c.label, "updates": c.updates,
              "samples": c.samples[-1], "final_train_loss": c.train_loss[-1],
              "final_test_accuracy": c.test_accuracy[-1],

@@ -59,6 +59,8 @@ def synthesize(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray
 
 @dataclasses.dataclass
 class KnownWeightsResult:
+    """The known-weights experiment: estimated weights and metrics beside the true model's."""
+
     estimated: np.ndarray
     updates: int
     positive_rate: float
@@ -77,6 +79,7 @@ def _metrics(w: np.ndarray, x: np.ndarray, y: np.ndarray) -> dict:
 
 def run(*, pool: int = 200_000, passes: int = 15, clients_of: int = 10, k: int = 30,
         gamma: float = 0.005, seed: int = 0) -> KnownWeightsResult:
+    """Runs the noise-free protocol on synthetic data with known weights (§V-A)."""
     rng = np.random.default_rng(seed)
     x, y = synthesize(pool, rng)
     config = ClientConfig(gamma, 1.0, None, "feature")
@@ -97,6 +100,7 @@ def run(*, pool: int = 200_000, passes: int = 15, clients_of: int = 10, k: int =
 
 
 def plot(result: KnownWeightsResult, path: str) -> None:
+    """Plots true against estimated weights to ``path``."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

