@@ -1,13 +1,20 @@
-"""Load benchmark of the Draw-and-Discard HTTP service (bounded, 127.0.0.1 only).
+"""Load benchmark of the Draw-and-Discard HTTP service against a bare FastAPI app on the same
+payloads, measured in the same run (bounded, 127.0.0.1 only).
 
-Starts ``python -m sage_tfx.dnd.server`` in its own process on a fresh SQLite ledger with
-principals (the run is charged before the first update; clients authenticate with bearer
-tokens; instances, passes and tickets live in the ledger's database), then drives it with the
-asyncio simulator in this process and prints updates/s and latency quantiles, for the paper's
-387-weight and 50,000-weight models. ``--workers`` runs that many server processes on the run.
-``in_process`` measures the service logic with its database but without HTTP.
+For the paper's 387-weight and a 50,000-weight model it starts ``python -m
+sage_tfx.dnd.server`` (a fresh SQLite ledger with principals: the run is charged before the
+first update, clients authenticate with bearer tokens, instances, passes and tickets live in the
+ledger's database, norm bound and spam check on) and ``benchmarks/dnd/bare_app.py`` (the same
+endpoints, parsing and uvicorn, none of the work), each in its own process, and drives both with
+the asyncio simulator (``concurrency`` clients, uvloop) in this process, per encoding (JSON,
+raw float64, framed float32): bare, real, real, bare, so drifting machine load affects both
+alike. It reports updates/s, latency quantiles, the ratio real/bare, the honest updates the
+real server rejected, the load average, and then sends the crude attacks to the real server
+(``--attack-trials`` each) and counts how many it catches (422 from the norm bound, or
+rejected by the spam check). Writes ``server_load.csv`` and ``server_attacks.csv``.
 
-    .venv/bin/python benchmarks/dnd/bench_server.py --updates 4000 --concurrency 32
+    .venv/bin/python benchmarks/dnd/bench_server.py --updates 3000 --large-updates 1000
+    .venv/bin/python benchmarks/dnd/bench_server.py --in-process --updates 1200 --large-updates 600
 """
 import argparse
 import asyncio
@@ -23,9 +30,14 @@ import numpy as np
 
 from sage_tfx.dnd.client import ClientConfig
 from sage_tfx.dnd.simulator import simulate
+from sage_tfx.dnd.wire import UPDATE_TYPE, decode_update, encode_update
 from sage_tfx.dp.noise import SeededNoise
 from sage_tfx.ledger import BlockSpec, open_ledger
 from sage_tfx.reporting import write_csv
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CFG = ClientConfig(gamma=0.001, l1_norm_clip=1.0, epsilon=1.0)
+ENCODINGS = ("json", "raw", "framed32")
 
 
 def _free_port() -> int:
@@ -37,7 +49,7 @@ def _free_port() -> int:
 def _ledger(url: str, clients: int) -> dict:
     """A stream of 16 hash-bucket blocks and principals: the server's and the clients' tokens."""
     with open_ledger(url) as led:
-        led.create_stream("clients", epsilon_g=1e6, delta_g=1e-6,
+        led.create_stream("clients", epsilon_g=1e9, delta_g=1e-6,
                           granularity="hash:client_id:16:bench")
         led.add_blocks("clients", [BlockSpec(f"bucket-{i:02d}", f"/b/{i}") for i in range(16)])
         admin = led.add_principal("root", ["admin"])
@@ -48,122 +60,231 @@ def _ledger(url: str, clients: int) -> dict:
                 "clients": [led.add_principal(f"client-{i}", ["client"]) for i in range(clients)]}
 
 
-def run_one(features: int, updates: int, concurrency: int, k: int, timeout: float,
-            workers: int = 1) -> dict:
+def _start(cmd: list, env: dict, base: str, headers: dict) -> subprocess.Popen:
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, **env})
+    for _ in range(1200):
+        try:
+            if httpx.get(f"{base}/v1/spec", headers=headers, timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            time.sleep(0.1)
+        if proc.poll() is not None:
+            raise RuntimeError(f"{cmd[1]} exited: {proc.stderr.read()[-2000:]}")
+    raise RuntimeError(f"{cmd[1]} did not answer")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, 15)
+    proc.wait(30)
+
+
+def real_server(features: int, k: int, clients: int, workers: int, durability: str = "power"):
     tmp = tempfile.mkdtemp(prefix="dnd-bench-")
-    url = f"sqlite:///{tmp}/ledger.db"
-    tokens = _ledger(url, max(concurrency, updates // 500, 2))
+    url = f"sqlite:///{tmp}/ledger.db" + ("" if durability == "power" else "?durability=process")
+    tokens = _ledger(url, clients)
     port = _free_port()
-    cfg = ClientConfig(gamma=0.001, l1_norm_clip=1.0, epsilon=1.0)
     cmd = [sys.executable, "-m", "sage_tfx.dnd.server", "--ledger", url, "--stream", "clients",
            "--run-id", f"bench-{features}", "--window-last", "16",
            "--bucket-scheme", "hash:client_id:16:bench", "--features", str(features),
-           "--k", str(k), "--gamma", "0.001", "--epsilon", "1.0", "--passes", "100000",
-           "--port", str(port), "--workers", str(workers)]
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env={**os.environ, "SAGE_LEDGER_TOKEN": tokens["server"]})
+           "--k", str(k), "--gamma", str(CFG.gamma), "--epsilon", str(CFG.epsilon),
+           "--passes", "1000000", "--port", str(port), "--workers", str(workers)]
     base = f"http://127.0.0.1:{port}"
     auth = {"authorization": f"Bearer {tokens['server']}"}
+    proc = _start(cmd, {"SAGE_LEDGER_TOKEN": tokens["server"]}, base, auth)
+    return proc, base, tokens, auth
+
+
+def bare_server(dim: int):
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, os.path.join(HERE, "bare_app.py"), "--dim", str(dim),
+           "--port", str(port)]
+    return _start(cmd, {}, base, {}), base
+
+
+def drive(base: str, tokens: list, bank: np.ndarray, updates: int, concurrency: int,
+          encoding: str, timeout: float):
+    import uvloop
+    counter = iter(range(10 ** 9))
+    coro = simulate(base, updates=updates, concurrency=concurrency, tokens=tokens,
+                    make_update=lambda w: w + bank[next(counter) % len(bank)], timeout=timeout,
+                    encoding=encoding)
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     try:
-        for _ in range(1200):
-            try:
-                if httpx.get(f"{base}/v1/spec", headers=auth, timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        noise = SeededNoise(0)  # clients' noise: a benchmark of the server, not a release
-        # Pre-drawn noise bank so the single client process measures the server, not numpy.
-        bank = noise.laplace(np.zeros((64, features + 1)), cfg.noise_scale)
-        counter = iter(range(10 ** 9))
-        res = asyncio.run(simulate(
-            base, updates=updates, concurrency=concurrency, tokens=tokens["clients"],
-            make_update=lambda w: w + bank[next(counter) % 64], timeout=timeout))
-        stats = httpx.get(f"{base}/v1/stats", headers=auth).json()
-        seq = sequential_http(base, min(updates, 500), cfg.noise_scale, tokens["clients"][0])
-        print(f"{features + 1} weights, {workers} worker(s), one sequential client: {seq}",
-              flush=True)
+        return asyncio.run(coro)
     finally:
-        os.killpg(proc.pid, 15)
-        proc.wait(30)
-    return {"weights": features + 1, "k": k, "workers": workers, "concurrency": concurrency,
-            "updates": res.updates, "seconds": round(res.seconds, 2),
-            "updates_per_s": round(res.updates_per_second, 1),
-            "p50_ms": round(1000 * res.latency_quantile(0.5), 2),
-            "p99_ms": round(1000 * res.latency_quantile(0.99), 2),
-            "accepted": res.accepted, "rejected_spam": stats["rejected_spam"],
-            "transport_errors": res.errors}
+        asyncio.set_event_loop_policy(None)
 
 
-def sequential_http(base: str, updates: int, noise_scale: float, token: str) -> dict:
-    """One synchronous keep-alive client, one update at a time: the per-request cost of the
-    HTTP stack without the asyncio client's own overhead."""
-    noise = SeededNoise(1)
-    lat = []
-    with httpx.Client(base_url=base, headers={"authorization": f"Bearer {token}"}) as c:
-        for i in range(updates):
-            t0 = time.perf_counter()
-            r = c.post("/v1/draw", headers={"accept": "application/octet-stream"})
-            w = np.frombuffer(r.content, "<f8")
-            c.post(f"/v1/discard/{r.headers['X-DnD-Ticket']}",
-                   content=noise.laplace(w, noise_scale).astype("<f8").tobytes(),
-                   headers={"content-type": "application/octet-stream"})
-            lat.append(time.perf_counter() - t0)
-    secs = float(np.sum(lat))
-    return {"updates": updates, "seconds": round(secs, 2),
-            "updates_per_s": round(updates / secs, 1),
-            "p50_ms": round(1000 * float(np.quantile(lat, 0.5)), 2),
-            "p99_ms": round(1000 * float(np.quantile(lat, 0.99)), 2)}
+def _row(dim, app, encoding, concurrency, results, extra=None) -> dict:
+    n = sum(r.updates for r in results)
+    secs = sum(r.seconds for r in results)
+    lat = [x for r in results for x in r.latencies]
+    return {"weights": dim, "app": app, "encoding": encoding, "concurrency": concurrency,
+            "updates": n, "seconds": round(secs, 2),
+            "updates_per_s": round(n / secs, 1) if secs else 0.0,
+            "p50_ms": round(1000 * float(np.quantile(lat, 0.5)), 2) if lat else "",
+            "p99_ms": round(1000 * float(np.quantile(lat, 0.99)), 2) if lat else "",
+            "transport_errors": sum(r.errors for r in results), **(extra or {})}
 
 
-def in_process(features: int, updates: int, k: int) -> dict:
-    """The service logic alone (ticket, budget, draw, spam check, the database), no HTTP."""
+def crude_attacks(base: str, token: str, dim: int, trials: int) -> list:
+    """Each crude attack ``trials`` times on a freshly drawn instance: caught = refused by the
+    norm bound (422) or rejected by the spam check."""
+    rng = np.random.default_rng(7)
+    b = CFG.noise_scale
+
+    def noise():
+        return rng.laplace(0.0, b, dim)
+    attacks = {
+        "honest (for reference)": lambda w: w + noise(),
+        "scaled x10": lambda w: 10 * (w + noise()),
+        "scaled x1.5": lambda w: 1.5 * (w + noise()),
+        "noise x10": lambda w: w + 10 * noise(),
+        "push 10 weights by +100 b": lambda w: w + noise() + np.where(np.arange(dim) < 10,
+                                                                      100 * b, 0.0),
+        "copy of the drawn instance": lambda w: w.copy(),
+        "zeros": lambda w: np.zeros(dim),
+        "shift every weight by +b": lambda w: w + noise() + b,
+    }
+    rows = []
+    with httpx.Client(base_url=base, headers={"authorization": f"Bearer {token}"},
+                      timeout=60) as c:
+        for name, attack in attacks.items():
+            bound = spam = passed = 0
+            for _ in range(trials):
+                r = c.post("/v1/draw", headers={"accept": UPDATE_TYPE})
+                r.raise_for_status()
+                ticket = r.headers["x-dnd-ticket"]
+                u = attack(decode_update(r.content, dim=dim, ticket=ticket))
+                r = c.post(f"/v1/discard/{ticket}", content=encode_update(ticket, u, "float64"),
+                           headers={"content-type": UPDATE_TYPE})
+                if r.status_code == 422:
+                    bound += 1
+                    c.post(f"/v1/discard/{ticket}", json={"weights": (u * 0 + 1e99).tolist()})
+                elif r.json()["accepted"]:
+                    passed += 1
+                else:
+                    spam += 1
+            rows.append({"weights": dim, "attack": name, "trials": trials,
+                         "refused_norm_bound": bound, "rejected_spam_check": spam,
+                         "passed": passed, "caught_pct": round(100 * (bound + spam) / trials, 1)})
+            print(rows[-1], flush=True)
+    return rows
+
+
+def in_process(features: int, updates: int, background: bool, k: int = 20) -> dict:
+    """The service logic without HTTP, 16 threads of draw + 5 ms + discard: the spam check with
+    background recalibration (the server's) or in line (the check before it), SQLite with
+    durability=process."""
+    import concurrent.futures
+
     from sage_tfx.dnd.glm import GLMSpec
     from sage_tfx.dnd.server import build_service
-    tmp = tempfile.mkdtemp(prefix="dnd-bench-")
-    url = f"sqlite:///{tmp}/ledger.db"
-    cfg = ClientConfig(gamma=0.001, l1_norm_clip=1.0, epsilon=1.0)
+    from sage_tfx.dnd.spam import SpamCheck
+    url = f"sqlite:///{tempfile.mkdtemp(prefix='dnd-bench-')}/l.db?durability=process"
     spec = GLMSpec("logistic", features)
     with open_ledger(url) as led:
-        led.create_stream("c", epsilon_g=1e6, delta_g=1e-6)
+        led.create_stream("c", epsilon_g=1e9, delta_g=1e-6)
         led.add_blocks("c", [BlockSpec("b0", "/b0")])
-    service = build_service(ledger_url=url, stream="c", run_id="r", spec=spec, config=cfg, k=k,
-                            passes=updates)
-    bank = SeededNoise(0).laplace(np.zeros((64, spec.dim)), cfg.noise_scale)
-    lat = []
-    start = time.perf_counter()
-    for i in range(updates):
-        t0 = time.perf_counter()
-        tid, w = service.draw("client", ["b0"])
-        service.discard("client", tid, w + bank[i % 64])
-        lat.append(time.perf_counter() - t0)
-    secs = time.perf_counter() - start
-    stats = service.stats()
-    return {"weights": spec.dim, "k": k, "workers": 1, "concurrency": "in-process",
-            "updates": updates, "seconds": round(secs, 2),
-            "updates_per_s": round(updates / secs, 1),
-            "p50_ms": round(1000 * float(np.quantile(lat, 0.5)), 2),
-            "p99_ms": round(1000 * float(np.quantile(lat, 0.99)), 2),
-            "accepted": stats["accepted"], "rejected_spam": stats["rejected_spam"],
-            "transport_errors": 0}
+    svc = build_service(ledger_url=url, stream="c", run_id="r", spec=spec, config=CFG, k=k,
+                        passes=10 ** 6)
+    if not background:
+        svc.spam_check = SpamCheck.for_config(CFG)
+
+    def one(i):
+        t, w = svc.draw(f"c{i % 16}", ["b0"])
+        time.sleep(0.005)  # the client's step
+        noise = np.random.default_rng(i).laplace(0.0, CFG.noise_scale, w.size)
+        return svc.discard(f"c{i % 16}", t, w + noise)
+    t0 = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(16) as ex:
+        accepted = sum(ex.map(one, range(updates)))
+    secs = time.perf_counter() - t0
+    row = {"weights": spec.dim, "check": "background" if background else "in line",
+           "updates": updates, "seconds": round(secs, 2),
+           "updates_per_s": round(updates / secs, 1), "honest_rejected": updates - accepted,
+           "load_1min": round(os.getloadavg()[0], 1)}
+    print(row, flush=True)
+    return row
+
+
+def one_size(features: int, updates: int, a) -> tuple:
+    dim = features + 1
+    clients = max(a.concurrency, 2)
+    real, real_base, tokens, auth = real_server(features, a.k, clients, a.workers, a.durability)
+    bare, bare_base = bare_server(dim)
+    bank = SeededNoise(0).laplace(np.zeros((64, dim)), CFG.noise_scale)  # a benchmark's noise
+    rows = []
+    try:
+        for encoding in a.encodings.split(","):
+            n = max(1, updates // (10 if encoding == "json" and dim > 10_000 else 1) // 2)
+            runs = {"bare": [], "real": []}
+            before = httpx.get(f"{real_base}/v1/stats", headers=auth).json()
+            for app in ("bare", "real", "real", "bare"):
+                base = real_base if app == "real" else bare_base
+                res = drive(base, tokens["clients"], bank, n, a.concurrency, encoding,
+                            a.timeout)
+                runs[app].append(res)
+                print(f"{dim} weights, {encoding}, {app}: {res.updates} updates in "
+                      f"{res.seconds:.2f} s = {res.updates_per_second:.1f}/s "
+                      f"(load {os.getloadavg()[0]:.1f})", flush=True)
+            after = httpx.get(f"{real_base}/v1/stats", headers=auth).json()
+            load = round(os.getloadavg()[0], 1)
+            bare_row = _row(dim, "bare FastAPI", encoding, a.concurrency, runs["bare"],
+                            {"load_1min": load})
+            done = after["updates"] - before["updates"]
+            rejected = after["rejected_spam"] - before["rejected_spam"]
+            real_row = _row(dim, "sage-tfx dnd serve", encoding, a.concurrency, runs["real"], {
+                "load_1min": load, "durability": a.durability,
+                "real_over_bare": round(sum(r.updates for r in runs["real"])
+                                        / max(sum(r.seconds for r in runs["real"]), 1e-9)
+                                        / max(bare_row["updates_per_s"], 1e-9), 3),
+                "honest_rejected": rejected,
+                "honest_rejected_pct": round(100 * rejected / max(done, 1), 2),
+                "out_of_bounds": after["out_of_bounds"] - before["out_of_bounds"]})
+            rows += [bare_row, real_row]
+            print(real_row, flush=True)
+        attacks = crude_attacks(real_base, tokens["clients"][0], dim, a.attack_trials)
+    finally:
+        _stop(real)
+        _stop(bare)
+    return rows, attacks
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--updates", type=int, default=4000)
-    p.add_argument("--large-updates", type=int, default=1000)
-    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--updates", type=int, default=3000, help="per app and encoding, 387 weights")
+    p.add_argument("--large-updates", type=int, default=1000, help="the same, 50,000 weights "
+                   "(JSON: a tenth)")
+    p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--k", type=int, default=20)
     p.add_argument("--workers", type=int, default=1)
-    p.add_argument("--timeout", type=float, default=120)
-    p.add_argument("--out", default="benchmarks/results/dnd/server_load.csv")
+    p.add_argument("--timeout", type=float, default=60, help="seconds per measured round")
+    p.add_argument("--encodings", default=",".join(ENCODINGS))
+    p.add_argument("--attack-trials", type=int, default=30)
+    p.add_argument("--sizes", default="386,49999", help="features (weights = features + 1)")
+    p.add_argument("--durability", choices=("power", "process"), default="power",
+                   help="the SQLite ledger's durability (power: every commit fsynced)")
+    p.add_argument("--out", default="benchmarks/results/dnd")
+    p.add_argument("--in-process", action="store_true",
+                   help="only the service logic, background vs in-line check (in_process.csv)")
     a = p.parse_args()
-    rows = [in_process(386, a.updates, a.k), in_process(49_999, a.large_updates, a.k)]
-    for r in rows:
-        print(r, flush=True)
-    rows += [run_one(386, a.updates, a.concurrency, a.k, a.timeout, a.workers),
-             run_one(49_999, a.large_updates, a.concurrency, a.k, a.timeout, a.workers)]
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    write_csv(a.out, rows)
+    if a.in_process:
+        rows = [in_process(f, n, bg) for f, n in ((386, a.updates), (49_999, a.large_updates))
+                for bg in (True, False)]
+        write_csv(os.path.join(a.out, "server_in_process.csv"), rows)
+        return
+    rows, attacks = [], []
+    for features in (int(f) for f in a.sizes.split(",")):
+        r, at = one_size(features, a.updates if features < 10_000 else a.large_updates, a)
+        rows += r
+        attacks += at
+    os.makedirs(a.out, exist_ok=True)
+    suffix = "" if a.durability == "power" else f"_{a.durability}"
+    write_csv(os.path.join(a.out, f"server_load{suffix}.csv"), rows)
+    write_csv(os.path.join(a.out, f"server_attacks{suffix}.csv"), attacks)
     for r in rows:
         print(r)
 

@@ -3,8 +3,10 @@
 Every endpoint authenticates: callers send ``Authorization: Bearer <token>``, a token the
 ledger issued to a principal (:mod:`sage_tfx.ledger.access`; on a ledger without principals the
 server makes its own token and writes it to a 0600 file, :class:`sage_tfx.services.Authenticator`).
-Weights are little-endian float64: send/accept ``application/octet-stream`` for binary payloads,
-JSON otherwise.
+Weights travel as JSON, as raw little-endian float64 (``application/octet-stream``: exactly
+8·dim bytes), or in the compact framed encoding ``application/x-sage-dnd-update``
+(:mod:`sage_tfx.dnd.wire`: a 28-byte header with the ticket, dtype and count, then float32 or
+float64 weights); a draw answers in the first of these the client accepts.
 
 * ``GET  /v1/spec`` (any role) — the model, the clients' Alg. 1 parameters, the noise scale and
   ε per update, k, the run's id and passes, the ticket ttl.
@@ -12,11 +14,12 @@ JSON otherwise.
   (403 with the reason when the grant does not cover it or its passes are used or held by
   unexpired draws; 429 with ``Retry-After`` past the server's per-client rate limit,
   ``--rate-limit R --rate-window S``; 409 once the run is released) and returns a drawn instance:
-  binary body with
+  binary body (raw or framed, float64) with
   the ticket in ``X-DnD-Ticket``, or ``{"ticket", "weights"}``. Passes are the principal's: no
   self-declared client id is accepted.
 * ``POST /v1/discard/{ticket}`` (role ``client``, the principal that drew it) — the updated
-  model (binary, or ``{"weights": [...]}``: exactly ``dim`` finite numbers, no booleans);
+  model (raw or framed binary, or ``{"weights": [...]}``: exactly ``dim`` finite numbers, no
+  booleans);
   answers ``{"accepted": true|false}``, nothing about slots. 404 for an unknown, used, expired or
   another principal's ticket; 422 for a bad body, or (``{"refused": reason}``) for an update
   whose step from its drawn instance exceeds the unit's norm bound
@@ -35,7 +38,8 @@ the ledger before it accepts any update (a restart with the same run id replays 
 resumes the stored run); if the ledger denies, it still serves ``/v1/spec`` but refuses every
 draw with the ledger's reason. Every ``--refresh-seconds`` it re-reads the ledger's audit log and
 stops the clients of blocks retired since the grant, and deletes expired tickets. Binds
-127.0.0.1 by default; ``--workers N`` runs N processes on one run.
+127.0.0.1 by default; ``--workers N`` runs N processes on one run; uvicorn runs on uvloop and
+httptools (:func:`fast_server_options`).
 """
 
 import argparse
@@ -57,10 +61,12 @@ from sage_tfx.dnd.glm import GLMSpec
 from sage_tfx.dnd.runstore import RunStore, check_ticket_ttl, decode, encode
 from sage_tfx.dnd.service import (DEFAULT_TICKET_TTL, DnDService, RateLimit, RateLimitedError,
                                   RunReleasedError, UnknownTicketError, UpdateOutOfBoundsError)
+from sage_tfx.dnd.wire import UPDATE_TYPE, WireFormatError, decode_update, encode_update
 from sage_tfx.errors import InvalidRequestError, PermissionDeniedError, SageError
 from sage_tfx.ledger import access, flags
 
-__all__ = ["create_app", "build_service", "main", "encode", "decode", "BINARY", "TICKET_HEADER"]
+__all__ = ["create_app", "build_service", "main", "encode", "decode", "BINARY", "TICKET_HEADER",
+           "UPDATE_TYPE", "encode_update", "fast_server_options"]
 
 BINARY = "application/octet-stream"
 TICKET_HEADER = "X-DnD-Ticket"
@@ -175,6 +181,9 @@ def create_app(service: DnDService, auth: services.Authenticator, *,
     def wants_binary(request: Request) -> bool:
         return BINARY in request.headers.get("accept", "")
 
+    def wants_framed(request: Request) -> bool:
+        return UPDATE_TYPE in request.headers.get("accept", "")
+
     def invalid(errors: list) -> RequestValidationError:
         return RequestValidationError(errors)
 
@@ -195,7 +204,7 @@ def create_app(service: DnDService, auth: services.Authenticator, *,
         return service.spec_dict()
 
     @app.post("/v1/draw", response_model=Drawn, responses={
-        **_AUTH_ERRORS, 200: {"content": {BINARY: binary_weights}},
+        **_AUTH_ERRORS, 200: {"content": {BINARY: binary_weights, UPDATE_TYPE: binary_weights}},
         403: _error("refused: no grant, block not granted or stopped, no pass left"),
         409: _error("the run's model was released"),
         429: _error("the client's rate limit: retry after the Retry-After seconds")})
@@ -216,6 +225,9 @@ def create_app(service: DnDService, auth: services.Authenticator, *,
             return refused(exc)
         except RunReleasedError as exc:
             return refused(exc, 409)
+        if wants_framed(request):
+            return Response(encode_update(tid, w, "float64"), media_type=UPDATE_TYPE,
+                            headers={TICKET_HEADER: tid})
         if wants_binary(request):
             return Response(encode(w), media_type=BINARY, headers={TICKET_HEADER: tid})
         return JSONResponse({"ticket": tid, "weights": w.tolist()})
@@ -225,15 +237,29 @@ def create_app(service: DnDService, auth: services.Authenticator, *,
         404: _error("unknown, used or expired ticket, or another principal's"),
         409: _error("the run's model was released"),
         422: _error("bad body, or the update's step exceeds the norm bound (nothing changed)"),
-        415: _error("the body is neither JSON nor application/octet-stream")},
+        415: _error(f"the body is neither JSON, {BINARY} nor {UPDATE_TYPE}")},
         openapi_extra={"requestBody": {"required": True, "content": {
             "application/json": {"schema": Update.model_json_schema()},
             BINARY: {"schema": {"type": "string", "format": "binary",
-                                "minLength": 8 * dim, "maxLength": 8 * dim}}}}})
+                                "minLength": 8 * dim, "maxLength": 8 * dim}},
+            UPDATE_TYPE: {"schema": {"type": "string", "format": "binary",
+                                     "minLength": 28 + 4 * dim, "maxLength": 28 + 8 * dim}}}}})
     async def discard(request: Request, who=client,
                       ticket: str = Path(..., pattern="^[0-9a-f]{32}$")):
         body = await request.body()
         kind = request.headers.get("content-type", "application/json").split(";")[0].strip()
+        if kind not in (BINARY, UPDATE_TYPE, "application/json"):
+            return JSONResponse({"error": f"send application/json, {BINARY} or {UPDATE_TYPE}, "
+                                          f"not {kind!r}"}, status_code=415)
+        # Parsing, the norm bound, the spam check and the database run off the event loop.
+        return await run_in_threadpool(returned, who.name, ticket, kind, body)
+
+    def parse(kind: str, body: bytes, ticket: str) -> np.ndarray:
+        if kind == UPDATE_TYPE:
+            try:
+                return decode_update(body, dim=dim, ticket=ticket, limit=MAX_ABS_WEIGHT)
+            except WireFormatError as exc:
+                raise invalid([{"loc": ["body"], "type": "value_error", "msg": str(exc)}])
         if kind == BINARY:
             if len(body) != 8 * dim:
                 raise invalid([{"loc": ["body"], "type": "value_error",
@@ -242,17 +268,17 @@ def create_app(service: DnDService, auth: services.Authenticator, *,
             if not np.all(np.isfinite(u)) or np.any(np.abs(u) > MAX_ABS_WEIGHT):
                 raise invalid([{"loc": ["body"], "type": "value_error",
                                 "msg": f"weights must be finite and within ±{MAX_ABS_WEIGHT:g}"}])
-        elif kind == "application/json":
-            try:
-                u = np.asarray(Update.model_validate_json(body).weights, dtype=np.float64)
-            except ValidationError as exc:
-                raise invalid(exc.errors(include_url=False, include_context=False,
-                                         include_input=False))
-        else:
-            return JSONResponse({"error": f"send application/json or {BINARY}, not {kind!r}"},
-                                status_code=415)
-        try:  # the spam check and the database run off the event loop
-            accepted = await run_in_threadpool(service.discard, who.name, ticket, u)
+            return u
+        try:
+            return np.asarray(Update.model_validate_json(body).weights, dtype=np.float64)
+        except ValidationError as exc:
+            raise invalid(exc.errors(include_url=False, include_context=False,
+                                     include_input=False))
+
+    def returned(principal: str, ticket: str, kind: str, body: bytes):
+        u = parse(kind, body, ticket)
+        try:
+            accepted = service.discard(principal, ticket, u)
         except UnknownTicketError:
             return JSONResponse({"error": "unknown, used or expired ticket"}, status_code=404)
         except UpdateOutOfBoundsError as exc:
@@ -436,6 +462,18 @@ def worker_app():
     return _app_of(a, _service_of(a))[0]
 
 
+def fast_server_options() -> dict:
+    """uvicorn's uvloop event loop and httptools parser when installed (both are pinned), else
+    its pure-Python defaults."""
+    import importlib.util
+    opts = {}
+    if importlib.util.find_spec("uvloop") is not None:
+        opts["loop"] = "uvloop"
+    if importlib.util.find_spec("httptools") is not None:
+        opts["http"] = "httptools"
+    return opts
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Runs ``sage-tfx dnd serve`` with ``argv``; returns the process exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -463,7 +501,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               f"{service.spec.dim} weights x k={a.k} on {a.host}:{a.port}", file=sys.stderr)
     import uvicorn
     opts = dict(host=a.host, port=a.port, log_level="warning", access_log=False,
-                timeout_keep_alive=KEEP_ALIVE_SECONDS)
+                timeout_keep_alive=KEEP_ALIVE_SECONDS, **fast_server_options())
     if a.workers == 1:
         app, auth = _app_of(a, service)
         if auth.open_token_file:

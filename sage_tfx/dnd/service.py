@@ -107,8 +107,7 @@ class DnDService:
         self.norm_bound = norm_bound
         self.rate = rate
         self._out_of_bounds = 0
-        self._lock = threading.Lock()        # the mirror and its versions
-        self._check_lock = threading.Lock()  # the spam check's calibration state
+        self._lock = threading.Lock()  # the mirror and its versions
         self._refused = 0
         self._released: Optional[bytes] = None
         self._mirror: Optional[DnDState] = None
@@ -119,6 +118,10 @@ class DnDService:
                 raise ValueError(f"the run has {len(rows)} instances, expected {k}")
             self._mirror = DnDState(np.stack([w for _, _, w in rows]))
             self._versions = {s: v for s, v, _ in rows}
+            if spam_check is not None and spam_check.background:
+                # The thresholds exist before the first update; later ones are recalibrated in
+                # the background (SpamCheck), never on a request's path.
+                spam_check.prime(self._mirror, in_flight=max(store.outstanding(self.grant_id), 0))
 
     @classmethod
     def open(cls, store: RunStore, budget: RunBudget, spec: GLMSpec, config: ClientConfig, *,
@@ -134,7 +137,7 @@ class DnDService:
         store.open_run(grant_id=grant.grant_id, stream=grant.stream, run_id=grant.run_id,
                        settings=settings, k=k, dim=spec.dim, passes=budget.passes,
                        initial=lambda: initial_instances(b0, k, config.noise_variance))
-        check = SpamCheck.for_config(config) if settings["spam_check"] else None
+        check = SpamCheck.for_config(config, background=True) if settings["spam_check"] else None
         bound = NormBound.for_config(config, spec.dim) if norm_bound else None
         return cls(spec, config, budget, store=store, k=k, passes=budget.passes,
                    spam_check=check, norm_bound=bound, **kwargs)
@@ -226,15 +229,18 @@ class DnDService:
         accepted = True
         if self.spam_check is not None:
             self._sync()
-            in_flight = max(self.store.outstanding(self.grant_id) - 1, 0)
-            with self._check_lock:  # its calibration state is per process
-                self.spam_check.in_flight = in_flight  # stale draws widen the honest null
-                accepted = bool(self.spam_check(self._mirror, u))
+            # Stale draws widen the honest null; only unexpired tickets count.
+            accepted = bool(self.spam_check.check(self._mirror, u, in_flight=self.in_flight()))
         placed = self.store.return_update(self.grant_id, principal, ticket, u,
                                           accepted=accepted, passes=self.passes)
         if placed is not None:
             self._mirror_put(*placed, u)
         return accepted
+
+    def in_flight(self) -> int:
+        """Draws of other clients whose update may still come back: the run's unexpired tickets
+        but the one being returned (an abandoned draw stops counting when its ticket expires)."""
+        return max(self.store.outstanding(self.grant_id) - 1, 0) if self.store is not None else 0
 
     def _check_bound(self, principal: str, ticket: str, u: np.ndarray) -> None:
         base = self.store.drawn_instance(self.grant_id, principal, ticket, self.spec.dim)

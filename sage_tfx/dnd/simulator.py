@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import json
 import time
 import urllib.parse
 from typing import Callable, Sequence
@@ -19,9 +20,13 @@ from typing import Callable, Sequence
 import numpy as np
 
 from sage_tfx.dnd.server import BINARY, TICKET_HEADER, decode, encode
+from sage_tfx.dnd.wire import UPDATE_TYPE, decode_update, encode_update
 
 MAX_UPDATES = 1_000_000
 LOCAL_HOSTS = ("127.0.0.1", "localhost")
+# How a client sends its update: raw float64 bytes, the framed encoding with float32 or float64
+# weights (sage_tfx.dnd.wire), or JSON.
+ENCODINGS = ("raw", "framed32", "framed64", "json")
 
 
 @dataclasses.dataclass
@@ -64,18 +69,21 @@ def bearer(token: str) -> dict:
 
 async def simulate(base_url: str, *, updates: int, tokens: Sequence[str], concurrency: int = 16,
                    make_update: Callable[[np.ndarray], np.ndarray], timeout: float = 60.0,
-                   stop_on_refusal: bool = True) -> SimulationResult:
+                   stop_on_refusal: bool = True, encoding: str = "raw") -> SimulationResult:
     """Runs at most ``updates`` updates against the service at ``base_url``.
 
     Args:
       tokens: the clients' bearer tokens, used round-robin (one per update: draw and discard).
       make_update: the client's local step on a drawn instance (e.g. Alg. 1 on its examples).
       stop_on_refusal: a worker stops at its first refusal (a stopped client), else skips on.
+      encoding: one of :data:`ENCODINGS` (draws and updates).
     """
     import httpx
     _check_local(base_url)
     if not 1 <= updates <= MAX_UPDATES or not 1 <= concurrency <= 512:
         raise ValueError(f"bounded load only: 1 <= updates <= {MAX_UPDATES}, concurrency <= 512")
+    if encoding not in ENCODINGS:
+        raise ValueError(f"encoding must be one of {ENCODINGS}, got {encoding!r}")
     if not tokens:
         raise ValueError("the simulator needs at least one client token")
     spec = httpx.get(f"{base_url}/v1/spec", headers=bearer(tokens[0]), timeout=10).json()
@@ -109,17 +117,40 @@ async def simulate(base_url: str, *, updates: int, tokens: Sequence[str], concur
 
     async def one_update(client, token):
         """(accepted, update), or (None, None) if the draw was refused."""
-        r = await client.post("/v1/draw", headers={"accept": BINARY, **bearer(token)})
+        r = await client.post("/v1/draw", headers={"accept": kind, **bearer(token)})
         if r.status_code in (403, 409):
             result.refused += 1
             return None, None
         r.raise_for_status()
-        ticket = r.headers[TICKET_HEADER]
-        u = np.asarray(make_update(decode(r.content, dim)), dtype=np.float64)
-        r = await client.post(f"/v1/discard/{ticket}", content=encode(u),
-                              headers={"content-type": BINARY, **bearer(token)})
+        ticket, w = received(r)
+        u = np.asarray(make_update(w), dtype=np.float64)
+        body, u = sent(u, ticket)
+        r = await client.post(f"/v1/discard/{ticket}", content=body,
+                              headers={"content-type": kind, **bearer(token)})
         r.raise_for_status()
         return bool(r.json()["accepted"]), u
+
+    kind = {"raw": BINARY, "json": "application/json"}.get(encoding, UPDATE_TYPE)
+
+    def received(r) -> tuple:
+        """The ticket and the drawn instance of a draw's answer."""
+        if encoding == "json":
+            j = r.json()
+            return j["ticket"], np.asarray(j["weights"], dtype=np.float64)
+        ticket = r.headers[TICKET_HEADER]
+        if encoding == "raw":
+            return ticket, decode(r.content, dim)
+        return ticket, decode_update(r.content, dim=dim, ticket=ticket)
+
+    def sent(u: np.ndarray, ticket: str) -> tuple:
+        """The body and the weights the server will read from it."""
+        if encoding == "json":
+            return json.dumps({"weights": u.tolist()}).encode(), u
+        if encoding == "raw":
+            return encode(u), u
+        dtype = "float32" if encoding == "framed32" else "float64"
+        body = encode_update(ticket, u, dtype)
+        return body, decode_update(body, dim=dim, ticket=ticket)
 
     start = time.perf_counter()
     async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=30) as client:

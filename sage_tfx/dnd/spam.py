@@ -25,7 +25,9 @@ post-processing and costs no budget.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
+import threading
 from typing import Optional
 
 import numpy as np
@@ -231,6 +233,28 @@ def calibrate(instances: np.ndarray, noise_scale: float, *, z: float = 3.0,
                       float(high + max_step))
 
 
+LAG_LIMIT = 1  # recalibration periods a background check may lag before it waits for the next
+LAG_WAIT_SECONDS = 10.0
+
+
+def _fraction(in_flight: int, k: int) -> float:
+    """The share of k instances that draws in flight may have replaced."""
+    return min(1.0, in_flight / k) if k else 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+    """One calibration of a :class:`SpamCheck`: its thresholds, the weights its per-check count
+    limit samples, the share of instances that may be replaced before the next one, and the key
+    it is valid for (the check's parameters — noise, scale, z, level, step bounds — and the
+    instances' shape k × d)."""
+
+    thresholds: Thresholds
+    columns: np.ndarray
+    stale_fraction: float
+    key: tuple
+
+
 class SpamCheck:
     """The calibrated check, as the ``spam_check`` callable of
     :class:`~sage_tfx.dnd.state.DnDState`.
@@ -253,12 +277,23 @@ class SpamCheck:
         ``tests/dnd/test_spam.py`` checks.
       step_l2: bound of the honest step in L2 (gaussian unit: γC₂).
       noise: ``"laplace"`` or ``"gaussian"``, the honest clients' noise.
+      background: recalibrate in a background thread, never in a check (the server's mode). A
+        check then uses the cached :class:`Calibration` for its key; a recalibration is started
+        once half of ``recalibrate_every`` checks have passed since the last one (so the new
+        thresholds are normally in place before ``recalibrate_every`` replacements, which is
+        what their stale fraction assumes), and checks keep the previous thresholds until it is
+        installed — unless they have served ``LAG_LIMIT`` × ``recalibrate_every`` checks (what
+        their stale fraction assumes, as in line), when a check waits (at most
+        ``LAG_WAIT_SECONDS``) for the running recalibration. Only a check without any
+        calibration for its key (call :meth:`prime` at start-up) calibrates in line. The
+        decision for given thresholds is the same either way (:meth:`decide`), and checks may
+        run in parallel threads.
     """
 
     def __init__(self, noise_scale: float, *, z: float = 3.0, false_reject: float = 0.005,
                  recalibrate_every: Optional[int] = None, step_l1: float = 0.0,
-                 step_linf: float = 0.0,
-                 tail_shift: float = 0.0, step_l2: float = 0.0, noise: str = "laplace"):
+                 step_linf: float = 0.0, tail_shift: float = 0.0, step_l2: float = 0.0,
+                 noise: str = "laplace", background: bool = False):
         if not noise_scale > 0 or not math.isfinite(noise_scale):
             raise ValueError("the spam check needs the (finite, > 0) noise scale of honest updates")
         if noise not in NOISES:
@@ -275,46 +310,86 @@ class SpamCheck:
         self.step_l1 = float(step_l1)
         self.step_linf = float(step_linf)
         self.tail_shift = float(tail_shift)
-        self.stale_fraction = 0.0  # set from k at the first calibration
+        self.background = bool(background)
         # rejections per statistic
         self.failures = {"count": 0, "max": 0, "mean": 0, "copy": 0, "degenerate": 0}
-        # Draws handed out but not yet returned (the service sets it): their instances may be
-        # replaced before the update comes back.
+        # Draws handed out but not yet returned (a caller may set it, or pass in_flight to
+        # check()): their instances may be replaced before the update comes back.
         self.in_flight = 0
-        self._thresholds: Optional[Thresholds] = None
-        self._columns = np.arange(0)
+        self.calibrations = 0  # calibrations installed (in line or in the background)
+        self._cal: Optional[Calibration] = None
         self._since = 0
+        self._state = threading.Condition()  # _cal, _since, _pending, the counters
+        self._pending = False
+        self._executor = None
+
+    @property
+    def stale_fraction(self) -> float:
+        """The share of instances the installed thresholds allow to be replaced since."""
+        return self._cal.stale_fraction if self._cal is not None else 0.0
+
+    def key(self, k: int, d: int) -> tuple:
+        """What a calibration depends on besides the instances' values."""
+        return (self.noise, self.noise_scale, self.z, self.false_reject, self.step_l1,
+                self.step_linf, self.step_l2, self.tail_shift, self._every(k), int(k), int(d))
+
+    def calibration(self, instances: np.ndarray, in_flight: Optional[int] = None) -> Calibration:
+        """A calibration against these (k, d) instances, O(k·d); installs nothing."""
+        instances = np.asarray(instances)
+        k = len(instances)
+        in_flight = self.in_flight if in_flight is None else in_flight
+        # Up to recalibrate_every replacements among k slots before the next calibration.
+        stale = min(1.0, self._every(k) / k)
+        sd = instances.std(axis=0, ddof=1)
+        d = sd.size
+        # |mean_i Δᵢ/sᵢ| ≤ min(L1 bound / (d·min s), L∞ bound · mean(1/s)).
+        bounds = [math.inf]
+        if self.step_l1 > 0:
+            bounds.append(self.step_l1 / (d * float(sd.min())))
+        if self.step_linf > 0:
+            bounds.append(self.step_linf * float(np.mean(1.0 / sd)))
+        if self.step_l2 > 0:  # Cauchy–Schwarz: |Σ Δᵢ/sᵢ| ≤ ‖Δ‖₂ ‖1/s‖₂
+            bounds.append(self.step_l2 * float(np.sqrt(np.sum(1.0 / sd ** 2))) / d)
+        step = min(bounds) if len(bounds) > 1 else 0.0
+        columns = (np.arange(d) if d <= COUNT_WEIGHTS else np.sort(
+            np.random.default_rng().choice(d, COUNT_WEIGHTS, replace=False)))
+        t = calibrate(instances, self.noise_scale, z=self.z, false_reject=self.false_reject,
+                      max_step=step, tail_shift=self.tail_shift, stale_fraction=stale,
+                      in_flight_fraction=_fraction(in_flight, k), noise=self.noise)
+        return Calibration(t, columns, stale, self.key(k, d))
+
+    def install(self, cal: Calibration) -> None:
+        """Makes ``cal`` the thresholds of the next checks (and restarts the count to the next
+        recalibration)."""
+        with self._state:
+            self._cal, self._since = cal, 0
+            self._state.notify_all()
+            self.calibrations += 1
+
+    def prime(self, instances, in_flight: Optional[int] = None) -> Calibration:
+        """Calibrates now against ``instances`` (an array or a DnDState) and installs it."""
+        if not isinstance(instances, np.ndarray):
+            instances = instances.instances_view()
+        cal = self.calibration(instances, in_flight)
+        self.install(cal)
+        return cal
 
     def thresholds(self, instances: np.ndarray) -> Thresholds:
         """The thresholds for these instances (recomputed every ``recalibrate_every`` checks)."""
-        if self._thresholds is None or self._since >= self._every(len(instances)):
-            # Up to recalibrate_every replacements among k slots before the next calibration.
-            self.stale_fraction = min(1.0, self._every(len(instances)) / len(instances))
-            sd = np.asarray(instances).std(axis=0, ddof=1)
-            d = sd.size
-            # |mean_i Δᵢ/sᵢ| ≤ min(L1 bound / (d·min s), L∞ bound · mean(1/s)).
-            bounds = [math.inf]
-            if self.step_l1 > 0:
-                bounds.append(self.step_l1 / (d * float(sd.min())))
-            if self.step_linf > 0:
-                bounds.append(self.step_linf * float(np.mean(1.0 / sd)))
-            if self.step_l2 > 0:  # Cauchy–Schwarz: |Σ Δᵢ/sᵢ| ≤ ‖Δ‖₂ ‖1/s‖₂
-                bounds.append(self.step_l2 * float(np.sqrt(np.sum(1.0 / sd ** 2))) / d)
-            step = min(bounds) if len(bounds) > 1 else 0.0
-            self._columns = (np.arange(d) if d <= COUNT_WEIGHTS else np.sort(
-                np.random.default_rng().choice(d, COUNT_WEIGHTS, replace=False)))
-            self._thresholds = calibrate(instances, self.noise_scale, z=self.z,
-                                         false_reject=self.false_reject, max_step=step,
-                                         tail_shift=self.tail_shift,
-                                         stale_fraction=self.stale_fraction,
-                                         in_flight_fraction=self._in_flight_fraction(len(instances)),
-                                         noise=self.noise)
-            self._since = 0
-        return self._thresholds
+        k, d = np.shape(instances)
+        if self._cal is None or self._cal.key != self.key(k, d) \
+                or self._since >= self._every(k):
+            self.install(self.calibration(instances))
+        return self._cal.thresholds
 
     def __call__(self, instances, update: np.ndarray) -> bool:
         """True if ``update`` passes, against a (k, d) array or a :class:`DnDState` (whose running
         moments make a check O(d); its instances are read only to recalibrate)."""
+        return self.check(instances, update)
+
+    def check(self, instances, update: np.ndarray, in_flight: Optional[int] = None) -> bool:
+        """:meth:`__call__` with the number of draws in flight (default ``self.in_flight``)."""
+        in_flight = self.in_flight if in_flight is None else int(in_flight)
         u = np.asarray(update, dtype=np.float64)
         if isinstance(instances, np.ndarray):
             inst = instances
@@ -325,47 +400,101 @@ class SpamCheck:
         if np.any(sd <= 0):
             # Collapsed instances (only a run without client noise, or copies, can do this): no
             # null to test against, and Lemma 1's worst case; refuse rather than fail.
-            self.failures["degenerate"] += 1
+            with self._state:
+                self.failures["degenerate"] += 1
             return False
-        if inst is not None:
-            t = self.thresholds(inst)
-            columns = inst[:, self._columns]
-        else:
-            if self._thresholds is None or self._since >= self._every(instances.k):
-                self.thresholds(instances.instances_view())
-            t = self._thresholds
-            columns = instances.columns(self._columns)
-        self._since += 1
+        cal = self._current(instances, in_flight)
+        columns = (inst[:, cal.columns] if inst is not None
+                   else instances.columns(cal.columns))
+        failed = self.decide(cal, columns, mu, sd, u, in_flight)
+        with self._state:
+            for name in failed:
+                self.failures[name] += 1
+        return not failed
+
+    def _current(self, instances, in_flight: int) -> Calibration:
+        """The calibration a check uses; recalibrates in line (not background, or none cached
+        for the key) or starts a background recalibration when one is due."""
+        k = len(instances) if isinstance(instances, np.ndarray) else instances.k
+        d = instances.shape[1] if isinstance(instances, np.ndarray) else instances.dim
+        every = self._every(k)
+        with self._state:
+            cal = self._cal
+            cached = cal is not None and cal.key == self.key(k, d)
+            if cached and self.background:
+                start = self._since >= max(1, every // 2) and not self._pending
+                self._pending = self._pending or start
+                if start:
+                    self._start_background(instances, in_flight)
+                elif self._pending and self._since >= LAG_LIMIT * every:
+                    # The thresholds have served as many checks as their null assumes (as in
+                    # line): wait for the running recalibration rather than go staler.
+                    self._state.wait_for(lambda: not self._pending, timeout=LAG_WAIT_SECONDS)
+                    cal = self._cal
+                self._since += 1
+                return cal
+            inline = not cached or self._since >= every
+        if inline:
+            arr = instances if isinstance(instances, np.ndarray) else instances.instances_view()
+            cal = self.calibration(arr, in_flight)
+            self.install(cal)
+        with self._state:
+            self._since += 1
+        return cal
+
+    def _start_background(self, instances, in_flight: int) -> None:
+        if self._executor is None:
+            import concurrent.futures
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="spam-calibrate")
+        snapshot = instances.copy() if isinstance(instances, np.ndarray) else instances
+
+        def job() -> None:
+            try:
+                arr = snapshot if isinstance(snapshot, np.ndarray) else snapshot.instances_view()
+                self.install(self.calibration(arr, in_flight))
+            except Exception as exc:  # keep the previous thresholds; try again at the next due
+                logging.getLogger(__name__).warning(
+                    "spam check: background recalibration failed (%s: %s)",
+                    type(exc).__name__, exc)
+            finally:
+                with self._state:
+                    self._pending = False
+                    self._state.notify_all()
+        self._executor.submit(job)
+
+    def wait_idle(self, timeout: float = 30.0) -> bool:
+        """Waits until no background recalibration is pending (tests, shutdown)."""
+        with self._state:
+            return self._state.wait_for(lambda: not self._pending, timeout=timeout)
+
+    def decide(self, cal: Calibration, columns: np.ndarray, mu: np.ndarray, sd: np.ndarray,
+               u: np.ndarray, in_flight: int) -> list[str]:
+        """The statistics ``u`` fails under calibration ``cal`` (empty: accepted), given the
+        instances' moments ``mu``, ``sd`` and their values at ``cal.columns``."""
+        t, idx = cal.thresholds, cal.columns
         # A returned model carries fresh noise on every weight, so it is never almost equal to an
         # instance: mean |u − B_j| ≈ b (Laplace; 0.8σ for Gaussian; sd ≤ b/√m on the m sampled
-        # weights). A copy
-        # (or near copy) of an instance adds no noise and would shrink the spread towards
-        # Lemma 1's worst case; reject it.
+        # weights). A copy (or near copy) of an instance adds no noise and would shrink the
+        # spread towards Lemma 1's worst case; reject it.
         if columns.shape[1] >= COPY_CHECK_MIN_WEIGHTS:
-            gap = np.min(np.mean(np.abs(columns - u[self._columns]), axis=1))
+            gap = np.min(np.mean(np.abs(columns - u[idx]), axis=1))
             if float(gap) < 0.5 * self.noise_scale:
-                self.failures["copy"] += 1
-                return False
+                return ["copy"]
         # The count limit moves with every replacement (one of k instances changes μ and s), so
         # it is recomputed on every check from the current moments, on a fixed weight sample.
-        limit = count_limit(columns - mu[self._columns], sd[self._columns], mu.size,
+        limit = count_limit(columns - mu[idx], sd[idx], mu.size,
                             self.noise_scale, z=self.z, alpha=self.false_reject / 3.0,
-                            tail_shift=self.tail_shift, stale_fraction=self.stale_fraction,
-                            in_flight_fraction=self._in_flight_fraction(columns.shape[0]),
+                            tail_shift=self.tail_shift, stale_fraction=cal.stale_fraction,
+                            in_flight_fraction=_fraction(in_flight, columns.shape[0]),
                             noise=self.noise)
         zs = (u - mu) / sd
         mean_z = float(zs.mean())
         zs = np.abs(zs)
-        failed = [name for name, ok in (("count", np.count_nonzero(zs > self.z) <= limit),
-                                        ("max", zs.max() <= t.max_z),
-                                        ("mean", t.mean_z_low <= mean_z <= t.mean_z_high))
-                  if not ok]
-        for name in failed:
-            self.failures[name] += 1
-        return not failed
-
-    def _in_flight_fraction(self, k: int) -> float:
-        return min(1.0, self.in_flight / k) if k else 0.0
+        return [name for name, ok in (("count", np.count_nonzero(zs > self.z) <= limit),
+                                      ("max", zs.max() <= t.max_z),
+                                      ("mean", t.mean_z_low <= mean_z <= t.mean_z_high))
+                if not ok]
 
     def _every(self, k: int) -> int:
         return self.recalibrate_every if self.recalibrate_every is not None else k

@@ -4,10 +4,13 @@ import dataclasses
 import threading
 import time
 
+from sage_tfx.dnd import ClientConfig, GLMSpec
 from sage_tfx.ledger import BlockSpec, open_ledger
 
 STREAM = "clients"
 GRANULARITY = "hash:client_id:4:dnd"
+TINY_SPEC = GLMSpec("logistic", 2)  # 3 weights
+TINY_CFG = ClientConfig(gamma=0.1, l1_norm_clip=1.0, epsilon=1.0)
 
 
 @dataclasses.dataclass
@@ -67,3 +70,15 @@ def serving(app):
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+def tiny_served(p: Principals):
+    """(principals, service, app) of a 3-weight run (k = 5, 1000 passes): small enough for a
+    fuzzer to generate valid updates."""
+    from sage_tfx import services
+    from sage_tfx.dnd.server import build_service, create_app
+    from sage_tfx.streams import HashBucketScheme
+    service = build_service(ledger_url=p.url, stream=STREAM, run_id="r1", spec=TINY_SPEC,
+                            config=TINY_CFG, k=5, passes=1000, window_last=4, token=p.server,
+                            block_scheme=HashBucketScheme("client_id", 4, "dnd"))
+    return p, service, create_app(service, services.Authenticator(p.url, token=p.server))

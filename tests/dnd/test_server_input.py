@@ -6,28 +6,19 @@ import json
 
 import numpy as np
 import pytest
-from dndtest import STREAM, bearer
+from dndtest import TINY_CFG, TINY_SPEC, bearer, tiny_served
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 
-from sage_tfx import services
-from sage_tfx.dnd import ClientConfig, GLMSpec
-from sage_tfx.dnd.server import BINARY, build_service, create_app, encode, max_body_bytes
+from sage_tfx.dnd.server import BINARY, encode, max_body_bytes
 from sage_tfx.dp.noise import SeededNoise
-from sage_tfx.streams import HashBucketScheme
 
-SPEC = GLMSpec("logistic", 2)   # 3 weights: the fuzz can generate valid updates
-CFG = ClientConfig(gamma=0.1, l1_norm_clip=1.0, epsilon=1.0)
+SPEC, CFG = TINY_SPEC, TINY_CFG  # 3 weights: the fuzz can generate valid updates
 
 
 @pytest.fixture
 def served(principals):
-    p = principals
-    service = build_service(ledger_url=p.url, stream=STREAM, run_id="r1", spec=SPEC, config=CFG,
-                            k=5, passes=1000, window_last=4, token=p.server,
-                            block_scheme=HashBucketScheme("client_id", 4, "dnd"))
-    app = create_app(service, services.Authenticator(p.url, token=p.server))
-    return p, service, app
+    return tiny_served(principals)
 
 
 def _state(service):
