@@ -14,12 +14,12 @@ def test_cost_is_the_event_of_the_trained_version_and_its_charge(make_store):
     store = make_store()
     store.advance_window(window(10000, 0), user_key="user")
     pid = register_hist(store)
-    (t,) = store.advance_window(window(10000, 1), user_key="user")["trained"]
+    (t,) = store.advance_window(window(10000, 1), user_key="user").trained
     lin = store.lineage(pid)
-    event = cost(HS, epsilon=lin["epsilon"], config=HS_CONFIG, registry=test_registry())
-    assert lin["event"] == repr(event)
-    grant = store.ledger.grant(lin["grant_id"])
-    assert grant.event is None and dec(grant.epsilon) == dec(lin["epsilon"])   # one member
+    event = cost(HS, epsilon=lin.epsilon, config=HS_CONFIG, registry=test_registry())
+    assert lin.event == repr(event)
+    grant = store.ledger.grant(lin.grant_id)
+    assert grant.event is None and dec(grant.epsilon) == dec(lin.epsilon)   # one member
     # dp_accounting's ε of the declared event (pure Laplace halves, δ → 0) is the charged ε
     acc = dp_accounting.pld.PLDAccountant()
     acc.compose(event)
