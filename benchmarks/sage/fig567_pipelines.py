@@ -158,8 +158,7 @@ def sigma_sizes(args, steps: Sequence[fl.Step], spec: pp.ModelPipeline) -> list[
 
 
 def run_sigmas(args, steps: Sequence[fl.Step]) -> list[dict]:
-    """σ by RDP and by PLD of every DP-SGD pipeline of this run (calibration only, no
-    training)."""
+    """σ by RDP and PLD of every DP-SGD pipeline of this run (calibration only, no training)."""
     rows = []
     for name in args.pipelines:
         spec = pp.PIPELINES[name]
@@ -184,12 +183,11 @@ CSV_FILES = ("fig5.csv", "fig6.csv", "fig7_quality.csv", "fig7_samples.csv")
 
 
 def _typed(row: dict) -> dict:
-    out = {}
+    out = dict(row)
     for key, text in row.items():
         try:
             x = float(text)
         except (TypeError, ValueError):
-            out[key] = text
             continue
         out[key] = int(x) if key in _INT_COLUMNS and math.isfinite(x) else x
     return out
@@ -244,11 +242,13 @@ def _provenance_lines(runs: dict) -> list[str]:
     for ident, keys in groups.items():
         e = json.loads(ident)
         algos = {pp.PIPELINES[k.split("/")[0]].algorithm for k in keys}
-        runs_of = lambda pre: " / ".join(f"{e[pre + a]} {name}" for a, name in (  # noqa: E731
-            ("runs_adassp", "AdaSSP"), ("runs_dpsgd", "DP-SGD")) if a[5:] in algos)
+        figs = {k.split("/")[1] for k in keys}
+        runs_of = lambda pre, used: " / ".join(f"{e[pre + a]} {name}" for a, name in (  # noqa
+            ("runs_adassp", "AdaSSP"), ("runs_dpsgd", "DP-SGD")) if a[5:] in algos) if used else "—"
         lines.append(f"| {', '.join(sorted(keys))} | {e['date']} | `{e['command']}` | "
-                     f"{e['accountant'] if pp.DPSGD in algos else '—'} | {runs_of('')} | "
-                     f"{runs_of('fig5_')} | {e['minutes']} min on {e['cpus']} CPUs, "
+                     f"{e['accountant'] if pp.DPSGD in algos else '—'} | "
+                     f"{runs_of('', figs - {'5'})} | {runs_of('fig5_', '5' in figs)} | "
+                     f"{e['minutes']} min on {e['cpus']} CPUs, "
                      f"Python {e['python']} |")
     return lines
 
