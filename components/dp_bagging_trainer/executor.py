@@ -71,15 +71,21 @@ def feature_keys_of(props: Dict[str, Any]) -> list:
 
 
 def bagging_cost(config: BaggingConfig, *, epsilon: float, delta: float, public_size: int,
-                 rdp: bool) -> dict:
+                 rdp: bool, rdp_orders=None) -> dict:
     """The gate's charge for a run, fixed before any private data is read.
 
     Returns ``{"epsilon", "delta"}`` (basic streams: ε(p) of the accountant, or the whole grant in
-    paper mode) or ``{"event_json"}`` (rdp streams: the composed Laplace event of p queries).
+    paper mode) or ``{"event_json"}`` (rdp streams: the composed event of p votes). On an rdp
+    stream the ledger composes that event by RDP, so p is planned with the RDP bound on the
+    stream's order grid (``rdp_orders``, default the ledger's): the largest p whose event's RDP
+    ε at ``delta`` (the stream's δ_g) is ≤ ``epsilon`` — not the config's accountant, whose
+    Gumbel ``br`` or PLD bound would plan 15-27 % more votes whose RDP ε exceeds ``epsilon``.
+    The trainer answers exactly the charged event's p (``labels_from_grant``).
     """
-    from sage_tfx.ledger.accounting import event_to_json
+    from sage_tfx.ledger.accounting import DEFAULT_RDP_ORDERS, event_to_json
 
-    plan = plan_labels(config, epsilon=epsilon, delta=delta, public_size=public_size)
+    plan = plan_labels(config, epsilon=epsilon, delta=delta, public_size=public_size,
+                       rdp_orders=(rdp_orders or DEFAULT_RDP_ORDERS) if rdp else None)
     if rdp:
         if plan.event is None:
             raise InvalidRequestError(

@@ -5,7 +5,9 @@ mechanism: ``p`` noisy votes composed, the event :func:`~sage_tfx.bagging.run.pl
 before any private row is read and an ``rdp`` grant must charge exactly
 (:func:`~sage_tfx.bagging.run.labels_from_grant` refuses any other). ``plan_labels(config,
 epsilon=, delta=, public_size=)`` gives ``p`` for a budget; on a ``basic`` stream the grant is
-its ``(epsilon, delta)``. Paper mode is not DP and has no event.
+its ``(epsilon, delta)``; on an ``rdp`` stream ``plan_labels(..., rdp_orders=<the stream's
+orders>)`` plans p by the RDP bound the ledger composes the event with (``bagging_cost(rdp=True)``
+of ``DPBaggingTrainer``). Paper mode is not DP and has no event.
 
 The grant: the caller charges the ledger (the ``SageGate`` of ``DPBaggingTrainer``'s pipeline, or
 ``ledger.request``), then ``fit_dp_bagging(..., ledger=, grant_id=)`` buys the labels the grant

@@ -37,8 +37,11 @@ What is measured:
 
 Privacy accounting of a simulated step: train and test rows are disjoint (within each block for
 Fig. 7), so training and validation each get the step's full ε (parallel composition), as in
-:mod:`.tab2`. AdaSSP is (ε, δ)-DP; DP-SGD is calibrated with dp_accounting (RDP, Poisson sampling
-assumed for shuffled batches, as :mod:`sage_tfx.dp.dpsgd`) to (ε, δ); the validators are (ε, 0)-DP.
+:mod:`.tab2`. AdaSSP is (ε, δ)-DP; DP-SGD is calibrated with dp_accounting to (ε, δ) by the
+pipeline's ``accountant``: PLD, the project's default (:data:`sage_tfx.dp.dpsgd.DEFAULT_ACCOUNTANT`,
+as the DP Trainer), or RDP (``dataclasses.replace(spec, accountant="rdp")``, the accountant of
+the runs before PLD became the default); Poisson sampling, as :mod:`sage_tfx.dp.dpsgd`. The
+validators are (ε, 0)-DP.
 
 Randomness: each run has a ``SeedSequence`` child; its row samples come from one generator and
 the noise from another, so the combined and per-block variants of a run see the *same rows* at
@@ -85,6 +88,8 @@ class ModelPipeline:
         batch is capped at an eighth of the training rows for small samples.
       small_epsilon: Tab. 1's "small budget" of this pipeline (Fig. 5).
       paper: the paper's counterpart.
+      accountant: DP-SGD only: the dp_accounting accountant σ is calibrated with
+        (:data:`sage_tfx.dp.dpsgd.PLD`, the default, or :data:`sage_tfx.dp.dpsgd.RDP`).
     """
 
     name: str
@@ -97,8 +102,10 @@ class ModelPipeline:
     l2_norm_clip: float = 1.0
     small_epsilon: float = 0.25
     paper: str = ""
+    accountant: str = dpsgd.DEFAULT_ACCOUNTANT
 
     def __post_init__(self) -> None:
+        dpsgd.check_accountant(self.accountant)
         if self.task not in fl.TASKS:
             raise ValueError(f"unknown task {self.task!r}")
         if self.algorithm not in (ADASSP, DPSGD):
@@ -127,10 +134,36 @@ PIPELINES: dict[str, ModelPipeline] = {
 
 @functools.lru_cache(maxsize=1024)
 def dpsgd_noise_multiplier(epsilon: float, delta: float, batch_size: int, num_examples: int,
-                           epochs: int) -> float:
-    """DP-SGD σ for (ε, δ) at this sampling (RDP; cached: every run reuses its steps' sizes)."""
+                           epochs: int, accountant: str = dpsgd.DEFAULT_ACCOUNTANT) -> float:
+    """DP-SGD σ for (ε, δ) at this sampling by ``accountant`` (PLD by default; cached: every
+    run reuses its steps' sizes)."""
     return dpsgd.calibrate_noise_multiplier(epsilon, delta, batch_size, num_examples, epochs,
-                                            dpsgd.RDP)
+                                            accountant)
+
+
+def sigma_rows(spec: ModelPipeline, sizes: Sequence[tuple[float, int]], delta: float = 1e-6,
+               accountants: Sequence[str] = (dpsgd.RDP, dpsgd.PLD)) -> list[dict]:
+    """σ of a DP-SGD pipeline per (ε, training rows) in ``sizes``, by each accountant.
+
+    One row per size: the batch and steps the pipeline runs, ``sigma_<accountant>`` (what
+    :func:`fit_and_score` trains with under that accountant) and ``noise_change`` (the last
+    accountant's σ relative to the first's, minus 1: −0.1 is 10 % less noise).
+    """
+    if spec.algorithm != DPSGD:
+        raise ValueError(f"{spec.name} is not a DP-SGD pipeline")
+    rows = []
+    for eps, n_train in sizes:
+        batch = spec.batch_for(n_train)
+        row = {"pipeline": spec.name, "epsilon": float(eps), "delta": float(delta),
+               "n_train": int(n_train), "batch": batch, "epochs": spec.epochs,
+               "steps": dpsgd.dpsgd_steps(batch, n_train, spec.epochs)}
+        for acct in accountants:
+            row[f"sigma_{acct}"] = dpsgd_noise_multiplier(float(eps), float(delta), batch,
+                                                          int(n_train), spec.epochs, acct)
+        row["noise_change"] = (row[f"sigma_{accountants[-1]}"]
+                               / row[f"sigma_{accountants[0]}"] - 1.0)
+        rows.append(row)
+    return rows
 
 
 def _keras_fit_and_score(spec: ModelPipeline, x: np.ndarray, labels: np.ndarray,
@@ -154,11 +187,11 @@ def _keras_fit_and_score(spec: ModelPipeline, x: np.ndarray, labels: np.ndarray,
                   verbose=0)
     else:
         sigma = dpsgd_noise_multiplier(float(epsilon), float(delta), batch, x.shape[0],
-                                       spec.epochs)
+                                       spec.epochs, spec.accountant)
         model, guarantee = keras_dpsgd.train_dp_keras(
             x32, y32, layers=layers, loss=loss, batch_size=batch, epochs=spec.epochs,
             delta=delta, l2_norm_clip=spec.l2_norm_clip, noise_multiplier=sigma,
-            accountant=dpsgd.RDP, optimizer=optimizer, seed=seed)
+            accountant=spec.accountant, optimizer=optimizer, seed=seed)
         if not guarantee.epsilon <= epsilon:  # the calibration promises this; keep the promise
             raise RuntimeError(f"DP-SGD spent ε={guarantee.epsilon} > {epsilon}")
     scores = [model(tf.constant(e.astype(np.float32)), training=False).numpy()[:, 0]
@@ -462,5 +495,6 @@ __all__ = [
     "ADASSP", "AVERAGE_MODELS", "COMBINED", "DPSGD", "ModelPipeline", "SUM_MOMENTS",
     "TRAININGS", "PIPELINES", "PipelineRuns", "accept_matrix",
     "dpsgd_noise_multiplier", "fit_and_score", "hardest_accepted_target", "learning_curve",
-    "quality_rows", "samples_rows", "samples_to_accept", "simulate", "split_blocks",
+    "quality_rows", "samples_rows", "samples_to_accept", "sigma_rows", "simulate",
+    "split_blocks",
 ]

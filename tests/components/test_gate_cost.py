@@ -42,11 +42,21 @@ def test_the_pipelines_gates_charge_each_systems_cost():
     from sage_tfx import bagging, dnd
     from sage_tfx.components.dnd_trainer.protocol import RunSettings, dnd_train_part
     from sage_tfx.components.dp_bagging_trainer.executor import bagging_cost
-    config = bagging.BaggingConfig(k=2, n=5, lam=0.1)
-    plan = bagging.plan_labels(config, epsilon=2.0, delta=1e-5, public_size=300)
-    charged = bagging_cost(config, epsilon=2.0, delta=1e-5, public_size=300, rdp=True)
-    assert charged["event_json"] == accounting.event_to_json(
-        bagging.cost(config, queries=plan.queries))
+    for votes in ("laplace", "gumbel"):
+        config = bagging.BaggingConfig(k=2, n=5, lam=0.1, votes=votes)
+        # rdp streams: p by the RDP bound on the ledger's orders (what the ledger composes)
+        plan = bagging.plan_labels(config, epsilon=2.0, delta=1e-5, public_size=300,
+                                   rdp_orders=accounting.DEFAULT_RDP_ORDERS)
+        charged = bagging_cost(config, epsilon=2.0, delta=1e-5, public_size=300, rdp=True)
+        assert charged["event_json"] == accounting.event_to_json(
+            bagging.cost(config, queries=plan.queries))
+        acc = rdp_lib.RdpAccountant(list(accounting.DEFAULT_RDP_ORDERS))
+        acc.compose(bagging.cost(config, queries=plan.queries))
+        assert acc.get_epsilon(1e-5) <= 2.0
+        # basic streams: unchanged, ε(p) of the config's accountant
+        basic = bagging.plan_labels(config, epsilon=2.0, delta=1e-5, public_size=300)
+        assert bagging_cost(config, epsilon=2.0, delta=1e-5, public_size=300, rdp=False) == {
+            "epsilon": basic.epsilon, "delta": basic.delta}
     settings = RunSettings("logistic", 20, k=5, gamma=0.01, l1_norm_clip=1.0, epsilon=0.5,
                            passes=3)
     part = dnd_train_part(settings, rdp=True)

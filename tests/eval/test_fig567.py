@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import importlib.util
+import json
 import math
 import subprocess
 import sys
@@ -14,7 +16,9 @@ import sys
 import numpy as np
 import pytest
 
+from sage_tfx.dp import dpsgd
 from sage_tfx.dp import validation as v
+from sage_tfx.errors import InvalidPrivacyParameterError
 from sage_tfx.eval import flights as fl
 from sage_tfx.eval import fig567 as pp
 from sage_tfx.eval import tab2 as t2
@@ -197,6 +201,20 @@ def test_cli_tiny_adassp(tmp_path):
     md = (out / "fig567.md").read_text()
     assert md.startswith("# kept title") and "hand-written discussion" in md
     assert "old" not in md and "### Fig. 6" in md and "### Fig. 7" in md
+    runs = json.loads((out / "fig567_runs.json").read_text())
+    assert set(runs["rows"]) == {"LR/5", "LR/6", "LR/7"}
+    # --merge re-runs one figure of the given pipelines and keeps every other row
+    fig5_before = (out / "fig5.csv").read_text()
+    proc = subprocess.run(cmd + ["--merge", "--figures", "6", "--runs-adassp", "3"],
+                          check=True, capture_output=True, text=True)
+    assert (out / "fig5.csv").read_text() == fig5_before
+    assert {r["runs"] for r in _csv(out / "fig6.csv")} == {"3"}
+    runs = json.loads((out / "fig567_runs.json").read_text())
+    assert runs["rows"]["LR/6"]["runs_adassp"] == 3 and runs["rows"]["LR/5"]["runs_adassp"] == 6
+    md = (out / "fig567.md").read_text()
+    assert "| LR/6 |" in md and "| LR/5, LR/7 |" in md and "### Fig. 5" in md
+    bad = subprocess.run(cmd + ["--merge", "--n-max", "2000"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "schedule" in bad.stderr  # rows of one schedule only
 
 
 @pytest.mark.slow
@@ -213,3 +231,49 @@ def test_cli_tiny_dpsgd(tmp_path):
     quality = _csv(out / "fig7_quality.csv")
     nn = [r for r in quality if r["pipeline"] == "NN"]
     assert nn and all(0.0 <= float(r["heldout_median"]) <= 1.0 for r in nn)
+
+
+def test_dpsgd_pipelines_calibrate_with_pld_by_default_rdp_kept():
+    """σ by the default accountant is PLD's; each accountant's σ meets ε by its own bound, and
+    PLD's is smaller (an independent dp_accounting check: RDP's σ is below ε by PLD)."""
+    assert all(s.accountant == dpsgd.PLD for s in pp.PIPELINES.values())
+    lg = pp.PIPELINES["LG"]
+    (row,) = pp.sigma_rows(lg, [(1.0, 900)])
+    batch = lg.batch_for(900)
+    assert (row["batch"], row["steps"]) == (batch, dpsgd.dpsgd_steps(batch, 900, lg.epochs))
+    assert row["sigma_pld"] == pp.dpsgd_noise_multiplier(1.0, 1e-6, batch, 900, lg.epochs)
+    assert row["sigma_rdp"] == pp.dpsgd_noise_multiplier(1.0, 1e-6, batch, 900, lg.epochs,
+                                                         dpsgd.RDP)
+    for acct in (dpsgd.RDP, dpsgd.PLD):
+        event = dpsgd.dpsgd_event(row[f"sigma_{acct}"], batch, 900, lg.epochs)
+        assert dpsgd.dpsgd_epsilon(event, 1e-6, acct) <= 1.0
+    rdp_event = dpsgd.dpsgd_event(row["sigma_rdp"], batch, 900, lg.epochs)
+    assert dpsgd.dpsgd_epsilon(rdp_event, 1e-6, dpsgd.PLD) < 0.97
+    assert row["sigma_pld"] < 0.97 * row["sigma_rdp"]
+    assert row["noise_change"] == pytest.approx(row["sigma_pld"] / row["sigma_rdp"] - 1)
+    with pytest.raises(InvalidPrivacyParameterError):
+        dataclasses.replace(lg, accountant="moments")
+    with pytest.raises(ValueError):
+        pp.sigma_rows(LR, [(1.0, 900)])
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location(
+        "fig567_pipelines", "benchmarks/sage/fig567_pipelines.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_merge_replaces_the_rerun_pipelines_rows_only():
+    bench = _bench()
+    old = [{"pipeline": "LR", "x": 1}, {"pipeline": "NN", "x": 1}, {"pipeline": "LG", "x": 1}]
+    new = [{"pipeline": "NN", "x": 2}]
+    assert bench.merged(old, new, ["NN", "LG"]) == [{"pipeline": "LR", "x": 1},
+                                                    {"pipeline": "NN", "x": 2}]
+    assert bench.merged(old, [], ()) == old  # a figure not re-run keeps every row
+    row = bench._typed({"pipeline": "NN", "epsilon": "NP", "n_train": "900", "median_n": "inf",
+                        "eta": "0.05"})
+    assert row == {"pipeline": "NN", "epsilon": "NP", "n_train": 900, "median_n": math.inf,
+                   "eta": 0.05}
+    assert isinstance(row["n_train"], int)
