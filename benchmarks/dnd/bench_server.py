@@ -16,6 +16,8 @@ rejected by the spam check). Writes ``server_load.csv`` and ``server_attacks.csv
 
     .venv/bin/python benchmarks/dnd/bench_server.py --updates 3000 --large-updates 1000
     .venv/bin/python benchmarks/dnd/bench_server.py --in-process --updates 1200 --large-updates 600
+    .venv/bin/python benchmarks/dnd/bench_server.py --in-process --durability power \
+        --max-batch 128 --updates 600 --large-updates 300
 """
 import argparse
 import asyncio
@@ -203,16 +205,21 @@ def crude_attacks(base: str, token: str, dim: int, trials: int) -> list:
     return rows
 
 
-def in_process(features: int, updates: int, background: bool, k: int = 20) -> dict:
+def in_process(features: int, updates: int, background: bool, k: int = 20,
+               durability: str = "process", max_batch: int = 0) -> dict:
     """The service logic without HTTP, 16 threads of draw + 5 ms + discard: the spam check with
     background recalibration (the server's) or in line (the check before it), SQLite with
-    durability=process."""
+    ``durability``; ``max_batch`` > 0 caps the draws and updates per group commit (1: one
+    transaction and fsync each, as before group commit)."""
     import concurrent.futures
 
+    from sage_tfx.dnd import groupcommit
     from sage_tfx.dnd.glm import GLMSpec
     from sage_tfx.dnd.server import build_service
     from sage_tfx.dnd.spam import SpamCheck
-    url = f"sqlite:///{tempfile.mkdtemp(prefix='dnd-bench-')}/l.db?durability=process"
+    if max_batch:
+        groupcommit.MAX_BATCH = max_batch
+    url = f"sqlite:///{tempfile.mkdtemp(prefix='dnd-bench-')}/l.db?durability={durability}"
     spec = GLMSpec("logistic", features)
     with open_ledger(url) as led:
         led.create_stream("c", epsilon_g=1e9, delta_g=1e-6)
@@ -232,7 +239,8 @@ def in_process(features: int, updates: int, background: bool, k: int = 20) -> di
         accepted = sum(ex.map(one, range(updates)))
     secs = time.perf_counter() - t0
     row = {"weights": spec.dim, "check": "background" if background else "in line",
-           "updates": updates, "seconds": round(secs, 2),
+           "durability": durability, "max_batch": groupcommit.MAX_BATCH,
+           "commits": svc.store.commits, "updates": updates, "seconds": round(secs, 2),
            "updates_per_s": round(updates / secs, 1), "honest_rejected": updates - accepted,
            "load_1min": round(os.getloadavg()[0], 1)}
     print(row, flush=True)
@@ -301,10 +309,19 @@ def main() -> None:
     p.add_argument("--sizes", default="386,49999", help="features (weights = features + 1)")
     p.add_argument("--durability", choices=("power", "process"), default="power",
                    help="the SQLite ledger's durability (power: every commit fsynced)")
+    p.add_argument("--max-batch", type=int, default=0, help="with --in-process: group commit "
+                   "capped at this many writes against one transaction per write "
+                   "(server_in_process_batch_<durability>.csv)")
     p.add_argument("--out", default="benchmarks/results/dnd")
     p.add_argument("--in-process", action="store_true",
                    help="only the service logic, background vs in-line check (in_process.csv)")
     a = p.parse_args()
+    if a.in_process and a.max_batch:  # group commit against one transaction per write
+        rows = [in_process(f, n, True, durability=a.durability, max_batch=mb)
+                for f, n in ((386, a.updates), (49_999, a.large_updates))
+                for mb in (a.max_batch, 1)]
+        write_csv(os.path.join(a.out, f"server_in_process_batch_{a.durability}.csv"), rows)
+        return
     if a.in_process:
         rows = [in_process(f, n, bg) for f, n in ((386, a.updates), (49_999, a.large_updates))
                 for bg in (True, False)]
