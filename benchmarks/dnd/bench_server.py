@@ -6,7 +6,8 @@ sage_tfx.dnd.server`` (a fresh SQLite ledger with principals: the run is charged
 first update, clients authenticate with bearer tokens, instances, passes and tickets live in the
 ledger's database, norm bound and spam check on) and ``benchmarks/dnd/bare_app.py`` (the same
 endpoints, parsing and uvicorn, none of the work), each in its own process, and drives both with
-the asyncio simulator (``concurrency`` clients, uvloop) in this process, per encoding (JSON,
+the asyncio simulator (``concurrency`` clients split over ``--load-procs`` forked processes,
+each on uvloop, so one Python process does not cap the bare app), per encoding (JSON,
 raw float64, framed float32): bare, real, real, bare, so drifting machine load affects both
 alike. It reports updates/s, latency quantiles, the ratio real/bare, the honest updates the
 real server rejected, the load average, and then sends the crude attacks to the real server
@@ -15,6 +16,8 @@ rejected by the spam check). Writes ``server_load.csv`` and ``server_attacks.csv
 
     .venv/bin/python benchmarks/dnd/bench_server.py --updates 3000 --large-updates 1000
     .venv/bin/python benchmarks/dnd/bench_server.py --in-process --updates 1200 --large-updates 600
+    .venv/bin/python benchmarks/dnd/bench_server.py --in-process --durability power \
+        --max-batch 128 --updates 600 --large-updates 300
 """
 import argparse
 import asyncio
@@ -104,7 +107,35 @@ def bare_server(dim: int):
 
 
 def drive(base: str, tokens: list, bank: np.ndarray, updates: int, concurrency: int,
-          encoding: str, timeout: float):
+          encoding: str, timeout: float, procs: int = 1):
+    """``updates`` updates by ``concurrency`` clients, split over ``procs`` load-generator
+    processes (forked, each an asyncio loop on uvloop with its share of the clients and
+    tokens) started together; one SimulationResult: the updates of all, the slowest's seconds."""
+    if procs <= 1:
+        return _drive_one(base, tokens, bank, updates, concurrency, encoding, timeout)
+    import multiprocessing
+    from sage_tfx.dnd.simulator import SimulationResult
+    ctx = multiprocessing.get_context("fork")
+    gate, out = ctx.Barrier(procs), ctx.Queue()
+
+    def child(i: int) -> None:
+        gate.wait()
+        r = _drive_one(base, tokens[i::procs], bank, updates // procs + (i < updates % procs),
+                       concurrency // procs + (i < concurrency % procs), encoding, timeout)
+        out.put((r.updates, r.accepted, r.refused, r.errors, r.seconds, r.latencies))
+    children = [ctx.Process(target=child, args=(i,)) for i in range(procs)]
+    for c in children:
+        c.start()
+    parts = [out.get(timeout=timeout + 120) for _ in children]
+    for c in children:
+        c.join(30)
+    return SimulationResult(sum(p[0] for p in parts), sum(p[1] for p in parts),
+                            sum(p[2] for p in parts), sum(p[3] for p in parts),
+                            max(p[4] for p in parts), [x for p in parts for x in p[5]], set())
+
+
+def _drive_one(base: str, tokens: list, bank: np.ndarray, updates: int, concurrency: int,
+               encoding: str, timeout: float):
     import uvloop
     counter = iter(range(10 ** 9))
     coro = simulate(base, updates=updates, concurrency=concurrency, tokens=tokens,
@@ -174,16 +205,21 @@ def crude_attacks(base: str, token: str, dim: int, trials: int) -> list:
     return rows
 
 
-def in_process(features: int, updates: int, background: bool, k: int = 20) -> dict:
+def in_process(features: int, updates: int, background: bool, k: int = 20,
+               durability: str = "process", max_batch: int = 0) -> dict:
     """The service logic without HTTP, 16 threads of draw + 5 ms + discard: the spam check with
     background recalibration (the server's) or in line (the check before it), SQLite with
-    durability=process."""
+    ``durability``; ``max_batch`` > 0 caps the draws and updates per group commit (1: one
+    transaction and fsync each, as before group commit)."""
     import concurrent.futures
 
+    from sage_tfx.dnd import groupcommit
     from sage_tfx.dnd.glm import GLMSpec
     from sage_tfx.dnd.server import build_service
     from sage_tfx.dnd.spam import SpamCheck
-    url = f"sqlite:///{tempfile.mkdtemp(prefix='dnd-bench-')}/l.db?durability=process"
+    if max_batch:
+        groupcommit.MAX_BATCH = max_batch
+    url = f"sqlite:///{tempfile.mkdtemp(prefix='dnd-bench-')}/l.db?durability={durability}"
     spec = GLMSpec("logistic", features)
     with open_ledger(url) as led:
         led.create_stream("c", epsilon_g=1e9, delta_g=1e-6)
@@ -203,7 +239,8 @@ def in_process(features: int, updates: int, background: bool, k: int = 20) -> di
         accepted = sum(ex.map(one, range(updates)))
     secs = time.perf_counter() - t0
     row = {"weights": spec.dim, "check": "background" if background else "in line",
-           "updates": updates, "seconds": round(secs, 2),
+           "durability": durability, "max_batch": groupcommit.MAX_BATCH,
+           "commits": svc.store.commits, "updates": updates, "seconds": round(secs, 2),
            "updates_per_s": round(updates / secs, 1), "honest_rejected": updates - accepted,
            "load_1min": round(os.getloadavg()[0], 1)}
     print(row, flush=True)
@@ -225,7 +262,7 @@ def one_size(features: int, updates: int, a) -> tuple:
             for app in ("bare", "real", "real", "bare"):
                 base = real_base if app == "real" else bare_base
                 res = drive(base, tokens["clients"], bank, n, a.concurrency, encoding,
-                            a.timeout)
+                            a.timeout, a.load_procs)
                 runs[app].append(res)
                 print(f"{dim} weights, {encoding}, {app}: {res.updates} updates in "
                       f"{res.seconds:.2f} s = {res.updates_per_second:.1f}/s "
@@ -233,17 +270,20 @@ def one_size(features: int, updates: int, a) -> tuple:
             after = httpx.get(f"{real_base}/v1/stats", headers=auth).json()
             load = round(os.getloadavg()[0], 1)
             bare_row = _row(dim, "bare FastAPI", encoding, a.concurrency, runs["bare"],
-                            {"load_1min": load})
+                            {"load_1min": load, "load_procs": a.load_procs})
             done = after["updates"] - before["updates"]
             rejected = after["rejected_spam"] - before["rejected_spam"]
             real_row = _row(dim, "sage-tfx dnd serve", encoding, a.concurrency, runs["real"], {
-                "load_1min": load, "durability": a.durability,
+                "load_1min": load, "load_procs": a.load_procs, "durability": a.durability,
                 "real_over_bare": round(sum(r.updates for r in runs["real"])
                                         / max(sum(r.seconds for r in runs["real"]), 1e-9)
                                         / max(bare_row["updates_per_s"], 1e-9), 3),
                 "honest_rejected": rejected,
                 "honest_rejected_pct": round(100 * rejected / max(done, 1), 2),
-                "out_of_bounds": after["out_of_bounds"] - before["out_of_bounds"]})
+                "out_of_bounds": after["out_of_bounds"] - before["out_of_bounds"],
+                # draws and updates written per group-commit transaction (one fsync each)
+                "writes_per_commit": round((after["draws"] - before["draws"] + done)
+                                           / max(after["commits"] - before["commits"], 1), 2)})
             rows += [bare_row, real_row]
             print(real_row, flush=True)
         attacks = crude_attacks(real_base, tokens["clients"][0], dim, a.attack_trials)
@@ -259,6 +299,8 @@ def main() -> None:
     p.add_argument("--large-updates", type=int, default=1000, help="the same, 50,000 weights "
                    "(JSON: a tenth)")
     p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--load-procs", type=int, default=4,
+                   help="load-generator processes sharing the concurrent clients")
     p.add_argument("--k", type=int, default=20)
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--timeout", type=float, default=60, help="seconds per measured round")
@@ -267,10 +309,19 @@ def main() -> None:
     p.add_argument("--sizes", default="386,49999", help="features (weights = features + 1)")
     p.add_argument("--durability", choices=("power", "process"), default="power",
                    help="the SQLite ledger's durability (power: every commit fsynced)")
+    p.add_argument("--max-batch", type=int, default=0, help="with --in-process: group commit "
+                   "capped at this many writes against one transaction per write "
+                   "(server_in_process_batch_<durability>.csv)")
     p.add_argument("--out", default="benchmarks/results/dnd")
     p.add_argument("--in-process", action="store_true",
                    help="only the service logic, background vs in-line check (in_process.csv)")
     a = p.parse_args()
+    if a.in_process and a.max_batch:  # group commit against one transaction per write
+        rows = [in_process(f, n, True, durability=a.durability, max_batch=mb)
+                for f, n in ((386, a.updates), (49_999, a.large_updates))
+                for mb in (a.max_batch, 1)]
+        write_csv(os.path.join(a.out, f"server_in_process_batch_{a.durability}.csv"), rows)
+        return
     if a.in_process:
         rows = [in_process(f, n, bg) for f, n in ((386, a.updates), (49_999, a.large_updates))
                 for bg in (True, False)]

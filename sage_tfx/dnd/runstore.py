@@ -25,9 +25,12 @@ workers, machines on one PostgreSQL ledger) serve one run:
 * ``dnd_rate`` — draws per principal in the current rate window (a per-client rate limit shared
   by every server process on the database).
 
-A returned update is one transaction: the ticket is consumed, the principal's pass counted and,
+A returned update is one unit: the ticket is consumed, the principal's pass counted and,
 if the spam check accepted it, one uniformly drawn instance overwritten with the next version —
 all or nothing. Times are the database's clock on PostgreSQL, this machine's on SQLite.
+
+Draws and returned updates are written by group commit (:mod:`sage_tfx.dnd.groupcommit`): many
+in one transaction and one fsync, each answered only once its own write is durable.
 """
 from __future__ import annotations
 
@@ -42,6 +45,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from sage_tfx.dnd.budget import UpdateRefused
+from sage_tfx.dnd.groupcommit import GroupCommit
 from sage_tfx.errors import InvalidRequestError, SageError
 from sage_tfx.ledger import secrets as ledger_secrets
 from sage_tfx.ledger.store import Store
@@ -183,8 +187,13 @@ class RunStore:
 
     def __init__(self, url: str):
         self._st = Store(ledger_secrets.resolve(url))
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the write connection (held by the committer)
+        self._reader: Optional[Store] = None  # reads do not wait for a batch's commit and fsync
+        self._rlock = threading.Lock()
         self._rng = secrets.SystemRandom()
+        self._local = threading.local()  # the read connection while this thread reads
+        self._group = GroupCommit(self._st, self._lock, self._q,
+                                  (UnknownTicketError, UpdateRefused, SageError))
         st = self._st
 
         def create():
@@ -195,6 +204,11 @@ class RunStore:
         self._write(create)
 
     @property
+    def commits(self) -> int:
+        """Group-commit transactions of draws and updates this store committed."""
+        return self._group.commits
+
+    @property
     def kind(self) -> str:
         """The database kind (``sqlite`` or ``postgresql``)."""
         return self._st.kind
@@ -203,17 +217,27 @@ class RunStore:
         """Closes the database connection."""
         with self._lock:
             self._st.close()
+        with self._rlock:
+            if self._reader is not None:
+                self._reader.close()
+                self._reader = None
 
     def _write(self, fn: Callable):
         with self._lock:
             return self._st.write(fn)
 
     def _read(self, fn: Callable):
-        with self._lock:
-            return self._st.read(fn)
+        with self._rlock:
+            if self._reader is None:
+                self._reader = Store(self._st.url)
+            self._local.st = self._reader
+            try:
+                return self._reader.read(fn)
+            finally:
+                self._local.st = None
 
     def _q(self, sql: str, params: Sequence = ()):
-        return self._st.q(sql, params)
+        return (getattr(self._local, "st", None) or self._st).q(sql, params)
 
     def _time(self) -> float:
         if self._st.kind == "postgresql":
@@ -347,7 +371,7 @@ class RunStore:
             self._q("UPDATE dnd_passes SET draws = draws + 1 WHERE grant_id = ? AND "
                     "principal = ?", (grant_id, principal))
 
-        self._write(txn)
+        self._group.run(txn)
         return ticket
 
     def _count_rate(self, grant_id: str, principal: str, rate: RateLimit, t: float) -> None:
@@ -463,7 +487,7 @@ class RunStore:
                     (version, grant_id))
             return slot, version
 
-        return self._write(txn)
+        return self._group.run(txn)
 
     def _forget_drawn(self, grant_id: str, digest: str) -> None:
         """Drops a consumed ticket's draw record, and the kept instance it alone referred to."""

@@ -58,6 +58,7 @@ from sage_tfx import services
 from sage_tfx.dnd.budget import RunBudget, UpdateRefused, request_run
 from sage_tfx.dnd.client import ClientConfig, check_update_matches_ledger_epsilon
 from sage_tfx.dnd.glm import GLMSpec
+from sage_tfx.dnd.groupcommit import StoreUnavailableError
 from sage_tfx.dnd.runstore import RunStore, check_ticket_ttl, decode, encode
 from sage_tfx.dnd.service import (DEFAULT_TICKET_TTL, DnDService, RateLimit, RateLimitedError,
                                   RunReleasedError, UnknownTicketError, UpdateOutOfBoundsError)
@@ -145,6 +146,8 @@ def create_app(service: DnDService, auth: services.Authenticator, *,
         outstanding_tickets: int
         version: int
         released: bool
+        commits: int = Field(description="this process's transactions of draws and updates "
+                                         "(group commit: many per transaction)")
 
     class Spec(BaseModel):
         model: dict
@@ -190,6 +193,9 @@ def create_app(service: DnDService, auth: services.Authenticator, *,
     def refused(exc: Exception, status: int = 403) -> JSONResponse:
         return JSONResponse({"refused": str(exc)}, status_code=status)
 
+    def unavailable(exc: Exception) -> JSONResponse:  # the batch it was committed in failed
+        return JSONResponse({"error": str(exc)}, status_code=503, headers={"Retry-After": "1"})
+
     def model_response(request: Request, avg) -> Response:
         headers = {"X-DnD-Final": str(avg.final).lower(), "X-DnD-Version": str(avg.version)}
         if wants_binary(request):
@@ -207,6 +213,7 @@ def create_app(service: DnDService, auth: services.Authenticator, *,
         **_AUTH_ERRORS, 200: {"content": {BINARY: binary_weights, UPDATE_TYPE: binary_weights}},
         403: _error("refused: no grant, block not granted or stopped, no pass left"),
         409: _error("the run's model was released"),
+        503: _error("the store could not commit it (nothing written): retry after Retry-After"),
         429: _error("the client's rate limit: retry after the Retry-After seconds")})
     def draw(request: Request, who=client,
              blocks: Optional[str] = Query(None, max_length=MAX_BLOCKS_QUERY,
@@ -225,6 +232,8 @@ def create_app(service: DnDService, auth: services.Authenticator, *,
             return refused(exc)
         except RunReleasedError as exc:
             return refused(exc, 409)
+        except StoreUnavailableError as exc:
+            return unavailable(exc)
         if wants_framed(request):
             return Response(encode_update(tid, w, "float64"), media_type=UPDATE_TYPE,
                             headers={TICKET_HEADER: tid})
@@ -236,6 +245,7 @@ def create_app(service: DnDService, auth: services.Authenticator, *,
         **_AUTH_ERRORS, 403: _error("the client's block was stopped since its draw"),
         404: _error("unknown, used or expired ticket, or another principal's"),
         409: _error("the run's model was released"),
+        503: _error("the store could not commit it (nothing written): retry after Retry-After"),
         422: _error("bad body, or the update's step exceeds the norm bound (nothing changed)"),
         415: _error(f"the body is neither JSON, {BINARY} nor {UPDATE_TYPE}")},
         openapi_extra={"requestBody": {"required": True, "content": {
@@ -287,6 +297,8 @@ def create_app(service: DnDService, auth: services.Authenticator, *,
             return refused(exc)
         except RunReleasedError as exc:
             return refused(exc, 409)
+        except StoreUnavailableError as exc:
+            return unavailable(exc)
         return {"accepted": accepted}
 
     model_responses = {**_AUTH_ERRORS, 200: {"content": {BINARY: binary_weights}},

@@ -324,14 +324,16 @@ class DnDService:
         return self.store.sweep(self.grant_id) if self.store is not None else 0
 
     def stats(self) -> dict:
-        """Counters of the run (all processes) and this process's refusals."""
+        """Counters of the run (all processes), this process's refusals and its group-commit
+        transactions of draws and updates."""
         with self._lock:
             refused, out_of_bounds = self._refused, self._out_of_bounds
         out = {"draws": 0, "updates": 0, "accepted": 0, "rejected_spam": 0, "refused": refused,
                "out_of_bounds": out_of_bounds,
-               "outstanding_tickets": 0, "version": 0, "released": False}
+               "outstanding_tickets": 0, "version": 0, "released": False, "commits": 0}
         if self.store is None:
             return out
+        out["commits"] = self.store.commits  # this process's draw/update transactions
         run = self.store.run(self.grant_id)
         passes = self.store.passes(self.grant_id).values()
         out.update(draws=sum(d for _, d in passes), updates=sum(u for u, _ in passes),
