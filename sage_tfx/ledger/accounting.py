@@ -35,6 +35,7 @@ This module imports no TensorFlow.
 """
 from __future__ import annotations
 
+import decimal
 import functools
 import json
 import math
@@ -102,6 +103,24 @@ def check_delta(delta: Any, name: str = "delta", allow_zero: bool = True) -> flo
 def exact(value: float) -> Decimal:
     """The decimal number a float's shortest repr shows (what the user typed)."""
     return Decimal(repr(float(value)))
+
+
+# The ledger's decimal sums run in this fixed context, never in the thread's current one: a caller
+# that sets ``decimal.getcontext().prec`` (a notebook, a library) must not change how budgets add
+# up. 28 digits is Python's default and what the PostgreSQL one-call path assumes (MAX_DIGITS).
+CONTEXT = decimal.Context(prec=28, rounding=decimal.ROUND_HALF_EVEN, Emin=-999999, Emax=999999,
+                          capitals=1, clamp=0, flags=[],
+                          traps=[decimal.InvalidOperation, decimal.DivisionByZero,
+                                 decimal.Overflow])
+
+
+def in_ledger_context(fn):
+    """Decorator: ``fn`` runs its decimal arithmetic in :data:`CONTEXT`."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with decimal.localcontext(CONTEXT):
+            return fn(*args, **kwargs)
+    return wrapper
 
 
 # --- DpEvent serialization --------------------------------------------------------------------

@@ -36,6 +36,7 @@ def reported(s: Stream, eps_text: str, delta_text: str, rdp_text: Optional[str],
     return float(Decimal(eps_text)), float(Decimal(delta_text))
 
 
+@accounting.in_ledger_context
 def remaining(s: Stream, eps_text: str, delta_text: str, rdp_text: Optional[str]) -> dict:
     """What is left: (ε, δ) in basic mode, the per-order headroom under the filter in rdp."""
     if s.mode == accounting.BASIC:
@@ -58,12 +59,14 @@ def fits(s: Stream, eps_text: str, delta_text: str, rdp_text: Optional[str],
 # stream's busy region, mostly share a few spent states, so a request's 30 blocks cost a few
 # decimal parses instead of 90.
 @functools.lru_cache(maxsize=8192)
+@accounting.in_ledger_context
 def _basic_fits(eps_text: str, delta_text: str, eps: Decimal, dlt: Decimal, cap_e: Decimal,
                 cap_d: Decimal) -> bool:
     return Decimal(eps_text) + eps <= cap_e and Decimal(delta_text) + dlt <= cap_d
 
 
 @functools.lru_cache(maxsize=8192)
+@accounting.in_ledger_context
 def _basic_after(eps_text: str, delta_text: str, eps: Decimal, dlt: Decimal, retire: Decimal,
                  cap_e: Decimal) -> tuple[str, str, None, bool]:
     new_e = Decimal(eps_text) + eps
@@ -93,6 +96,7 @@ def after_charge(s: Stream, eps_text: str, delta_text: str, rdp_text: Optional[s
     return eps_text, delta_text, json.dumps(curve), accounting.rdp_fits(curve, probe, s.caps)
 
 
+@accounting.in_ledger_context
 def shortfall(s: Stream, short: Sequence[tuple[str, str, str]], eps: Optional[Decimal],
               dlt: Optional[Decimal]) -> str:
     """The denial reason for blocks ``(block_id, eps_text, delta_text)`` that do not fit."""
@@ -114,6 +118,7 @@ def fresh(s: Stream) -> Derived:
     return Decimal(0), Decimal(0), [0.0] * len(s.orders), 0
 
 
+@accounting.in_ledger_context
 def derive(s: Stream, grants: Iterable[tuple]) -> dict[str, Derived]:
     """Every charged block's state recomputed from grant rows ``(ε, δ, event_json, blocks_json)``.
     """

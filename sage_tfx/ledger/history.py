@@ -43,6 +43,7 @@ class BudgetHistory:
     epsilon_g: float
 
 
+@accounting.in_ledger_context
 def budget_history(ledger: Ledger, stream: str, context: str = DEFAULT_CONTEXT) -> BudgetHistory:
     """Replays the stream's audit entries into a :class:`BudgetHistory`.
 
