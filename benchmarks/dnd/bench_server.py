@@ -10,8 +10,9 @@ the asyncio simulator (``concurrency`` clients split over ``--load-procs`` forke
 each on uvloop, so one Python process does not cap the bare app), per encoding (JSON,
 raw float64, framed float32): bare, real, real, bare, so drifting machine load affects both
 alike. It reports updates/s, latency quantiles, the ratio real/bare, the honest updates the
-real server rejected, the load average, and then sends the crude attacks to the real server
-(``--attack-trials`` each) and counts how many it catches (422 from the norm bound, or
+real server rejected (and by which statistic), each server's CPU per update (its processes'
+user + system time over the updates), the load average, and then sends the crude attacks to the
+real server (``--attack-trials`` each) and counts how many it catches (422 from the norm bound, or
 rejected by the spam check). Writes ``server_load.csv`` and ``server_attacks.csv``.
 
     .venv/bin/python benchmarks/dnd/bench_server.py --updates 3000 --large-updates 1000
@@ -27,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Sequence
 
 import httpx
 import numpy as np
@@ -82,7 +84,8 @@ def _stop(proc: subprocess.Popen) -> None:
     proc.wait(30)
 
 
-def real_server(features: int, k: int, clients: int, workers: int, durability: str = "power"):
+def real_server(features: int, k: int, clients: int, workers: int, durability: str = "power",
+                extra: Sequence[str] = ()):
     tmp = tempfile.mkdtemp(prefix="dnd-bench-")
     url = f"sqlite:///{tmp}/ledger.db" + ("" if durability == "power" else "?durability=process")
     tokens = _ledger(url, clients)
@@ -91,7 +94,7 @@ def real_server(features: int, k: int, clients: int, workers: int, durability: s
            "--run-id", f"bench-{features}", "--window-last", "16",
            "--bucket-scheme", "hash:client_id:16:bench", "--features", str(features),
            "--k", str(k), "--gamma", str(CFG.gamma), "--epsilon", str(CFG.epsilon),
-           "--passes", "1000000", "--port", str(port), "--workers", str(workers)]
+           "--passes", "1000000", "--port", str(port), "--workers", str(workers), *extra]
     base = f"http://127.0.0.1:{port}"
     auth = {"authorization": f"Bearer {tokens['server']}"}
     proc = _start(cmd, {"SAGE_LEDGER_TOKEN": tokens["server"]}, base, auth)
@@ -121,7 +124,8 @@ def drive(base: str, tokens: list, bank: np.ndarray, updates: int, concurrency: 
     def child(i: int) -> None:
         gate.wait()
         r = _drive_one(base, tokens[i::procs], bank, updates // procs + (i < updates % procs),
-                       concurrency // procs + (i < concurrency % procs), encoding, timeout)
+                       concurrency // procs + (i < concurrency % procs), encoding, timeout,
+                       seed=i)
         out.put((r.updates, r.accepted, r.refused, r.errors, r.seconds, r.latencies))
     children = [ctx.Process(target=child, args=(i,)) for i in range(procs)]
     for c in children:
@@ -135,17 +139,42 @@ def drive(base: str, tokens: list, bank: np.ndarray, updates: int, concurrency: 
 
 
 def _drive_one(base: str, tokens: list, bank: np.ndarray, updates: int, concurrency: int,
-               encoding: str, timeout: float):
+               encoding: str, timeout: float, seed: int = 0):
     import uvloop
-    counter = iter(range(10 ** 9))
+    rng = np.random.default_rng([seed, time.time_ns()])
+
+    def noise() -> np.ndarray:
+        # Each update's noise: a bank row, cyclically shifted and signed at random (Laplace
+        # marginals, no two updates with the same noise: a repeated noise vector would make an
+        # update a copy of an earlier one built on the same instance).
+        row = bank[rng.integers(len(bank))]
+        return np.roll(row, int(rng.integers(row.size))) * (1.0 if rng.random() < 0.5 else -1.0)
     coro = simulate(base, updates=updates, concurrency=concurrency, tokens=tokens,
-                    make_update=lambda w: w + bank[next(counter) % len(bank)], timeout=timeout,
-                    encoding=encoding)
+                    make_update=lambda w: w + noise(), timeout=timeout, encoding=encoding)
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     try:
         return asyncio.run(coro)
     finally:
         asyncio.set_event_loop_policy(None)
+
+
+def _cpu_seconds(proc: subprocess.Popen) -> float:
+    """User + system CPU seconds of a server process and its children (uvicorn workers)."""
+    import psutil
+    total = 0.0
+    root = psutil.Process(proc.pid)
+    for p in [root] + root.children(recursive=True):
+        try:
+            t = p.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += t.user + t.system
+    return total
+
+
+def _per_update(seconds: float, results) -> float:
+    n = sum(r.updates for r in results)
+    return round(1000 * seconds / n, 2) if n else 0.0
 
 
 def _row(dim, app, encoding, concurrency, results, extra=None) -> dict:
@@ -250,7 +279,8 @@ def in_process(features: int, updates: int, background: bool, k: int = 20,
 def one_size(features: int, updates: int, a) -> tuple:
     dim = features + 1
     clients = max(a.concurrency, 2)
-    real, real_base, tokens, auth = real_server(features, a.k, clients, a.workers, a.durability)
+    real, real_base, tokens, auth = real_server(features, a.k, clients, a.workers, a.durability,
+                                                a.server_args.split())
     bare, bare_base = bare_server(dim)
     bank = SeededNoise(0).laplace(np.zeros((64, dim)), CFG.noise_scale)  # a benchmark's noise
     rows = []
@@ -258,11 +288,14 @@ def one_size(features: int, updates: int, a) -> tuple:
         for encoding in a.encodings.split(","):
             n = max(1, updates // (10 if encoding == "json" and dim > 10_000 else 1) // 2)
             runs = {"bare": [], "real": []}
+            cpu = {"bare": 0.0, "real": 0.0}  # CPU seconds of the app's processes
             before = httpx.get(f"{real_base}/v1/stats", headers=auth).json()
             for app in ("bare", "real", "real", "bare"):
                 base = real_base if app == "real" else bare_base
+                c0 = _cpu_seconds(real if app == "real" else bare)
                 res = drive(base, tokens["clients"], bank, n, a.concurrency, encoding,
                             a.timeout, a.load_procs)
+                cpu[app] += _cpu_seconds(real if app == "real" else bare) - c0
                 runs[app].append(res)
                 print(f"{dim} weights, {encoding}, {app}: {res.updates} updates in "
                       f"{res.seconds:.2f} s = {res.updates_per_second:.1f}/s "
@@ -270,23 +303,31 @@ def one_size(features: int, updates: int, a) -> tuple:
             after = httpx.get(f"{real_base}/v1/stats", headers=auth).json()
             load = round(os.getloadavg()[0], 1)
             bare_row = _row(dim, "bare FastAPI", encoding, a.concurrency, runs["bare"],
-                            {"load_1min": load, "load_procs": a.load_procs})
+                            {"load_1min": load, "load_procs": a.load_procs,
+                             "server_cpu_ms_per_update": _per_update(cpu["bare"],
+                                                                     runs["bare"])})
             done = after["updates"] - before["updates"]
             rejected = after["rejected_spam"] - before["rejected_spam"]
             real_row = _row(dim, "sage-tfx dnd serve", encoding, a.concurrency, runs["real"], {
                 "load_1min": load, "load_procs": a.load_procs, "durability": a.durability,
+                "server_cpu_ms_per_update": _per_update(cpu["real"], runs["real"]),
                 "real_over_bare": round(sum(r.updates for r in runs["real"])
                                         / max(sum(r.seconds for r in runs["real"]), 1e-9)
                                         / max(bare_row["updates_per_s"], 1e-9), 3),
                 "honest_rejected": rejected,
                 "honest_rejected_pct": round(100 * rejected / max(done, 1), 2),
                 "out_of_bounds": after["out_of_bounds"] - before["out_of_bounds"],
+                "rejected_by": " ".join(
+                    f"{k}:{v - before.get('rejected_by', {}).get(k, 0)}"
+                    for k, v in after.get("rejected_by", {}).items()
+                    if v - before.get("rejected_by", {}).get(k, 0)),
                 # draws and updates written per group-commit transaction (one fsync each)
                 "writes_per_commit": round((after["draws"] - before["draws"] + done)
                                            / max(after["commits"] - before["commits"], 1), 2)})
             rows += [bare_row, real_row]
             print(real_row, flush=True)
-        attacks = crude_attacks(real_base, tokens["clients"][0], dim, a.attack_trials)
+        attacks = (crude_attacks(real_base, tokens["clients"][0], dim, a.attack_trials)
+                   if a.attack_trials > 0 else [])
     finally:
         _stop(real)
         _stop(bare)
@@ -312,6 +353,10 @@ def main() -> None:
     p.add_argument("--max-batch", type=int, default=0, help="with --in-process: group commit "
                    "capped at this many writes against one transaction per write "
                    "(server_in_process_batch_<durability>.csv)")
+    p.add_argument("--server-args", default="",
+                   help="more options of the real server, e.g. '--no-spam-check --no-norm-bound' "
+                        "(what the store, authentication and HTTP alone make)")
+    p.add_argument("--tag", default="", help="suffix of the CSV names (server_load_<tag>.csv)")
     p.add_argument("--out", default="benchmarks/results/dnd")
     p.add_argument("--in-process", action="store_true",
                    help="only the service logic, background vs in-line check (in_process.csv)")
@@ -333,9 +378,11 @@ def main() -> None:
         rows += r
         attacks += at
     os.makedirs(a.out, exist_ok=True)
-    suffix = "" if a.durability == "power" else f"_{a.durability}"
+    suffix = ("" if a.durability == "power" else f"_{a.durability}") + (f"_{a.tag}" if a.tag
+                                                                        else "")
     write_csv(os.path.join(a.out, f"server_load{suffix}.csv"), rows)
-    write_csv(os.path.join(a.out, f"server_attacks{suffix}.csv"), attacks)
+    if attacks:
+        write_csv(os.path.join(a.out, f"server_attacks{suffix}.csv"), attacks)
     for r in rows:
         print(r)
 

@@ -46,87 +46,12 @@ import numpy as np
 
 from sage_tfx.dnd.budget import UpdateRefused
 from sage_tfx.dnd.groupcommit import GroupCommit
+from sage_tfx.dnd.runtables import (MAX_TTL, RateLimit, RateLimitedError, RunReleasedError,
+                                    UnknownTicketError, _tables)
 from sage_tfx.errors import InvalidRequestError, SageError
 from sage_tfx.ledger import secrets as ledger_secrets
 from sage_tfx.ledger.store import Store
 from sage_tfx.ledger.values import now
-
-MAX_TTL = 86400.0
-
-
-class UnknownTicketError(KeyError):
-    """A discard with a ticket that was never issued, already used, expired, or drawn by
-    another principal."""
-
-
-class RunReleasedError(SageError):
-    """The run's model was released: it takes no more draws or updates (HTTP 409)."""
-
-
-class RateLimitedError(UpdateRefused):
-    """The principal drew its ``limit`` updates of the current rate window (HTTP 429);
-    ``retry_after`` seconds until the next window."""
-
-    def __init__(self, message: str, retry_after: float):
-        super().__init__(message)
-        self.retry_after = float(retry_after)
-
-
-@dataclasses.dataclass(frozen=True)
-class RateLimit:
-    """At most ``draws`` draws (so updates) per principal in every aligned window of ``seconds``
-    (windows start at multiples of ``seconds`` of the database clock): at most 2·draws in any
-    interval of ``seconds``, and draws·⌈T/seconds⌉ + draws over T seconds."""
-
-    draws: int
-    seconds: float
-
-    def __post_init__(self):
-        if isinstance(self.draws, bool) or not isinstance(self.draws, int) or self.draws < 1:
-            raise InvalidRequestError(f"the rate limit must be >= 1 draw per window, got "
-                                      f"{self.draws!r}")
-        if isinstance(self.seconds, bool) or not isinstance(self.seconds, (int, float)) \
-                or not 0 < self.seconds <= MAX_TTL:
-            raise InvalidRequestError(f"the rate window must be in (0, {MAX_TTL:g}] seconds, "
-                                      f"got {self.seconds!r}")
-
-
-def _tables(b) -> list[str]:
-    i, blob = b.bigint, b.blob
-    return [
-        f"""CREATE TABLE IF NOT EXISTS dnd_runs (
-            grant_id TEXT PRIMARY KEY, stream TEXT NOT NULL, run_id TEXT NOT NULL,
-            settings TEXT NOT NULL, k {i} NOT NULL, dim {i} NOT NULL, passes {i} NOT NULL,
-            version {i} NOT NULL, accepted {i} NOT NULL, rejected {i} NOT NULL,
-            released_at TEXT, created_at TEXT NOT NULL)""",
-        f"""CREATE TABLE IF NOT EXISTS dnd_instances (
-            grant_id TEXT NOT NULL, slot {i} NOT NULL, version {i} NOT NULL,
-            weights {blob} NOT NULL, PRIMARY KEY (grant_id, slot))""",
-        f"""CREATE TABLE IF NOT EXISTS dnd_versions (
-            grant_id TEXT NOT NULL, version {i} NOT NULL, slot {i} NOT NULL,
-            digest TEXT NOT NULL, created_at TEXT NOT NULL, PRIMARY KEY (grant_id, version))""",
-        f"""CREATE TABLE IF NOT EXISTS dnd_passes (
-            grant_id TEXT NOT NULL, principal TEXT NOT NULL, used {i} NOT NULL,
-            draws {i} NOT NULL, PRIMARY KEY (grant_id, principal))""",
-        f"""CREATE TABLE IF NOT EXISTS dnd_tickets (
-            grant_id TEXT NOT NULL, ticket_sha256 TEXT NOT NULL, principal TEXT NOT NULL,
-            blocks TEXT NOT NULL, issued_at {b.real} NOT NULL, expires_at {b.real} NOT NULL,
-            PRIMARY KEY (grant_id, ticket_sha256))""",
-        "CREATE INDEX IF NOT EXISTS dnd_tickets_principal ON dnd_tickets "
-        "(grant_id, principal, expires_at)",
-        "CREATE INDEX IF NOT EXISTS dnd_tickets_expiry ON dnd_tickets (grant_id, expires_at)",
-        f"""CREATE TABLE IF NOT EXISTS dnd_drawn (
-            grant_id TEXT NOT NULL, ticket_sha256 TEXT NOT NULL, slot {i} NOT NULL,
-            version {i} NOT NULL, PRIMARY KEY (grant_id, ticket_sha256))""",
-        "CREATE INDEX IF NOT EXISTS dnd_drawn_slot ON dnd_drawn (grant_id, slot, version)",
-        f"""CREATE TABLE IF NOT EXISTS dnd_retired (
-            grant_id TEXT NOT NULL, slot {i} NOT NULL, version {i} NOT NULL,
-            weights {blob} NOT NULL, PRIMARY KEY (grant_id, slot, version))""",
-        f"""CREATE TABLE IF NOT EXISTS dnd_rate (
-            grant_id TEXT NOT NULL, principal TEXT NOT NULL, window_start {b.real} NOT NULL,
-            draws {i} NOT NULL, PRIMARY KEY (grant_id, principal))""",
-    ]
-
 
 def encode(weights: np.ndarray) -> bytes:
     """Weights as little-endian float64 bytes (the wire and storage format)."""
@@ -405,10 +330,14 @@ class RunStore:
                     "ON CONFLICT (grant_id, slot, version) DO NOTHING",
                     (grant_id, int(slot), int(version), encode(weights)))
 
-    def drawn_instance(self, grant_id: str, principal: str, ticket: str,
-                       dim: int) -> Optional[np.ndarray]:
+    def drawn_instance(self, grant_id: str, principal: str, ticket: str, dim: int,
+                       known: Optional[Callable[[int, int], Optional[np.ndarray]]] = None
+                       ) -> Optional[np.ndarray]:
         """The instance an outstanding ticket of ``principal`` drew, or None if the ticket has no
-        record (issued by a server from before draws were recorded)."""
+        record (issued by a server from before draws were recorded).
+
+        ``known(slot, version)`` may return that instance from memory (a version's weights never
+        change): then only the ticket's small record is read, not the weights."""
         digest = ticket_digest(ticket)
 
         def read():
@@ -418,6 +347,9 @@ class RunStore:
                           (grant_id, digest, principal)).fetchone()
             if row is None:
                 return None
+            cached = known(int(row[0]), int(row[1])) if known is not None else None
+            if cached is not None:
+                return cached
             w = self._q("SELECT weights FROM dnd_instances WHERE grant_id = ? AND slot = ? AND "
                         "version = ?", (grant_id, row[0], row[1])).fetchone()
             if w is None:
@@ -425,7 +357,9 @@ class RunStore:
                             "AND version = ?", (grant_id, row[0], row[1])).fetchone()
             return None if w is None else w[0]
         data = self._read(read)
-        return None if data is None else decode(data, dim)
+        if data is None or isinstance(data, np.ndarray):
+            return data
+        return decode(data, dim)
 
     def ticket_blocks(self, grant_id: str, principal: str, ticket: str) -> list[str]:
         """The blocks of an outstanding, unexpired ticket drawn by ``principal``.
@@ -532,6 +466,12 @@ class RunStore:
         return self._write(txn)
 
     # -- reads --
+
+    def version(self, grant_id: str) -> int:
+        """The run's instance version: it moves with every accepted update (0: none yet)."""
+        row = self._read(lambda: self._q("SELECT version FROM dnd_runs WHERE grant_id = ?",
+                                         (grant_id,)).fetchone())
+        return int(row[0]) if row is not None else 0
 
     def instance_versions(self, grant_id: str) -> dict[int, int]:
         """{slot: version} of the current instances."""

@@ -29,7 +29,8 @@ float64 weights); a draw answers in the first of these the client accepts.
   is released (``final``), else the live mean of the k instances.
 * ``POST /v1/release`` (``pipeline``) — closes the run and records the average against the grant,
   once (:meth:`~sage_tfx.dnd.service.DnDService.release`).
-* ``GET  /v1/stats`` (``pipeline`` or ``auditor``) — counters of the run.
+* ``GET  /v1/stats`` (``pipeline`` or ``auditor``) — counters of the run (and this process's
+  spam-check rejections by the statistic that failed).
 * ``GET  /openapi.json`` (any role) — the OpenAPI schema (typed request and response bodies).
 
 ``admin`` may call everything. Bodies larger than the model needs are refused with 413 before
@@ -148,6 +149,10 @@ def create_app(service: DnDService, auth: services.Authenticator, *,
         released: bool
         commits: int = Field(description="this process's transactions of draws and updates "
                                          "(group commit: many per transaction)")
+        rejected_by: dict[str, int] = Field(
+            default_factory=dict, description="this process's spam-check rejections by the "
+                                              "statistic that failed (count, max, mean, copy, "
+                                              "degenerate; one update may fail several)")
 
     class Spec(BaseModel):
         model: dict

@@ -28,6 +28,7 @@ window, counted in the database (every server process on it shares the count).
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import threading
 from typing import Callable, Optional, Sequence
@@ -49,6 +50,7 @@ __all__ = ["DnDService", "UnknownTicketError", "UpdateRefused", "RunReleasedErro
            "DEFAULT_TICKET_TTL"]
 
 RELEASE_NAME = "dnd/average"
+RECENT_BYTES = 64 * 2 ** 20  # memory for overwritten instances kept for the norm bound
 DEFAULT_TICKET_TTL = 300.0  # seconds a draw may stay out before its pass is free again
 
 
@@ -112,6 +114,10 @@ class DnDService:
         self._released: Optional[bytes] = None
         self._mirror: Optional[DnDState] = None
         self._versions: dict[int, int] = {}
+        self._synced = -1  # the run version the mirror is known to be at (-1: sync from scratch)
+        # Overwritten instances by (slot, version), newest last, for the norm bound of tickets
+        # that drew them (a version's weights never change; the database keeps them too).
+        self._recent: collections.OrderedDict = collections.OrderedDict()
         if store is not None:
             rows = store.instances(self.grant_id, spec.dim)
             if len(rows) != k:
@@ -243,7 +249,8 @@ class DnDService:
         return max(self.store.outstanding(self.grant_id) - 1, 0) if self.store is not None else 0
 
     def _check_bound(self, principal: str, ticket: str, u: np.ndarray) -> None:
-        base = self.store.drawn_instance(self.grant_id, principal, ticket, self.spec.dim)
+        base = self.store.drawn_instance(self.grant_id, principal, ticket, self.spec.dim,
+                                         known=self._known)
         if base is None:
             reason = ("the ticket has no recorded draw (issued by an older server): draw again "
                       "once it expires")
@@ -254,19 +261,41 @@ class DnDService:
                 self._out_of_bounds += 1
             raise UpdateOutOfBoundsError(reason)
 
+    def _known(self, slot: int, version: int) -> Optional[np.ndarray]:
+        """Instance ``slot`` at ``version`` from memory (the mirror or a recently overwritten
+        one), or None."""
+        with self._lock:
+            if self._versions.get(slot) == version:
+                return self._mirror.slot_vector(slot)
+            return self._recent.get((slot, version))
+
     def _mirror_put(self, slot: int, version: int, weights: np.ndarray) -> None:
         with self._lock:
-            if version > self._versions.get(slot, -1):
+            old = self._versions.get(slot, -1)
+            if version > old:
+                if old >= 0:
+                    self._recent[(slot, old)] = self._mirror.slot_vector(slot)
+                    while len(self._recent) * 8 * self.spec.dim > RECENT_BYTES:
+                        self._recent.popitem(last=False)
                 self._mirror.replace(slot, weights)
                 self._versions[slot] = version
+                if version == self._synced + 1:  # no other write came between
+                    self._synced = version
 
     def _sync(self) -> None:
-        """Brings the mirror up to the stored instances (only slots whose version moved)."""
+        """Brings the mirror up to the stored instances (only slots whose version moved; nothing
+        but the run's version is read while no other process wrote)."""
+        run_version = self.store.version(self.grant_id)
+        with self._lock:
+            if run_version == self._synced:
+                return
         current = self.store.instance_versions(self.grant_id)
         with self._lock:
             stale = [s for s, v in current.items() if v > self._versions.get(s, -1)]
         for slot, version, w in self.store.instances(self.grant_id, self.spec.dim, stale):
             self._mirror_put(slot, version, w)
+        with self._lock:  # the instances read are at least at run_version
+            self._synced = max(self._synced, run_version)
 
     def average(self) -> Average:
         """The recorded release if the run was released, else the live average."""
@@ -324,8 +353,8 @@ class DnDService:
         return self.store.sweep(self.grant_id) if self.store is not None else 0
 
     def stats(self) -> dict:
-        """Counters of the run (all processes), this process's refusals and its group-commit
-        transactions of draws and updates."""
+        """Counters of the run (all processes), this process's refusals, its group-commit
+        transactions of draws and updates and its spam-check rejections by statistic."""
         with self._lock:
             refused, out_of_bounds = self._refused, self._out_of_bounds
         out = {"draws": 0, "updates": 0, "accepted": 0, "rejected_spam": 0, "refused": refused,
@@ -334,6 +363,8 @@ class DnDService:
         if self.store is None:
             return out
         out["commits"] = self.store.commits  # this process's draw/update transactions
+        if self.spam_check is not None:
+            out["rejected_by"] = self.spam_check.failure_counts()
         run = self.store.run(self.grant_id)
         passes = self.store.passes(self.grant_id).values()
         out.update(draws=sum(d for _, d in passes), updates=sum(u for u, _ in passes),

@@ -31,7 +31,13 @@ import threading
 from typing import Optional
 
 import numpy as np
-from scipy import optimize, special
+
+from sage_tfx.dnd.spam_null import (CALIBRATION_WEIGHTS, COPY_CHECK_MIN_WEIGHTS, COUNT_WEIGHTS,
+                                    NOISES, Thresholds, calibrate, count_limit, noise_variance)
+
+__all__ = ["z_scores", "paper_rule", "SpamCheck", "Calibration", "NormBound", "Thresholds",
+           "calibrate", "count_limit", "noise_variance", "NOISES", "CALIBRATION_WEIGHTS",
+           "COUNT_WEIGHTS", "COPY_CHECK_MIN_WEIGHTS", "LAG_LIMIT", "NORM_FALSE_REJECT"]
 
 
 def z_scores(instances: np.ndarray, update: np.ndarray) -> np.ndarray:
@@ -48,191 +54,6 @@ def paper_rule(instances: np.ndarray, update: np.ndarray, z: float = 3.0) -> boo
     return bool(np.all(np.abs(z_scores(instances, update)) <= z))
 
 
-NOISES = ("laplace", "gaussian")
-
-
-def _two_sided_tail(lo: np.ndarray, hi: np.ndarray, b: float, terms: int = 1,
-                    noise: str = "laplace") -> np.ndarray:
-    """P(X < lo) + P(X > hi), elementwise (lo < hi), for X the sum of ``terms`` (1, 2 or 3)
-    independent noises of scale ``b``. Laplace(0, b): with r = a/b ≥ 0, P(X > a) is e^(−r)/2,
-    e^(−r)(2 + r)/4 and e^(−r)(8 + 5r + r²)/16 (integrating the densities of the sums).
-    Gaussian N(0, b²): the sum is N(0, terms·b²), P(X > a) = Φ(−a / (b√terms))."""
-    if noise == "gaussian":
-        sd = b * math.sqrt(terms)
-        return np.clip(special.ndtr(-hi / sd) + special.ndtr(lo / sd), 0.0, 1.0)
-    poly = {1: lambda r: 0.5, 2: lambda r: 0.25 * (2.0 + r),
-            3: lambda r: (8.0 + 5.0 * r + r * r) / 16.0}[terms]
-
-    def upper(a):  # P(X > a)
-        r = np.abs(a) / b
-        tail = np.exp(-r) * poly(r)
-        return np.where(a >= 0, tail, 1.0 - tail)
-    return np.clip(upper(hi) + upper(-lo), 0.0, 1.0)
-
-
-def noise_variance(noise_scale: float, noise: str) -> float:
-    """Variance of one noise draw: 2b² (Laplace) or σ² (Gaussian)."""
-    return (2.0 if noise == "laplace" else 1.0) * noise_scale ** 2
-
-
-CALIBRATION_WEIGHTS = 4096  # weights sampled for the max-|z| calibration of large models
-COUNT_WEIGHTS = 1024  # weights sampled for the per-check count limit of large models
-# Below this many weights mean |u − B_j| of an honest update is too variable to spot copies:
-# at d ≥ 50, "< b/2" is ≥ 3.5 standard deviations below its mean b.
-COPY_CHECK_MIN_WEIGHTS = 50
-
-
-@dataclasses.dataclass(frozen=True)
-class Thresholds:
-    """Calibrated thresholds: reject if count > ``max_count``, max|z| > ``max_z`` or
-    |mean z| outside the null's two-sided ``mean_z`` band."""
-
-    max_count: int
-    max_z: float
-    expected_count: float  # unused by the decision: kept for reports (the count limit)
-    mean_z_low: float
-    mean_z_high: float
-
-
-def _components(offset: np.ndarray, sd: np.ndarray, stale_fraction: float,
-                in_flight_fraction: float = 0.0):
-    """The bases an honest update may have been built on, as (offset, sd, noises, weight).
-
-    Without concurrent clients: a current instance plus one noise (1 − f), or, for instances
-    replaced since the last calibration, a child of a calibrated one (two noises, f). With a
-    share g of the instances replaced while updates were in flight, a part g in five equal parts:
-    a child or grandchild of a current instance (two or three noises), or an instance replaced
-    since it was drawn, seen against the other k − 1 (leave-one-out: offset·k/(k−1), spread
-    √(((k−1)s² − offset²·k/(k−1))/(k−2))), with one to three noises. Only the current instances
-    are used: no discarded model is kept.
-    """
-    k = offset.shape[0]
-    f, g = float(stale_fraction), float(in_flight_fraction)
-    out = [(offset, sd, 1, (1.0 - f) * (1.0 - g)), (offset, sd, 2, f * (1.0 - g))]
-    if g > 0:
-        loo_off = offset * (k / (k - 1))
-        loo_var = ((k - 1) * sd ** 2 - offset ** 2 * (k / (k - 1))) / max(k - 2, 1)
-        loo_sd = np.sqrt(np.maximum(loo_var, 1e-300))
-        out += [(offset, sd, n, g / 5) for n in (2, 3)]
-        out += [(loo_off, loo_sd, n, g / 5) for n in (1, 2, 3)]
-    return [c for c in out if c[3] > 0]
-
-
-def count_limit(offset: np.ndarray, sd: np.ndarray, d: int, noise_scale: float, *, z: float,
-                alpha: float, tail_shift: float = 0.0, stale_fraction: float = 0.0,
-                in_flight_fraction: float = 0.0, noise: str = "laplace") -> int:
-    """Largest honest count of weights with |z| > ``z`` at level ``alpha``, for instances whose
-    offsets from the mean and spreads are ``offset`` (k, m) and ``sd`` (m,), m weights sampled
-    out of ``d`` (all of them when m = d).
-
-    Per base the count is Poisson-binomial with rates q_i, bounded by the binomial at their mean
-    (Hoeffding 1956); the bases are :func:`_components`. A Student-t prediction bound over the
-    bases' mean rates covers a base from the same population that is none of them; the larger
-    limit is used.
-    """
-    k = offset.shape[0]
-    a = float(tail_shift)
-    rates, weights = [], []
-    for off, s_, n, w in _components(offset, sd, stale_fraction, in_flight_fraction):
-        rates.append(_two_sided_tail(-z * s_ - off + a, z * s_ - off - a,
-                                     noise_scale, n, noise).mean(axis=1))
-        weights.append(np.full(k, w / k))
-    q, wt = np.concatenate(rates), np.concatenate(weights)
-
-    def count_tail(c: int) -> float:
-        return float(np.sum(wt * special.bdtrc(c, d, q)))
-    mean_q = float(np.sum(wt * q))
-    var_q = float(np.sum(wt * (q - mean_q) ** 2)) * k / (k - 1)
-    spread = d * d * var_q * (1.0 + 1.0 / k) + d * float(np.sum(wt * q * (1 - q)))
-    t_limit = min(d, int(math.ceil(d * mean_q
-                                   + float(
-                                       special.stdtrit(k - 1, 1.0 - alpha)) * math.sqrt(spread))))
-    if count_tail(t_limit) <= alpha:
-        return t_limit  # the mixture's own limit is no larger
-    lo, hi = t_limit, d
-    while lo < hi:  # smallest c with P(count > c) <= alpha
-        mid = (lo + hi) // 2
-        if count_tail(mid) <= alpha:
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
-
-
-def calibrate(instances: np.ndarray, noise_scale: float, *, z: float = 3.0,
-              false_reject: float = 0.005, max_step: float = 0.0,
-              tail_shift: float = 0.0, stale_fraction: float = 0.0,
-              in_flight_fraction: float = 0.0, noise: str = "laplace") -> Thresholds:
-    """Thresholds with P(reject an honest update) ≤ ``false_reject`` given these instances.
-
-    ``max_step`` bounds the drift of the mean z by the honest gradient step; ``tail_shift`` bounds
-    each weight's step, and the per-weight tails are taken at the worst such shift (see
-    :class:`SpamCheck`). ``stale_fraction`` is the share of instances that may have been replaced
-    since this calibration; a replacement is a child B_j + Laplace of a calibrated instance, so an
-    update built on it carries two noises: the tails are a mixture of the one- and two-noise cases.
-    ``noise`` is the honest clients' noise, ``"laplace"`` (scale b) or ``"gaussian"`` (std σ).
-    """
-    if noise not in NOISES:
-        raise ValueError(f"noise must be one of {NOISES}, got {noise!r}")
-    if not 0 <= stale_fraction <= 1:
-        raise ValueError("stale_fraction must be in [0, 1]")
-    if not 0 < false_reject < 1:
-        raise ValueError("false_reject must be in (0, 1)")
-    if not noise_scale > 0:
-        raise ValueError("noise_scale must be > 0")
-    inst = np.asarray(instances, dtype=np.float64)
-    k, d = inst.shape
-    if k < 2:
-        raise ValueError("the spam check needs k >= 2 instances")
-    mu = inst.mean(axis=0)
-    sd = inst.std(axis=0, ddof=1)
-    if np.any(sd <= 0):
-        raise ValueError("instances with zero spread: initialise them with (k/2)σ² (Theorem 1)")
-    alpha = false_reject / 3.0
-    offset = inst - mu  # (k, d): B_j − μ
-    # The count and max tails need per-weight means and sums over d; past CALIBRATION_WEIGHTS
-    # weights they are estimated on a random subset (a mean and a rescaled sum of many terms).
-    if d > CALIBRATION_WEIGHTS:
-        pick = np.random.default_rng().choice(d, CALIBRATION_WEIGHTS, replace=False)
-        sub_sd, sub_off, scale_sum = sd[pick], offset[:, pick], d / CALIBRATION_WEIGHTS
-    else:
-        sub_sd, sub_off, scale_sum = sd, offset, 1.0
-    # Count statistic: per j, exceedance probabilities q_{j,i}; binomial(d, mean q_j) tail.
-    a = float(tail_shift)
-    f = float(stale_fraction)
-    lo = count_limit(sub_off, sub_sd, d, noise_scale, z=z, alpha=alpha, tail_shift=a,
-                     stale_fraction=f, in_flight_fraction=in_flight_fraction, noise=noise)
-
-    # Max statistic: P(max|z| > m) = Σ_bases weight · [1 − Π_i (1 − q_i(m))].
-    comps = _components(sub_off, sub_sd, f, in_flight_fraction)
-
-    def max_tail(m: float) -> float:
-        out = 0.0
-        for off, s_, n, weight in comps:
-            qm = _two_sided_tail(-m * s_ - off + a, m * s_ - off - a, noise_scale, n, noise)
-            with np.errstate(divide="ignore"):  # a weight certain to exceed: log(0) = -inf
-                log_keep = scale_sum * np.sum(np.log1p(-qm), axis=1)
-            out += weight * float(np.mean(-np.expm1(log_keep)))
-        return out
-    m_hi = z
-    while max_tail(m_hi) > alpha:
-        m_hi *= 2.0
-    m = m_hi if m_hi == z else optimize.brentq(lambda t: max_tail(t) - alpha, z, m_hi, xtol=1e-3)
-
-    # Mean z (catches a small shift of every weight): for an update built on instance j it is
-    # m_j + noise, m_j = mean((B_j − μ)/s), noise ≈ N(0, v) by the CLT, v = Σ var/s² / d². The
-    # drawn instance may have been replaced meanwhile (concurrent clients), so j is treated as a
-    # new draw from the instances' population: a Student-t prediction band with k − 1 degrees of
-    # freedom around the m_j, widened by the largest honest gradient step ``max_step``.
-    mj = (offset / sd).mean(axis=1)
-    v = float(np.sum(noise_variance(noise_scale, noise) / sd ** 2)) / d ** 2
-    scale = math.sqrt(float(np.var(mj, ddof=1)) * (1.0 + 1.0 / k) + v)
-    half = float(special.stdtrit(k - 1, 1.0 - alpha / 2.0)) * scale
-    low, high = float(mj.mean()) - half, float(mj.mean()) + half
-    return Thresholds(int(lo), float(m), float(lo), float(low - max_step),
-                      float(high + max_step))
-
-
 LAG_LIMIT = 1  # recalibration periods a background check may lag before it waits for the next
 LAG_WAIT_SECONDS = 10.0
 
@@ -245,14 +66,15 @@ def _fraction(in_flight: int, k: int) -> float:
 @dataclasses.dataclass(frozen=True)
 class Calibration:
     """One calibration of a :class:`SpamCheck`: its thresholds, the weights its per-check count
-    limit samples, the share of instances that may be replaced before the next one, and the key
+    limit samples, the share of instances that may be replaced before the next one, the key
     it is valid for (the check's parameters — noise, scale, z, level, step bounds — and the
-    instances' shape k × d)."""
+    instances' shape k × d) and the draws in flight it allows for."""
 
     thresholds: Thresholds
     columns: np.ndarray
     stale_fraction: float
     key: tuple
+    in_flight: int = 0  # the draws in flight its null allows for
 
 
 class SpamCheck:
@@ -288,6 +110,12 @@ class SpamCheck:
         calibration for its key (call :meth:`prime` at start-up) calibrates in line. The
         decision for given thresholds is the same either way (:meth:`decide`), and checks may
         run in parallel threads.
+
+    Draws in flight: a calibration allows for the most draws in flight that checks saw since
+    the previous one began (:attr:`Calibration.in_flight`). A check that sees more (clients
+    arriving after start-up) recalibrates first — in line, or in the background and waits for
+    it: thresholds primed with no draw in flight rejected 5 of the first 60 honest updates of
+    16 concurrent clients at 50,000 weights.
     """
 
     def __init__(self, noise_scale: float, *, z: float = 3.0, false_reject: float = 0.005,
@@ -321,7 +149,13 @@ class SpamCheck:
         self._since = 0
         self._state = threading.Condition()  # _cal, _since, _pending, the counters
         self._pending = False
+        self._peak = 0  # the most draws in flight a check saw since the last calibration began
         self._executor = None
+
+    def failure_counts(self) -> dict[str, int]:
+        """A copy of the rejections so far by the statistic that failed."""
+        with self._state:
+            return dict(self.failures)
 
     @property
     def stale_fraction(self) -> float:
@@ -353,10 +187,13 @@ class SpamCheck:
         step = min(bounds) if len(bounds) > 1 else 0.0
         columns = (np.arange(d) if d <= COUNT_WEIGHTS else np.sort(
             np.random.default_rng().choice(d, COUNT_WEIGHTS, replace=False)))
+        prev = self._cal  # its max threshold starts the search (the result does not depend on it)
+        hint = prev.thresholds.max_z if prev is not None and prev.key == self.key(k, d) else None
         t = calibrate(instances, self.noise_scale, z=self.z, false_reject=self.false_reject,
                       max_step=step, tail_shift=self.tail_shift, stale_fraction=stale,
-                      in_flight_fraction=_fraction(in_flight, k), noise=self.noise)
-        return Calibration(t, columns, stale, self.key(k, d))
+                      in_flight_fraction=_fraction(in_flight, k), noise=self.noise,
+                      max_z_hint=hint)
+        return Calibration(t, columns, stale, self.key(k, d), int(in_flight))
 
     def install(self, cal: Calibration) -> None:
         """Makes ``cal`` the thresholds of the next checks (and restarts the count to the next
@@ -421,22 +258,28 @@ class SpamCheck:
         with self._state:
             cal = self._cal
             cached = cal is not None and cal.key == self.key(k, d)
+            self._peak = max(self._peak, in_flight)
+            # More draws in flight than the thresholds allow for (e.g. clients arriving after
+            # start-up): their null is too narrow now, so recalibrate for the peak and wait.
+            wider = cached and in_flight > cal.in_flight
             if cached and self.background:
-                start = self._since >= max(1, every // 2) and not self._pending
+                start = (self._since >= max(1, every // 2) or wider) and not self._pending
                 self._pending = self._pending or start
                 if start:
-                    self._start_background(instances, in_flight)
-                elif self._pending and self._since >= LAG_LIMIT * every:
+                    self._start_background(instances, self._peak)
+                    self._peak = in_flight
+                if self._pending and (wider or self._since >= LAG_LIMIT * every):
                     # The thresholds have served as many checks as their null assumes (as in
-                    # line): wait for the running recalibration rather than go staler.
+                    # line), or too few draws in flight: wait for the running recalibration.
                     self._state.wait_for(lambda: not self._pending, timeout=LAG_WAIT_SECONDS)
                     cal = self._cal
                 self._since += 1
                 return cal
-            inline = not cached or self._since >= every
+            inline = not cached or self._since >= every or wider
+            peak, self._peak = (self._peak, in_flight) if inline else (self._peak, self._peak)
         if inline:
             arr = instances if isinstance(instances, np.ndarray) else instances.instances_view()
-            cal = self.calibration(arr, in_flight)
+            cal = self.calibration(arr, peak)
             self.install(cal)
         with self._state:
             self._since += 1

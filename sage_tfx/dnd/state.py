@@ -139,6 +139,11 @@ class DnDState:
             vector = self._slots[slot]
         return slot, vector.copy()
 
+    def slot_vector(self, slot: int) -> np.ndarray:
+        """The instance in ``slot`` itself (read-only: a later replace swaps in another array)."""
+        with self._lock:
+            return self._slots[slot]
+
     def discard(self, ticket: Ticket, update: np.ndarray) -> bool:
         """Puts a returned model back; returns whether it was accepted (spam check and strategy).
 

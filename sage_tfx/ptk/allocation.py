@@ -10,6 +10,8 @@ import dataclasses
 from decimal import Decimal
 from typing import Optional
 
+from sage_tfx.ledger.accounting import in_ledger_context
+
 def dec(x: float) -> Decimal:
     """``x`` as the exact decimal of its shortest repr (how menu values are summed and charged)."""
     return Decimal(repr(float(x)))
@@ -43,13 +45,16 @@ class Partition:
     members: tuple[Assignment, ...]
 
     @property
+    @in_ledger_context
     def epsilon_sum(self) -> Decimal:
-        """Σ ε of the members (sequential composition inside the partition), exact."""
+        """Σ ε of the members (sequential composition inside the partition), exact (the
+        ledger's decimal context, whatever the caller's)."""
         return sum((dec(a.epsilon) for a in self.members), Decimal(0))
 
     @property
+    @in_ledger_context
     def delta_sum(self) -> Decimal:
-        """Σ δ of the members, exact."""
+        """Σ δ of the members, exact (the ledger's decimal context)."""
         return sum((dec(a.delta) for a in self.members), Decimal(0))
 
 

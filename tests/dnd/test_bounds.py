@@ -221,3 +221,39 @@ def test_a_draw_of_a_process_without_the_bound_is_checked_by_one_with_it(princip
     with pytest.raises(UpdateOutOfBoundsError):
         on.discard("alice", ticket, 10 * w + 1.0)
     assert on.store.passes(on.grant_id)["alice"] == (1, 2)
+
+
+def test_the_drawn_instance_comes_from_memory_when_known_and_equals_the_stored_one(sqlite_url):
+    """The norm bound reads a ticket's drawn instance from this process's memory (the mirror, or
+    an instance it overwrote since) when it has that version, else from the database: the same
+    bytes either way; a second service on the database sees the first's updates."""
+    p = make_ledger(sqlite_url, clients=[f"c{i}" for i in range(30)])
+    service = _service(p, passes=1, spam_check=False)
+    other = _service(p, passes=1, spam_check=False)  # another process on the same run
+    drawn = {f"c{i}": service.draw(f"c{i}") for i in range(30)}
+    noise = SeededNoise(9)
+    for name in list(drawn)[:20]:
+        ticket, w = drawn.pop(name)
+        assert service.discard(name, ticket, noise.laplace(w, CFG.noise_scale))
+    gid, hits = service.grant_id, []
+
+    def known(slot, version):
+        hit = service._known(slot, version)
+        hits.append(hit is not None)
+        return hit
+    for name, (ticket, w) in drawn.items():
+        from_memory = service.store.drawn_instance(gid, name, ticket, SPEC.dim, known=known)
+        stored = service.store.drawn_instance(gid, name, ticket, SPEC.dim)
+        assert np.array_equal(from_memory, w) and np.array_equal(stored, w)
+    assert all(hits)  # every drawn version is still in this process's memory
+    service._recent.clear()
+    hits.clear()
+    for name, (ticket, w) in drawn.items():  # overwritten ones now come from the database
+        assert np.array_equal(service.store.drawn_instance(gid, name, ticket, SPEC.dim,
+                                                           known=known), w)
+    assert not all(hits)
+    name, (ticket, w) = next(iter(drawn.items()))
+    assert other.discard(name, ticket, noise.laplace(w, CFG.noise_scale))
+    service._sync()
+    rows = service.store.instances(gid, SPEC.dim)
+    assert np.array_equal(service._mirror.instances_view(), np.stack([r[2] for r in rows]))

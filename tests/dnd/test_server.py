@@ -73,6 +73,7 @@ def test_draw_discard_average_over_http_binary_and_json(principals):
         stats = c.get("/v1/stats", headers=model).json()
         assert stats["draws"] == 2 and stats["refused"] == 1 and stats["updates"] == 2
         assert stats["accepted"] == 1 and stats["rejected_spam"] == 1
+        assert stats["rejected_by"]["copy"] == 1 and sum(stats["rejected_by"].values()) == 1
         # Spam: a tripled model is beyond the norm bound: refused (422) with the bound's reason,
         # before the spam check, and nothing is counted.
         bob = bearer(p.client("bob"))

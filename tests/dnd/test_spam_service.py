@@ -192,3 +192,19 @@ def test_a_slow_check_does_not_block_the_event_loop(principals):
         t.join(30)
     assert spec.status_code == 200 and answered < 1.4
     assert done["r"].status_code == 200 and done["r"].json() == {"accepted": True}
+
+
+def test_more_draws_in_flight_than_the_thresholds_allow_for_recalibrates_first():
+    """Thresholds primed with no draw in flight are too narrow once 16 are: the next check waits
+    for a recalibration that allows for them (background) or makes one (in line)."""
+    state, rng = _state()
+    for background in (True, False):
+        check = SpamCheck.for_config(CFG, background=background)
+        check.prime(state, in_flight=0)
+        u = _updates(state, rng, 1)[0]
+        check.check(state, u, in_flight=16)
+        assert check.calibrations == 2 and check._cal.in_flight == 16
+        check.check(state, u, in_flight=12)  # fewer: the wider thresholds stay
+        assert check.calibrations == 2
+        if background:
+            assert check.wait_idle()

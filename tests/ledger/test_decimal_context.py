@@ -32,3 +32,13 @@ def test_sums_are_exact_whatever_the_callers_precision(tmp_path, coarse_context)
     history = budget_history(led, "s")
     assert decimal.Decimal(repr(float(history.epsilon[0, -1]))) == decimal.Decimal("0.2000002")
     assert decimal.getcontext().prec == 6  # the caller's context is left as it was
+
+
+def test_ptk_partition_sums_are_exact_whatever_the_callers_precision(coarse_context):
+    """The allocator's per-partition Σε and Σδ (what a plan charges) ignore the caller's
+    context: six digits would round 0.1000001 + 0.1000001 down to 0.200000."""
+    from sage_tfx.ptk.allocation import Assignment, Partition
+    part = Partition(0, 100, (Assignment("a", 0.1000001, 1.0000001e-7, 10),
+                              Assignment("b", 0.1000001, 1.0000001e-7, 10)))
+    assert part.epsilon_sum == decimal.Decimal("0.2000002")
+    assert part.delta_sum == decimal.Decimal("2.0000002E-7")
