@@ -143,7 +143,8 @@ class DnDService:
         store.open_run(grant_id=grant.grant_id, stream=grant.stream, run_id=grant.run_id,
                        settings=settings, k=k, dim=spec.dim, passes=budget.passes,
                        initial=lambda: initial_instances(b0, k, config.noise_variance))
-        check = SpamCheck.for_config(config, background=True) if settings["spam_check"] else None
+        check = (SpamCheck.for_config(config, background=True, process=True)
+                 if settings["spam_check"] else None)
         bound = NormBound.for_config(config, spec.dim) if norm_bound else None
         return cls(spec, config, budget, store=store, k=k, passes=budget.passes,
                    spam_check=check, norm_bound=bound, **kwargs)

@@ -208,3 +208,20 @@ def test_more_draws_in_flight_than_the_thresholds_allow_for_recalibrates_first()
         assert check.calibrations == 2
         if background:
             assert check.wait_idle()
+
+
+def test_background_calibrations_can_run_in_another_process():
+    """The server's mode: the background thread hands each recalibration to a spawned process
+    (off this process's GIL) and installs what it returns; prime() still calibrates here."""
+    import os
+
+    from sage_tfx.dnd import spam
+    state, rng = _state()
+    check = SpamCheck.for_config(CFG, background=True, process=True)
+    check.prime(state, in_flight=0)
+    for u in _updates(state, rng, 12):  # the 11th check starts the recalibration due at k/2
+        check.check(state, u, in_flight=0)
+    assert check.wait_idle(120)
+    assert check.calibrations == 2 and check._cal.key == check.key(state.k, state.dim)
+    pids = list(spam._calibration_process()._processes)
+    assert pids and os.getpid() not in pids
