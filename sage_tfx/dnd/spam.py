@@ -24,8 +24,12 @@ post-processing and costs no budget.
 """
 from __future__ import annotations
 
+import atexit
+import concurrent.futures
+import concurrent.futures.process
 import dataclasses
 import logging
+import multiprocessing
 import math
 import threading
 from typing import Optional
@@ -115,28 +119,20 @@ def _calibration_process():
     global _POOL
     with _POOL_LOCK:
         if _POOL is None:
-            import concurrent.futures
-            import multiprocessing
             _POOL = concurrent.futures.ProcessPoolExecutor(
                 max_workers=1, mp_context=multiprocessing.get_context("spawn"))
-            import atexit
-            atexit.register(_stop_calibration_process)
         return _POOL
 
 
-def _stop_calibration_process() -> None:
-    """Shuts the pool down while the interpreter is whole (at exit)."""
+@atexit.register
+def _stop_calibration_process(wait: bool = True) -> None:
+    """Forgets the pool and shuts it down (at exit, while the interpreter is whole; without
+    waiting once it broke)."""
     global _POOL
     with _POOL_LOCK:
         pool, _POOL = _POOL, None
     if pool is not None:
-        pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _drop_calibration_process() -> None:
-    global _POOL
-    with _POOL_LOCK:
-        _POOL = None
+        pool.shutdown(wait=wait, cancel_futures=True)
 
 
 class SpamCheck:
@@ -333,7 +329,9 @@ class SpamCheck:
                 self._since += 1
                 return cal
             inline = not cached or self._since >= every or wider
-            peak, self._peak = (self._peak, in_flight) if inline else (self._peak, self._peak)
+            peak = self._peak
+            if inline:
+                self._peak = in_flight
         if inline:
             arr = instances if isinstance(instances, np.ndarray) else instances.instances_view()
             cal = self.calibration(arr, peak)
@@ -344,7 +342,6 @@ class SpamCheck:
 
     def _start_background(self, instances, in_flight: int) -> None:
         if self._executor is None:
-            import concurrent.futures
             self._executor = concurrent.futures.ThreadPoolExecutor(
                 max_workers=1, thread_name_prefix="spam-calibrate")
         snapshot = instances.copy() if isinstance(instances, np.ndarray) else instances
@@ -360,9 +357,8 @@ class SpamCheck:
                 else:
                     self.install(self.calibration(arr, in_flight))
             except Exception as exc:  # keep the previous thresholds; try again at the next due
-                import concurrent.futures.process
                 if isinstance(exc, concurrent.futures.process.BrokenProcessPool):
-                    _drop_calibration_process()
+                    _stop_calibration_process(wait=False)
                 logging.getLogger(__name__).warning(
                     "spam check: background recalibration failed (%s: %s)",
                     type(exc).__name__, exc)

@@ -11,7 +11,7 @@ that form, such as ``Trained.skipped`` on a trained PTK, is left out).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar, Optional
+from typing import Any, Optional
 
 
 def _frozen(x: Any) -> Any:
@@ -31,7 +31,6 @@ def plain(x: Any) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class _Result:
-    _optional: ClassVar[tuple] = ()  # fields left out of to_dict() when None
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
@@ -43,9 +42,9 @@ class _Result:
         return cls(**{f.name: row[f.name] for f in dataclasses.fields(cls)})
 
     def to_dict(self) -> dict:
-        """The JSON form (tuples as lists; optional fields that are None left out)."""
+        """The JSON form (tuples as lists; fields that default to None left out while None)."""
         return {f.name: plain(getattr(self, f.name)) for f in dataclasses.fields(self)
-                if not (f.name in self._optional and getattr(self, f.name) is None)}
+                if not (f.default is None and getattr(self, f.name) is None)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,7 +161,6 @@ class Trained(_Result):
     epsilon: Optional[float] = None
     grant_id: Optional[str] = None
     skipped: Optional[str] = None
-    _optional: ClassVar[tuple] = ("version", "n_used", "n", "epsilon", "grant_id", "skipped")
 
     @property
     def trained(self) -> bool:
