@@ -13,9 +13,14 @@ alike. It reports updates/s, latency quantiles, the ratio real/bare, the honest 
 real server rejected (and by which statistic), each server's CPU per update (its processes'
 user + system time over the updates), the load average, and then sends the crude attacks to the
 real server (``--attack-trials`` each) and counts how many it catches (422 from the norm bound, or
-rejected by the spam check). Writes ``server_load.csv`` and ``server_attacks.csv``.
+rejected by the spam check; ``first_passed_trial``: the trial that got through first). Writes
+``server_load.csv`` and ``server_attacks.csv``. With ``--floor`` the real server is replaced by
+``bare_app.py --floor`` (token look-ups, single-use tickets and instances in SQLite, nothing
+else): what any server with authenticated clients and its state in a database at least costs.
 
     .venv/bin/python benchmarks/dnd/bench_server.py --updates 3000 --large-updates 1000
+    .venv/bin/python benchmarks/dnd/bench_server.py --floor --updates 2000 --large-updates 600 \
+        --timeout 30 --encodings raw,framed32 --tag floor
     .venv/bin/python benchmarks/dnd/bench_server.py --in-process --updates 1200 --large-updates 600
     .venv/bin/python benchmarks/dnd/bench_server.py --in-process --durability power \
         --max-batch 128 --updates 600 --large-updates 300
@@ -101,12 +106,25 @@ def real_server(features: int, k: int, clients: int, workers: int, durability: s
     return proc, base, tokens, auth
 
 
-def bare_server(dim: int):
+def bare_server(dim: int, floor: str = ""):
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, os.path.join(HERE, "bare_app.py"), "--dim", str(dim),
-           "--port", str(port)]
+           "--port", str(port)] + (["--floor", floor] if floor else [])
     return _start(cmd, {}, base, {}), base
+
+
+def floor_server(dim: int, clients: int):
+    """``bare_app.py --floor``: the bare app plus token lookups, single-use tickets and the
+    instances in SQLite, in place of the real server (``--floor``)."""
+    import secrets
+    sys.path.insert(0, HERE)
+    from bare_app import Floor
+    path = os.path.join(tempfile.mkdtemp(prefix="dnd-floor-"), "floor.db")
+    tokens = [secrets.token_urlsafe(32) for _ in range(clients)]
+    Floor.add_tokens(path, tokens)
+    proc, base = bare_server(dim, path)
+    return proc, base, {"clients": tokens}, {}
 
 
 def drive(base: str, tokens: list, bank: np.ndarray, updates: int, concurrency: int,
@@ -144,11 +162,14 @@ def _drive_one(base: str, tokens: list, bank: np.ndarray, updates: int, concurre
     rng = np.random.default_rng([seed, time.time_ns()])
 
     def noise() -> np.ndarray:
-        # Each update's noise: a bank row, cyclically shifted and signed at random (Laplace
-        # marginals, no two updates with the same noise: a repeated noise vector would make an
-        # update a copy of an earlier one built on the same instance).
+        # Each update's noise: a bank row, cyclically shifted, each weight's sign drawn at random
+        # (Laplace marginals, independent across updates in every statistic: a repeated noise
+        # vector would make an update a copy of one built on the same instance, and one sign for
+        # the whole row would give only 2·64 sums of noise, so a row whose sum falls in the mean
+        # statistic's tail would be rejected every time it is drawn).
         row = bank[rng.integers(len(bank))]
-        return np.roll(row, int(rng.integers(row.size))) * (1.0 if rng.random() < 0.5 else -1.0)
+        bits = np.unpackbits(np.frombuffer(rng.bytes((row.size + 7) // 8), np.uint8))
+        return np.roll(row, int(rng.integers(row.size))) * (1.0 - 2.0 * bits[:row.size])
     coro = simulate(base, updates=updates, concurrency=concurrency, tokens=tokens,
                     make_update=lambda w: w + noise(), timeout=timeout, encoding=encoding)
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
@@ -213,7 +234,8 @@ def crude_attacks(base: str, token: str, dim: int, trials: int) -> list:
                       timeout=60) as c:
         for name, attack in attacks.items():
             bound = spam = passed = 0
-            for _ in range(trials):
+            first = None  # the trial that passed first: an accepted attack widens the spread
+            for trial in range(trials):
                 r = c.post("/v1/draw", headers={"accept": UPDATE_TYPE})
                 r.raise_for_status()
                 ticket = r.headers["x-dnd-ticket"]
@@ -225,11 +247,13 @@ def crude_attacks(base: str, token: str, dim: int, trials: int) -> list:
                     c.post(f"/v1/discard/{ticket}", json={"weights": (u * 0 + 1e99).tolist()})
                 elif r.json()["accepted"]:
                     passed += 1
+                    first = trial + 1 if first is None else first
                 else:
                     spam += 1
             rows.append({"weights": dim, "attack": name, "trials": trials,
                          "refused_norm_bound": bound, "rejected_spam_check": spam,
-                         "passed": passed, "caught_pct": round(100 * (bound + spam) / trials, 1)})
+                         "passed": passed, "first_passed_trial": first or "",
+                         "caught_pct": round(100 * (bound + spam) / trials, 1)})
             print(rows[-1], flush=True)
     return rows
 
@@ -279,8 +303,9 @@ def in_process(features: int, updates: int, background: bool, k: int = 20,
 def one_size(features: int, updates: int, a) -> tuple:
     dim = features + 1
     clients = max(a.concurrency, 2)
-    real, real_base, tokens, auth = real_server(features, a.k, clients, a.workers, a.durability,
-                                                a.server_args.split())
+    real, real_base, tokens, auth = (
+        floor_server(features + 1, clients) if a.floor else
+        real_server(features, a.k, clients, a.workers, a.durability, a.server_args.split()))
     bare, bare_base = bare_server(dim)
     bank = SeededNoise(0).laplace(np.zeros((64, dim)), CFG.noise_scale)  # a benchmark's noise
     rows = []
@@ -308,7 +333,8 @@ def one_size(features: int, updates: int, a) -> tuple:
                                                                      runs["bare"])})
             done = after["updates"] - before["updates"]
             rejected = after["rejected_spam"] - before["rejected_spam"]
-            real_row = _row(dim, "sage-tfx dnd serve", encoding, a.concurrency, runs["real"], {
+            label = "floor" if a.floor else "sage-tfx dnd serve"
+            real_row = _row(dim, label, encoding, a.concurrency, runs["real"], {
                 "load_1min": load, "load_procs": a.load_procs, "durability": a.durability,
                 "server_cpu_ms_per_update": _per_update(cpu["real"], runs["real"]),
                 "real_over_bare": round(sum(r.updates for r in runs["real"])
@@ -328,7 +354,7 @@ def one_size(features: int, updates: int, a) -> tuple:
             rows += [bare_row, real_row]
             print(real_row, flush=True)
         attacks = (crude_attacks(real_base, tokens["clients"][0], dim, a.attack_trials)
-                   if a.attack_trials > 0 else [])
+                   if a.attack_trials > 0 and not a.floor else [])
     finally:
         _stop(real)
         _stop(bare)
@@ -357,6 +383,9 @@ def main() -> None:
     p.add_argument("--server-args", default="",
                    help="more options of the real server, e.g. '--no-spam-check --no-norm-bound' "
                         "(what the store, authentication and HTTP alone make)")
+    p.add_argument("--floor", action="store_true",
+                   help="measure bare_app.py --floor (tokens, tickets and instances in SQLite, "
+                        "nothing else) in place of the real server")
     p.add_argument("--tag", default="", help="suffix of the CSV names (server_load_<tag>.csv)")
     p.add_argument("--out", default="benchmarks/results/dnd")
     p.add_argument("--in-process", action="store_true",
