@@ -60,6 +60,7 @@ def test_honest_updates_pass_the_norm_bound_and_boosted_ones_do_not(config):
     zero = np.zeros(dim)
     sizes = np.array([bound.measure(zero, u) for u in steps])
     assert np.all(sizes <= bound.limit)  # P(any of 400 fails) ≤ 4e-4
+    assert all(bound.violation(zero, u) is None for u in steps)  # the L∞ limit too
     # The bound is tight enough to matter: the noise norm concentrates near its mean, and the
     # noise term is within 15 % of the largest honest step measured (the step term is the
     # triangle inequality's worst case: d·γC for the feature unit, small for the others).
@@ -68,10 +69,37 @@ def test_honest_updates_pass_the_norm_bound_and_boosted_ones_do_not(config):
     # At a loose tail the stated exceedance is an upper bound of the measured one.
     loose = NormBound.for_config(config, dim, alpha=0.2)
     assert np.mean(sizes > loose.limit) <= 0.2 + 3 * math.sqrt(0.2 * 0.8 / len(sizes))
+    # The same for one weight (L∞, α/2 = 0.1), and for the Laplace units (whose union bound over
+    # weights is nearly exact) not vacuous: the noise term alone is exceeded a few % of the time.
+    tops = np.abs(steps).max(axis=1)
+    assert np.mean(tops > loose.linf_limit) <= 0.1 + 3 * math.sqrt(0.1 * 0.9 / len(tops))
+    if not config.gaussian:
+        assert np.mean(tops > loose.linf_noise) >= 0.03
     # Boosted (noise ×1.3) and scaled (×10) updates are refused with the reason.
     for bad in (1.3 * steps[0], 10 * steps[1]):
         reason = bound.violation(zero, bad)
         assert reason is not None and bound.norm.upper() in reason
+
+
+@pytest.mark.parametrize("config", [GAUSS, CFG, ClientConfig(0.001, 1.0, 0.5, "feature")],
+                         ids=["gaussian", "model", "feature"])
+def test_a_push_of_one_weight_within_the_norm_is_refused_by_the_per_weight_limit(config):
+    """A weight pushed past the L∞ limit is refused even when the update's L1 / L2 norm is
+    within the bound: the push does not rely on the spam check, whose spread an accepted push
+    widens. The L∞ limit at 50,000 weights is ~26 noise scales (Laplace) or ~7.3 σ (gaussian)."""
+    dim = 2000
+    bound = NormBound.for_config(config, dim)
+    steps = _honest_steps(config, dim, 50, np.random.default_rng(11))
+    zero = np.zeros(dim)
+    u = steps[np.argmin([bound.measure(zero, v) for v in steps])].copy()
+    u[7] = 1.05 * bound.linf_limit
+    assert bound.measure(zero, u) <= bound.limit  # the norm alone would let it through
+    reason = bound.violation(zero, u)
+    assert reason is not None and "weight 7" in reason
+    u[7] = 0.9 * bound.linf_limit  # within both
+    assert bound.violation(zero, u) is None
+    big = NormBound.for_config(config, 50_000)
+    assert big.linf_noise < (27 if not config.gaussian else 7.5) * config.noise_scale
 
 
 def test_norm_bound_input():
