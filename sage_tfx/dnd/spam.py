@@ -506,7 +506,10 @@ class NormBound:
 
     def measure(self, base: np.ndarray, update: np.ndarray) -> float:
         """‖update − base‖ in this bound's norm."""
-        diff = np.asarray(update, dtype=np.float64) - np.asarray(base, dtype=np.float64)
+        return self._size(np.asarray(update, dtype=np.float64)
+                          - np.asarray(base, dtype=np.float64))
+
+    def _size(self, diff: np.ndarray) -> float:
         if self.norm == "l2":
             return float(np.sqrt(np.dot(diff, diff)))
         return float(np.abs(diff).sum())
@@ -515,8 +518,7 @@ class NormBound:
         """None if the update's step is within the bound in its norm and in every weight, else
         the reason (for a 4xx answer)."""
         diff = np.asarray(update, dtype=np.float64) - np.asarray(base, dtype=np.float64)
-        size = (float(np.sqrt(np.dot(diff, diff))) if self.norm == "l2"
-                else float(np.abs(diff).sum()))
+        size = self._size(diff)
         if size > self.limit:
             return (f"the update moves {size:.6g} in {self.norm.upper()} from the drawn "
                     f"instance; an honest update moves at most {self.limit:.6g} (step "
