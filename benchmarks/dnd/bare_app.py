@@ -15,7 +15,6 @@ server's default). No ledger, passes, rate limit, versions, norm bound or spam c
     .venv/bin/python benchmarks/dnd/bare_app.py --dim 387 --port 8799 --floor /tmp/floor.db
 """
 import argparse
-import hashlib
 import secrets
 import sqlite3
 import threading
@@ -30,7 +29,12 @@ from starlette.concurrency import run_in_threadpool
 
 from sage_tfx.dnd.server import (BINARY, KEEP_ALIVE_SECONDS, MAX_ABS_WEIGHT, TICKET_HEADER,
                                  decode, encode, fast_server_options)
+from sage_tfx.dnd.runstore import ticket_digest
 from sage_tfx.dnd.wire import UPDATE_TYPE, decode_update, encode_update
+from sage_tfx.ledger.access import token_digest
+
+
+_TOKENS = "CREATE TABLE IF NOT EXISTS tokens (sha256 TEXT PRIMARY KEY)"
 
 
 class Floor:
@@ -40,8 +44,7 @@ class Floor:
         self.db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
-        for ddl in ("CREATE TABLE IF NOT EXISTS tokens (sha256 TEXT PRIMARY KEY)",
-                    "CREATE TABLE IF NOT EXISTS tickets (sha256 TEXT PRIMARY KEY, "
+        for ddl in (_TOKENS, "CREATE TABLE IF NOT EXISTS tickets (sha256 TEXT PRIMARY KEY, "
                     "principal TEXT NOT NULL)",
                     "CREATE TABLE IF NOT EXISTS instances (slot INTEGER PRIMARY KEY, "
                     "weights BLOB NOT NULL)"):
@@ -54,13 +57,13 @@ class Floor:
     @staticmethod
     def add_tokens(path: str, tokens: list) -> None:
         with sqlite3.connect(path) as db:
-            db.execute("CREATE TABLE IF NOT EXISTS tokens (sha256 TEXT PRIMARY KEY)")
+            db.execute(_TOKENS)
             db.executemany("INSERT OR IGNORE INTO tokens VALUES (?)",
-                           [(hashlib.sha256(t.encode()).hexdigest(),) for t in tokens])
+                           [(token_digest(t),) for t in tokens])
 
     def principal(self, request: Request) -> str:
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        digest = hashlib.sha256(token.encode()).hexdigest()
+        digest = token_digest(token)
         with self.lock:
             found = self.db.execute("SELECT 1 FROM tokens WHERE sha256 = ?",
                                     (digest,)).fetchone()
@@ -72,14 +75,14 @@ class Floor:
         with self.lock:
             self.db.execute("BEGIN IMMEDIATE")
             self.db.execute("INSERT INTO tickets VALUES (?, ?)",
-                            (hashlib.sha256(ticket.encode()).hexdigest(), principal))
+                            (ticket_digest(ticket), principal))
             self.db.execute("COMMIT")
 
     def discard(self, principal: str, ticket: str, u: np.ndarray) -> None:
         with self.lock:
             self.db.execute("BEGIN IMMEDIATE")
             gone = self.db.execute("DELETE FROM tickets WHERE sha256 = ? AND principal = ?",
-                                   (hashlib.sha256(ticket.encode()).hexdigest(),
+                                   (ticket_digest(ticket),
                                     principal)).rowcount
             if gone:
                 self.db.execute("UPDATE instances SET weights = ? WHERE slot = ?",

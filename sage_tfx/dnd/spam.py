@@ -29,8 +29,8 @@ import concurrent.futures
 import concurrent.futures.process
 import dataclasses
 import logging
-import multiprocessing
 import math
+import multiprocessing
 import threading
 from typing import Optional
 
@@ -506,27 +506,28 @@ class NormBound:
 
     def measure(self, base: np.ndarray, update: np.ndarray) -> float:
         """‖update − base‖ in this bound's norm."""
-        return self._size(np.asarray(update, dtype=np.float64)
-                          - np.asarray(base, dtype=np.float64))
+        diff = np.asarray(update, dtype=np.float64) - np.asarray(base, dtype=np.float64)
+        return self._size(diff, np.abs(diff))
 
-    def _size(self, diff: np.ndarray) -> float:
-        if self.norm == "l2":
-            return float(np.sqrt(np.dot(diff, diff)))
-        return float(np.abs(diff).sum())
+    def _size(self, diff: np.ndarray, mag: np.ndarray) -> float:
+        """The norm of ``diff`` (``mag`` = |diff|)."""
+        return float(np.sqrt(np.dot(diff, diff))) if self.norm == "l2" else float(mag.sum())
 
     def violation(self, base: np.ndarray, update: np.ndarray) -> Optional[str]:
         """None if the update's step is within the bound in its norm and in every weight, else
         the reason (for a 4xx answer)."""
         diff = np.asarray(update, dtype=np.float64) - np.asarray(base, dtype=np.float64)
-        size = self._size(diff)
+        mag = np.abs(diff)
+        size = self._size(diff, mag)
         if size > self.limit:
             return (f"the update moves {size:.6g} in {self.norm.upper()} from the drawn "
                     f"instance; an honest update moves at most {self.limit:.6g} (step "
                     f"{self.step:.6g} + noise {self.noise:.6g}, exceeded by honest noise with "
                     f"probability ≤ {self.alpha / 2:g})")
-        top = float(np.abs(diff).max())
+        worst = int(mag.argmax())
+        top = float(mag[worst])
         if top > self.linf_limit:
-            return (f"the update moves weight {int(np.abs(diff).argmax())} by {top:.6g} from the "
+            return (f"the update moves weight {worst} by {top:.6g} from the "
                     f"drawn instance; an honest update moves no weight by more than "
                     f"{self.linf_limit:.6g} (step {self.linf_step:.6g} + noise "
                     f"{self.linf_noise:.6g}, exceeded by honest noise with probability ≤ "

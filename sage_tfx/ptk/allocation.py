@@ -12,6 +12,7 @@ from typing import Optional
 
 from sage_tfx.ledger.accounting import in_ledger_context
 
+
 def dec(x: float) -> Decimal:
     """``x`` as the exact decimal of its shortest repr (how menu values are summed and charged)."""
     return Decimal(repr(float(x)))
