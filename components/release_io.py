@@ -16,6 +16,11 @@ drawing noise:
 * :func:`release_json_once` — a small JSON release (DPModelValidator's noisy statistics and
   decision), via :func:`sage_tfx.dp.granted.release_json_once`.
 
+Releases are named by the plan part they spend (``releases.part_release_name``:
+``"train/model"``, not ``"dp_trainer/model"``), and given ``part=`` both functions claim the part
+for the component before recording (``releases.claim_part``): one spender per plan part, so a
+DPTrainer and a DnDTrainer on one train part cannot both publish.
+
 Both record the *request* (what the executor was asked: configuration, ε, digests of inputs the
 grant does not fix) with the release. A replay with another request is refused with
 ``ReleaseConflictError`` naming the first release and the fields that differ; the artifact is
@@ -104,8 +109,13 @@ def _clear(uri: str) -> None:
 
 def release_artifact_once(ledger, grant_id: str, name: str, artifact: Artifact,
                           produce_into: Callable[[str], None], *, request: Any,
-                          component: str) -> releases.Outcome:
+                          component: str, part: Optional[str] = None) -> releases.Outcome:
     """Releases the directory output ``artifact`` once under (grant, name).
+
+    With ``part`` (the plan part the output spends), the part must be unclaimed or claimed by
+    ``component`` before anything is produced, and is claimed for it
+    (``releases.claim_part``) after the output is produced and before it is recorded: a second
+    spender of the part, of any kind, fails with ``ReleaseConflictError``.
 
     Args:
       ledger: the ledger that issued the grant.
@@ -115,7 +125,8 @@ def release_artifact_once(ledger, grant_id: str, name: str, artifact: Artifact,
       produce_into: ``produce_into(staging_dir)`` writes the output (draws the noise); called
         only when nothing is recorded, never on a replay.
       request: what the executor was asked (a JSON value), recorded with the release.
-      component: the executor's name, for messages and logs.
+      component: the executor's name, for messages and logs; the part's spender.
+      part: the plan part the output spends (``releases.part_release_name``), or None.
 
     Returns:
       The ledger Outcome (``replayed``: the tree was materialized from the record).
@@ -128,9 +139,13 @@ def release_artifact_once(ledger, grant_id: str, name: str, artifact: Artifact,
     """
     request = json.loads(granted.canonical_json(request))
     remote = _is_remote(artifact.uri)
+    if part is not None:
+        _check_part(ledger, grant_id, part, component)
 
     def produce(staging: str) -> None:
         produce_into(staging)
+        if part is not None:
+            _claim_part(ledger, grant_id, part, component)
         path = os.path.join(staging, RELEASE_FILE_NAME)
         if os.path.exists(path):
             raise InvalidRequestError(f"{component} wrote its own {RELEASE_FILE_NAME}")
@@ -164,6 +179,20 @@ def release_artifact_once(ledger, grant_id: str, name: str, artifact: Artifact,
     return out
 
 
+def _check_part(ledger, grant_id: str, part: str, component: str) -> None:
+    try:
+        releases.check_part_claim(ledger, grant_id, part, component)
+    except ReleaseConflictError as e:
+        raise _conflict(component, e) from e
+
+
+def _claim_part(ledger, grant_id: str, part: str, component: str) -> None:
+    try:
+        releases.claim_part(ledger, grant_id, part, component)
+    except ReleaseConflictError as e:
+        raise _conflict(component, e) from e
+
+
 def _read_release_file(out_dir: str, release: releases.Release) -> dict:
     path = os.path.join(out_dir, RELEASE_FILE_NAME)
     try:
@@ -180,13 +209,25 @@ def _read_release_file(out_dir: str, release: releases.Release) -> dict:
 
 
 def release_json_once(ledger, grant_id: str, name: str, produce: Callable[[], Any], *,
-                      request: Any, component: str,
-                      artifacts: Iterable[Artifact] = ()) -> granted.JsonRelease:
+                      request: Any, component: str, artifacts: Iterable[Artifact] = (),
+                      part: Optional[str] = None) -> granted.JsonRelease:
     """A JSON release once under (grant, name), marked on ``artifacts`` (see module doc).
 
+    ``part``: the plan part the release spends, claimed for ``component`` as in
+    :func:`release_artifact_once`.
+
     Raises:
-      ReleaseConflictError: the grant released ``name`` for another request.
+      ReleaseConflictError: the grant released ``name`` for another request, or another
+        spender claimed ``part``.
     """
+    if part is not None:
+        _check_part(ledger, grant_id, part, component)
+        inner = produce
+
+        def produce() -> Any:
+            value = inner()
+            _claim_part(ledger, grant_id, part, component)
+            return value
     try:
         out = granted.release_json_once(ledger, grant_id, name, produce, request=request)
     except ReleaseConflictError as e:

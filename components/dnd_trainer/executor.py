@@ -12,8 +12,9 @@ the spam check (post-processing) is on by default. Only the average model and an
 leave: no instance, draw, slot or per-client value is written or logged.
 
 Release once. The model directory (SavedModel, ``dnd_model.json``, ``privacy_report.json``) is
-recorded against the grant as ``dnd_trainer/model``
-(:func:`sage_tfx.ledger.releases.release_tree_once`) before it is published: a re-executed
+recorded against the grant as ``train/model`` (``grant/model`` without a plan), after the plan
+part is claimed for DnDTrainer (``releases.claim_part``: a DPTrainer on the same part fails;
+:func:`sage_tfx.ledger.releases.release_tree_once`) before it is published: a re-executed
 trainer (a retried pod or task, a re-run with the same run id) receives the replayed grant, finds
 the record and writes the recorded model byte for byte without reading a record or running the
 protocol again.
@@ -59,13 +60,15 @@ def settings_from_exec_properties(props: Dict[str, Any]) -> tuple:
 
 
 def _train_charge(grant_artifact, grant):
-    """(ε, δ, event, what) charged for this trainer: the plan's train part, else the grant."""
+    """(ε, δ, event, what, part name) charged for this trainer: the plan's train part, else
+    the grant (part ``releases.WHOLE_GRANT``)."""
     from sage_tfx.adaptive import plan as plan_lib
     from sage_tfx.components import plan_io
+    from sage_tfx.ledger.releases import WHOLE_GRANT
     if fileio.exists(os.path.join(grant_artifact.uri, plan_io.PLAN_FILE_NAME)):
         part = plan_io.read_plan(grant_artifact).part(plan_lib.TRAIN)   # verified against the grant
-        return part.epsilon, part.delta, part.event, "the plan's train part"
-    return grant.epsilon, grant.delta, grant.event, f"grant {grant.grant_id}"
+        return part.epsilon, part.delta, part.event, "the plan's train part", part.name
+    return grant.epsilon, grant.delta, grant.event, f"grant {grant.grant_id}", WHOLE_GRANT
 
 
 def _files(examples: types.Artifact, split: str) -> List[str]:
@@ -124,11 +127,12 @@ class Executor(base_executor.BaseExecutor):
            output_dict: Dict[str, List[types.Artifact]],
            exec_properties: Dict[str, Any]) -> None:
         from sage_tfx.ledger import open_ledger
-        from sage_tfx.ledger.releases import release_tree_once
+        from sage_tfx.ledger.releases import (check_part_claim, claim_part, part_release_name,
+                                              release_tree_once)
         grant_artifact = _one(input_dict, spec.GRANT_INPUT_KEY, what="SageGrant (from SageGate)")
         grant = artifacts.read_grant(grant_artifact)  # a denial raises with the ledger's reason
         settings, features = settings_from_exec_properties(exec_properties)
-        eps, dlt, event, what = _train_charge(grant_artifact, grant)
+        eps, dlt, event, what, part = _train_charge(grant_artifact, grant)
         charge = protocol.check_train_cost(eps, dlt, event, settings, what)
         examples = _one(input_dict, spec.EXAMPLES_KEY, what="Examples")
         recorded = (examples.get_string_custom_property(EXAMPLES_GRANT_ID)
@@ -165,8 +169,17 @@ class Executor(base_executor.BaseExecutor):
 
         with open_ledger(
             grant_artifact.get_string_custom_property(artifacts.LEDGER_URL_KEY)) as led:
-            outcome = release_tree_once(led, grant.grant_id, spec.RELEASE_NAME, model.uri,
-                                        produce_into)
+            # One spender per plan part: refused here if another trainer claimed the part,
+            # claimed after the run and before its model is recorded.
+            check_part_claim(led, grant.grant_id, part, spec.COMPONENT)
+
+            def produce_and_claim(out_dir: str) -> None:
+                produce_into(out_dir)
+                claim_part(led, grant.grant_id, part, spec.COMPONENT)
+
+            outcome = release_tree_once(led, grant.grant_id,
+                                        part_release_name(part, spec.RELEASE_OUTPUT), model.uri,
+                                        produce_and_claim)
         if outcome.replayed:
             logging.info("DnDTrainer: grant %s already released its model; returned the recorded "
                          "one (no new run, no new noise)", grant.grant_id)

@@ -36,8 +36,11 @@ UPDATES_PROPERTY = "dnd_updates_accepted"
 REPLAYED_PROPERTY = "release_replayed"         # 1: the grant's recorded model was returned
 RELEASE_DIGEST_PROPERTY = "release_sha256"     # of the recorded model tree
 
-# The release the grant buys (sage_tfx.ledger.releases).
-RELEASE_NAME = "dnd_trainer/model"
+# The release the grant buys (sage_tfx.ledger.releases), keyed by the plan part it spends:
+# "train/model" under a plan (as DPTrainer's: the part's claim lets only one of them publish),
+# "grant/model" for a grant charged without a plan.
+COMPONENT = "DnDTrainer"
+RELEASE_OUTPUT = "model"
 
 
 class DnDTrainerSpec(ComponentSpec):

@@ -16,8 +16,10 @@ answered queries. Feature scaling uses the public examples' statistics only.
 
 Release once (``sage_tfx.bagging.purchase``, ``sage_tfx.ledger.releases``). The public range
 comes from the ledger's cursor of the window, reserved before any vote. The labels are recorded
-against the grant (``bagging/labels``), and the model directory (student + privacy report) as a
-tree (``bagging/model``) before it appears in the artifact. A re-executed trainer (a retried pod,
+against the grant (``train/labels``: keyed by the plan part, ``grant/labels`` without a plan),
+and the model directory (student + privacy report) as a tree (``train/model``) before it
+appears in the artifact; the part is claimed for DPBaggingTrainer before the labels are drawn
+(``releases.claim_part``), so no other trainer spends it. A re-executed trainer (a retried pod,
 a manual re-run, another output directory, a concurrent twin) materializes the recorded tree byte
 for byte: no Beam flow, no vote, no noise, no charge.
 """
@@ -48,6 +50,11 @@ from sage_tfx.components.dp_bagging_trainer import spec
 from sage_tfx.errors import InvalidRequestError, MissingGrantError
 
 __all__ = ["Executor", "config_from_exec_properties", "bagging_cost"]
+
+COMPONENT = "DPBaggingTrainer"
+# Release outputs, named under the plan part they spend (releases.part_release_name).
+LABELS_OUTPUT = "labels"
+MODEL_OUTPUT = "model"
 
 
 def config_from_exec_properties(props: Dict[str, Any]) -> BaggingConfig:
@@ -118,15 +125,17 @@ def _public_features(files, keys):
 
 
 def _train_cost(grant_artifact, grant):
-    """(ε, δ, event) this trainer may spend: the plan's ``train`` part if the gate stored a plan
-    (the rest pays for e.g. DPModelValidator), else the whole grant."""
+    """(ε, δ, event, part name) this trainer may spend: the plan's ``train`` part if the gate
+    stored a plan (the rest pays for e.g. DPModelValidator), else the whole grant (part
+    ``releases.WHOLE_GRANT``)."""
     from sage_tfx.adaptive import plan as plan_lib
     from sage_tfx.components import plan_io
+    from sage_tfx.ledger.releases import WHOLE_GRANT
 
     if fileio.exists(os.path.join(grant_artifact.uri, plan_io.PLAN_FILE_NAME)):
         part = plan_io.read_plan(grant_artifact).part(plan_lib.TRAIN)
-        return part.epsilon, part.delta, part.event
-    return grant.epsilon, grant.delta, grant.event
+        return part.epsilon, part.delta, part.event, part.name
+    return grant.epsilon, grant.delta, grant.event, WHOLE_GRANT
 
 
 
@@ -171,7 +180,7 @@ def _record_on_model(model: types.Artifact, report: dict) -> None:
 
 
 # The one artifact of a channel; zero or several is a clear error.
-_one = functools.partial(artifacts.single_artifact, component="DPBaggingTrainer")
+_one = functools.partial(artifacts.single_artifact, component=COMPONENT)
 
 
 class Executor(base_beam_executor.BaseBeamExecutor):
@@ -209,11 +218,16 @@ class Executor(base_beam_executor.BaseBeamExecutor):
         X_pub = (np.where(np.isnan(X_pub), mean, X_pub) - mean) / std
         model = _one(output_dict, spec.MODEL_KEY, what="Model output")
         from sage_tfx.ledger import open_ledger
-        from sage_tfx.ledger.releases import release_tree_once
+        from sage_tfx.ledger.releases import (check_part_claim, claim_part, part_release_name,
+                                              release_tree_once)
         with open_ledger(grant_artifact.ledger_url) as ledger:
             report_delta = float(
                 ledger.stream(grant.stream).delta_g) if grant.mode == "rdp" else None
-            eps, dlt, event = _train_cost(grant_artifact, grant)
+            eps, dlt, event, part = _train_cost(grant_artifact, grant)
+            # One spender per plan part: refused before anything is read if another trainer
+            # claimed it; claimed before the first release (the labels).
+            check_part_claim(ledger, grant.grant_id, part, COMPONENT)
+            labels_release = part_release_name(part, LABELS_OUTPUT)
             plan = labels_from_grant(config, epsilon=eps, delta=dlt, event=event,
                                      public_size=len(X_pub), report_delta=report_delta)
             files = _files(private, exec_properties.get(spec.SPLIT_KEY))
@@ -231,20 +245,21 @@ class Executor(base_beam_executor.BaseBeamExecutor):
                                                 X_public=X_pub, settings=settings,
                                                 max_labels=max_labels)
             # a re-execution with other settings under this grant is refused, not replayed silently
-            purchase.recorded_purchase(ledger, grant.grant_id, request)
+            purchase.recorded_purchase(ledger, grant.grant_id, request, labels_release)
 
             def label(start, stop):
                 return self._label(config, plan, files, keys, exec_properties, mean, std, salt,
                                    X_pub[start:stop], cache, key)
 
             def produce_into(staging):
+                claim_part(ledger, grant.grant_id, part, COMPONENT)
                 bought = purchase.buy_labels(
                     ledger, grant.grant_id, label=label, exact=plan.formally_dp, request=request,
                     cursor=purchase.cursor_name(stream=grant.stream, blocks=blocks, config=config,
                                                 salt=salt, settings=settings),
                     reserve=purchase.reservation(plan.queries, public_size=len(X_pub),
                                                  max_labels=max_labels),
-                    public_size=len(X_pub))
+                    public_size=len(X_pub), name=labels_release)
                 student = train_student(X_pub[bought.public_index], bought.labels, l2=config.l2)
                 export_student(student, mean, std, keys, path_utils.serving_model_path(staging))
                 charge = (
@@ -258,7 +273,8 @@ class Executor(base_beam_executor.BaseBeamExecutor):
                 with open(os.path.join(staging, spec.PRIVACY_REPORT_FILE), "w") as f:
                     f.write(json.dumps(report, indent=2, sort_keys=True))
 
-            outcome = release_tree_once(ledger, grant.grant_id, purchase.MODEL_RELEASE, model.uri,
+            outcome = release_tree_once(ledger, grant.grant_id,
+                                        part_release_name(part, MODEL_OUTPUT), model.uri,
                                         produce_into)
         with fileio.open(os.path.join(model.uri, spec.PRIVACY_REPORT_FILE)) as f:
             report = json.loads(f.read())

@@ -57,13 +57,15 @@ from sage_tfx.components.dp_trainer import guarantee as guarantee_lib
 from sage_tfx.components.dp_trainer import private
 from sage_tfx.components.dp_trainer import spec
 from sage_tfx.errors import InvalidRequestError, MissingGrantError
-from sage_tfx.ledger import open_ledger
+from sage_tfx.ledger import open_ledger, releases
 
 # Plan-part param naming the δ at which an rdp part's ε is reported.
 REPORT_DELTA_PARAM = "delta"
 # The DP Trainer's release: the Model directory (serving model, verified record, properties),
-# once per grant.
-RELEASE_NAME = "dp_trainer/model"
+# once per grant, keyed by the plan part it spends ("train/model"); the part is claimed for
+# DPTrainer, so no other trainer spends it again.
+COMPONENT = "DPTrainer"
+RELEASE_NAME = releases.part_release_name(plan_lib.TRAIN, "model")
 PROPERTIES_FILE_NAME = "dp_model_properties.json"
 
 
@@ -207,7 +209,8 @@ class Executor(trainer_executor.GenericExecutor):
         with open_ledger(url) as ledger:
             out = release_io.release_artifact_once(ledger, grant.grant_id, RELEASE_NAME,
                                                    model_artifact, produce_into,
-                                                   request=request, component="DPTrainer")
+                                                   request=request, component=COMPONENT,
+                                                   part=part.name)
         with fileio.open(os.path.join(model_artifact.uri, PROPERTIES_FILE_NAME), "r") as f:
             properties = json.loads(f.read())
         set_model_properties(model_artifact, properties)

@@ -68,11 +68,13 @@ from sage_tfx.components.dp_transform import materialize
 from sage_tfx.components.dp_transform import privacy
 from sage_tfx.components.dp_transform import spec
 from sage_tfx.errors import MissingGrantError
-from sage_tfx.ledger import open_ledger
+from sage_tfx.ledger import open_ledger, releases
 
 # The release of a DPTransform run: its transform graph, once per grant (one transform part
 # per plan, so one name per grant), and the file in it recording what the analyzers spent.
-RELEASE_NAME = "dp_transform/transform_graph"
+COMPONENT = "DPTransform"
+# Keyed by the plan part it spends; the part is claimed for DPTransform (release_io).
+RELEASE_NAME = releases.part_release_name(plan_lib.TRANSFORM, "transform_graph")
 PRIVACY_FILE_NAME = "dp_transform_privacy.json"
 
 
@@ -204,7 +206,7 @@ class Executor(transform_executor.Executor):
                     ledger, grant.grant_id, RELEASE_NAME, graph,
                     lambda staging: self._analyze_into(staging, input_dict, exec_properties,
                                                        budget, public),
-                    request=request, component="DPTransform")
+                    request=request, component=COMPONENT, part=plan_lib.TRANSFORM)
                 transformed = output_dict.get(spec.TRANSFORMED_EXAMPLES_KEY) or []
                 if transformed:
                     materialize.transform_examples(graph.uri, input_dict, output_dict,

@@ -63,11 +63,13 @@ from sage_tfx.components.dp_validator import spec
 from sage_tfx.components.dp_validator.data import (ServingModel, eval_files, label_values,  # noqa: F401
                                                    labels_and_predictions, per_example_values)
 from sage_tfx.errors import MissingGrantError, ReleaseConflictError
-from sage_tfx.ledger import open_ledger
+from sage_tfx.ledger import open_ledger, releases
 
 # The release of a DPModelValidator run: its DP validation result (the noisy count and sum, the
-# bounds and the decision), once per grant (one validate part per plan).
-RELEASE_NAME = "dp_validator/validation"
+# bounds and the decision), once per grant, keyed by the validate part it spends (claimed for
+# DPModelValidator: no second validator spends the part).
+COMPONENT = "DPModelValidator"
+RELEASE_NAME = releases.part_release_name(plan_lib.VALIDATE, "validation")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -440,7 +442,8 @@ class Executor(base_executor.BaseExecutor):
                     ledger, grant.grant_id, RELEASE_NAME,
                     lambda: validate_model(config, validator, epsilon, examples,
                                            model_artifact).to_dict(),
-                    request=request, component="DPModelValidator", artifacts=[blessing])
+                    request=request, component=COMPONENT, artifacts=[blessing],
+                    part=plan_lib.VALIDATE)
             except (MissingGrantError, ReleaseConflictError) as e:
                 blessing.set_string_custom_property(spec.REASON_PROPERTY, str(e))
                 raise

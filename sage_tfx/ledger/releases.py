@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
+import json
 import os
 import re
 import shutil
@@ -214,6 +215,74 @@ def _value_of(rec: Release) -> bytes:
         raise MissingGrantError(f"the recorded release {rec.name!r} of grant {rec.grant_id} does "
                                 "not match its digest: the ledger's copy was altered")
     return rec.value
+
+
+# -- plan parts: one spender each --
+
+PART_CLAIM_PREFIX = "part/"
+WHOLE_GRANT = "grant"  # the one "part" of a grant charged without a privacy plan
+
+
+def part_release_name(part: str, output: str) -> str:
+    """The release name of ``output`` spent from plan part ``part``: ``"<part>/<output>"``.
+
+    Releases are keyed by the plan part they spend, not by the component that spends it
+    (``"train/model"``, ``"transform/transform_graph"``, ``"validate/validation"``), so two
+    components under one part meet on one name as well as on the part's claim.
+    """
+    return check_release_name(f"{part}/{output}")
+
+
+def _claim_value(part: str, spender: str) -> bytes:
+    return json.dumps({"part": part, "spender": spender}, sort_keys=True,
+                      separators=(",", ":")).encode("ascii")
+
+
+def _claimed_by(rec: Release) -> Optional[str]:
+    try:
+        spender = json.loads(_value_of(rec)).get("spender")
+    except (ValueError, AttributeError, MissingGrantError):
+        return None
+    return spender if isinstance(spender, str) else None
+
+
+def _part_conflict(grant_id: str, part: str, spender: str, rec: Release) -> ReleaseConflictError:
+    first = _claimed_by(rec) or "another spender"
+    return ReleaseConflictError(
+        f"plan part {part!r} of grant {grant_id} is spent by {first} "
+        f"(claimed {rec.created_at} by principal {rec.principal}): {spender} may not spend it "
+        "again. One charge pays for one spender per plan part; give the second stage a part of "
+        "its own in the privacy plan, or a grant of its own")
+
+
+def check_part_claim(ledger, grant_id: str, part: str, spender: str) -> None:
+    """Raises ReleaseConflictError if another spender claimed ``part`` of the grant (read only).
+
+    Call it before reading any data; :func:`claim_part` is what records the claim.
+    """
+    rec = ledger.recorded_release(grant_id, check_release_name(PART_CLAIM_PREFIX + part))
+    if rec is not None and _claimed_by(rec) != spender:
+        raise _part_conflict(grant_id, part, spender, rec)
+
+
+def claim_part(ledger, grant_id: str, part: str, spender: str) -> Release:
+    """Records that ``spender`` (a component type, e.g. ``"DPTrainer"``) spends plan part ``part``
+    of the grant, before its first release under that part; the claim of the same spender
+    is returned again.
+
+    The claim is a release record (``"part/<part>"``), so the first writer wins across
+    processes and machines: a second spender of any kind fails here, before it publishes.
+
+    Raises:
+      ReleaseConflictError: another spender claimed the part.
+    """
+    name = check_release_name(PART_CLAIM_PREFIX + part)
+    value = _claim_value(part, spender)
+    try:  # the same spender's claim has the same bytes: record_release returns it
+        return ledger.record_release(grant_id, name, value=value)
+    except ReleaseConflictError:
+        raise _part_conflict(grant_id, part, spender,
+                             ledger.recorded_release(grant_id, name)) from None
 
 
 # -- directory trees --

@@ -289,13 +289,14 @@ def _children(world, run_id, names):
 
 
 def _one_charge_one_release(world, grant_ids):
-    from sage_tfx.bagging import LABELS_RELEASE, MODEL_RELEASE
     from sage_tfx.ledger import open_ledger
     with open_ledger(world["url"]) as ledger:
         for b in ledger.blocks(STREAM):
             assert b.charges == len(grant_ids)
         for g in grant_ids:
-            assert sorted(r.name for r in ledger.releases(g)) == [LABELS_RELEASE, MODEL_RELEASE]
+            # the plan's train part, claimed by the trainer, and its two releases
+            assert sorted(r.name for r in ledger.releases(g)) == [
+                "part/train", "train/labels", "train/model"]
         assert ledger.check_consistency(STREAM) == []
 
 

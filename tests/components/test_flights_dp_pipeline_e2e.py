@@ -117,7 +117,9 @@ def test_accept_pushes_the_model_and_charges_the_plan_once(runs):
     from sage_tfx.ledger import open_ledger
     with open_ledger(settings["ledger_url"]) as ledger:
         names = {r.name for r in ledger.releases(result.grant_id)}
-    assert names == {"dp_transform/transform_graph", "dp_trainer/model", "dp_validator/validation"}
+    # one release per plan part, each part claimed by the one component that spends it
+    assert names == {"transform/transform_graph", "train/model", "validate/validation",
+                     "part/transform", "part/train", "part/validate"}
     assert accounting.exact(grant.epsilon) == accounting.exact(plan.cost()["epsilon"])
     assert accounting.exact(grant.delta) == accounting.exact(plan.cost()["delta"])
     assert inconsistencies == [] and audit.ok

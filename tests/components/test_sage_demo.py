@@ -27,7 +27,7 @@ def test_main_job_runs_and_charges_each_iteration_once(tmp_path, capsys):
             if g.run_id.startswith("mean-delay"):
                 assert names == {"mean-delay/dp_mean"}
             else:
-                assert {"dp_transform/transform_graph", "dp_validator/validation"} <= names
+                assert {"transform/transform_graph", "validate/validation"} <= names
         assert ledger.check_consistency("flights") == []
         assert ledger.verify_audit().ok
         assert all(b.epsilon_spent <= 1.0 for b in ledger.blocks("flights"))

@@ -238,3 +238,57 @@ def test_a_large_tree_is_recorded_before_it_is_published(ledger_url, tmp_path):
     again = releases.release_tree_once(led, g.grant_id, "m", str(out),
                                        lambda p: pytest.fail("drew again"), max_inline=0)
     assert again.replayed and (out / "saved_model.pb").read_bytes() == b"first draw"
+
+
+def test_a_plan_part_has_one_spender(ledger_url):
+    """One spend per plan part: the first spender's claim stands; the same spender's claim is
+    returned again (a replay), any other spender is refused before and at its claim."""
+    led = _ledger(ledger_url)
+    g = _grant(led)
+    assert releases.part_release_name("train", "model") == "train/model"
+    releases.check_part_claim(led, g.grant_id, "train", "DPTrainer")   # nothing claimed yet
+    first = releases.claim_part(led, g.grant_id, "train", "DPTrainer")
+    assert first.name == "part/train"
+    assert releases.claim_part(led, g.grant_id, "train", "DPTrainer") == first
+    releases.check_part_claim(led, g.grant_id, "train", "DPTrainer")
+    for other in ("DnDTrainer", "DPBaggingTrainer"):
+        with pytest.raises(ReleaseConflictError, match="'train' .* spent by DPTrainer"):
+            releases.check_part_claim(led, g.grant_id, "train", other)
+        with pytest.raises(ReleaseConflictError, match=f"{other} may not spend it"):
+            releases.claim_part(led, g.grant_id, "train", other)
+    # other parts of the same grant are claimed independently
+    releases.claim_part(led, g.grant_id, "validate", "DPModelValidator")
+    assert {r.name for r in led.releases(g.grant_id)} == {"part/train", "part/validate"}
+    with pytest.raises(InvalidRequestError):
+        releases.part_release_name("bad part", "model")
+    assert led.check_consistency("s") == [] and led.verify_audit().ok
+
+
+def _claim_race(url, grant_id, spender, q):
+    with open_ledger(url) as led:
+        try:
+            releases.claim_part(led, grant_id, "train", spender)
+            q.put(spender)
+        except ReleaseConflictError:
+            q.put(None)
+
+
+def test_racing_spenders_of_one_part_get_one_claim(ledger_url):
+    led = _ledger(ledger_url)
+    g = _grant(led)
+    ctx = multiprocessing.get_context("spawn")
+    q = ctx.Queue()
+    spenders = ["DPTrainer", "DnDTrainer", "DPBaggingTrainer", "PTKTrainer"]
+    procs = [ctx.Process(target=_claim_race, args=(ledger_url, g.grant_id, s, q))
+             for s in spenders]
+    for p in procs:
+        p.start()
+    won = [q.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    winners = [w for w in won if w is not None]
+    assert len(winners) == 1
+    for s in spenders:
+        if s != winners[0]:
+            with pytest.raises(ReleaseConflictError):
+                releases.check_part_claim(led, g.grant_id, "train", s)
