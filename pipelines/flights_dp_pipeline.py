@@ -139,13 +139,14 @@ def create_pipeline(*, pipeline_name: str, pipeline_root: str, metadata_path: st
                 examples=transform.outputs["transformed_examples"],
                 transform_graph=transform.outputs["transform_graph"],
                 schema=schema_gen.outputs["schema"], grant=gate.outputs["grant"],
-                run_fn=flights_plan.RUN_FN, custom_config=custom_config)
+                model_fn=flights_plan.MODEL_FN, custom_config=custom_config,
+                output_scale=flights_plan.output_scale(True))
             readers = [example_gen, schema_gen, transform, trainer]
         else:
             trainer = DPTrainer(
                 examples=example_gen.outputs["examples"], schema=schema_gen.outputs["schema"],
-                grant=gate.outputs["grant"], run_fn=flights_plan.RUN_FN,
-                custom_config=custom_config)
+                grant=gate.outputs["grant"], model_fn=flights_plan.MODEL_FN,
+                custom_config=custom_config, output_scale=flights_plan.output_scale(False))
             readers = [example_gen, schema_gen, trainer]
         # Validated on the RAW eval split: the served model parses raw tf.Examples (and applies
         # the transform graph itself), and the eval split was never trained on.

@@ -29,7 +29,7 @@ Defaults of the pipeline (documented here, used by ``flights_dp_pipeline.create_
   squeezed into [0, 1] by its public range, does worse under the same noise (the noisy steps
   cannot fit a weight of a low-variance feature). ``algorithm="adassp"`` fits the same features
   by AdaSSP (no tuning; noisier at this n and ε).
-* Validation: the squared error of the served prediction (minutes, the unit the run_fn serves)
+* Validation: the squared error of the served prediction (minutes, the unit the trainer serves)
   against the raw ``arr_delay`` of the held-out eval split, clipped to :data:`DEFAULT_LOSS_BOUND`
   B = 3600 = 60² (an error beyond an hour counts as an hour); a flight without ``arr_delay``
   (cancelled or diverted, ~1% in January) counts as the worst loss B. Measured with the defaults
@@ -71,10 +71,16 @@ DEP_DELAY_CENTERED = "dep_delay_centered"
 DEP_DELAY_SCALE = 60.0
 DEP_DELAY_CENTERED_BOUNDS = (-(DEP_DELAY_BOUNDS[1] - DEP_DELAY_BOUNDS[0]) / DEP_DELAY_SCALE,
                              (DEP_DELAY_BOUNDS[1] - DEP_DELAY_BOUNDS[0]) / DEP_DELAY_SCALE)
+# The label the trainer fits: arr_delay clipped to its public bounds, ÷ LABEL_SCALE (NaN where
+# absent); the pipeline declares output_scale = LABEL_SCALE, so served predictions are minutes.
+LABEL_BOUNDS = (-60.0, 300.0)
+LABEL_SCALE = max(abs(LABEL_BOUNDS[0]), abs(LABEL_BOUNDS[1]))
+ARR_DELAY_SCALED = "arr_delay_scaled"
+ARR_DELAY_SCALED_BOUNDS = (LABEL_BOUNDS[0] / LABEL_SCALE, LABEL_BOUNDS[1] / LABEL_SCALE)
 
 
 def transformed_features(algorithm: str) -> dict:
-    """The trainer's columns (``run_fn_utils.columns_from_config``) of the transformed features.
+    """The trainer's features (``flights_dp_module``: bounds clip and scale in the model).
 
     DP-SGD reads ``dep_delay_centered`` as is: its spread (std ~0.4) keeps the problem well
     conditioned, where squeezing it into [0, 1] by its public range (std ~0.03) leaves the
@@ -82,11 +88,10 @@ def transformed_features(algorithm: str) -> dict:
     sensitivity), so it gets the public range and scales it to [0, 1] (a linear fit does not
     care).
     """
-    dep = {"default": 0.0}
+    dep: dict = {}
     if algorithm == ADASSP:
         dep.update(min=DEP_DELAY_CENTERED_BOUNDS[0], max=DEP_DELAY_CENTERED_BOUNDS[1])
-    return {DISTANCE_SCALED: {"default": 0.0, "min": 0.0, "max": 1.0},
-            HOUR_SCALED: {"default": 0.0, "min": 0.0, "max": 1.0},
+    return {DISTANCE_SCALED: {"min": 0.0, "max": 1.0}, HOUR_SCALED: {"min": 0.0, "max": 1.0},
             DEP_DELAY_CENTERED: dep}
 
 
@@ -95,7 +100,7 @@ def transformed_features(algorithm: str) -> dict:
 DPSGD = "dpsgd"
 ADASSP = "adassp"
 ALGORITHMS = (DPSGD, ADASSP)
-RUN_FN = "sage_tfx.pipelines.flights_dp_module.run_fn"
+MODEL_FN = "sage_tfx.pipelines.flights_dp_module.model_fn"
 PREPROCESSING_FN = "sage_tfx.pipelines.flights_preprocessing.preprocessing_fn"
 # tf.Transform traces the preprocessing_fn once in TF1 graph mode instead of five times in TF2
 # mode: DPTransform took 8.4 s instead of 13.3 s on 10 daily blocks (about a third of an
@@ -230,7 +235,7 @@ def check_plan(plan: PrivacyPlan, *, use_transform: bool) -> None:
 
 def trainer_config(algorithm: str = DPSGD, overrides: Optional[Mapping[str, Any]] = None, *,
                    use_transform: bool = True) -> dict:
-    """The DPTrainer ``custom_config`` for ``flights_dp_module.run_fn``.
+    """The DPTrainer ``custom_config`` for ``flights_dp_module.model_fn``.
 
     The algorithm's defaults (:data:`DPSGD_DEFAULTS` / :data:`ADASSP_DEFAULTS`), the transformed
     feature columns when ``use_transform`` (else the module's raw ``DEFAULT_FEATURES``), then
@@ -249,10 +254,16 @@ def trainer_config(algorithm: str = DPSGD, overrides: Optional[Mapping[str, Any]
     config: dict = {"algorithm": algorithm}
     config.update(copy.deepcopy(DPSGD_DEFAULTS if algorithm == DPSGD else ADASSP_DEFAULTS))
     if use_transform:
-        config.update({"features": transformed_features(algorithm), "label": LABEL_KEY,
-                       "raw_label": LABEL_KEY})
+        config.update({"features": transformed_features(algorithm), "label": ARR_DELAY_SCALED,
+                       "raw_label": LABEL_KEY,
+                       "label_bounds": list(ARR_DELAY_SCALED_BOUNDS)})
     config.update(overrides)
-    if config.get("task", "regression") != "regression":
+    if config.pop("task", "regression") != "regression":
         raise ValueError("this pipeline validates the squared error of arr_delay in minutes: "
-                         f"trainer_config task must be 'regression', got {config['task']!r}")
+                         f"trainer_config task must be 'regression', got {overrides['task']!r}")
     return config
+
+
+def output_scale(use_transform: bool) -> float:
+    """The DPTrainer's declared output_scale: the transform's label is ÷ LABEL_SCALE."""
+    return LABEL_SCALE if use_transform else 1.0

@@ -12,7 +12,8 @@ stock analyzer on a private feature). Here ε is split in three equal shares:
   with the DP mean (``dp_mean``, as List. 1), i.e. becomes 0. Centred rather than squeezed into
   [0, 1]: DP-SGD fits a feature of unit-ish spread far better under the same noise.
 
-The label ``arr_delay`` is passed through unchanged (minutes; NaN where absent, so the trainer
+The label ``arr_delay`` is passed through unchanged (minutes; NaN where absent) and, for the
+trainer, ``arr_delay_scaled`` = clip(arr_delay, -60, 300) / 300 (NaN where absent, so the trainer
 drops unlabelled flights). The serving model applies this graph to raw examples without the
 label (TFT prunes the label output then).
 
@@ -79,9 +80,15 @@ def preprocessing_fn(inputs: Mapping[str, Any], epsilon: float) -> dict:
     dep_delay_centered = ((tf.clip_by_value(dep_delay, lo_dep, hi_dep) - dep_mean)
                           / settings.DEP_DELAY_SCALE)
 
+    arr_delay = dense_float(inputs[settings.LABEL_KEY], math.nan)
+    lo_label, hi_label = settings.LABEL_BOUNDS
     return {
         settings.DISTANCE_SCALED: distance_scaled,
         settings.HOUR_SCALED: hour_scaled,
         settings.DEP_DELAY_CENTERED: dep_delay_centered,
-        settings.LABEL_KEY: dense_float(inputs[settings.LABEL_KEY], math.nan),
+        settings.LABEL_KEY: arr_delay,
+        # The trained label: NaN stays NaN (an unlabelled flight is not trained on).
+        settings.ARR_DELAY_SCALED: tf.where(
+            tf.math.is_nan(arr_delay), arr_delay,
+            tf.clip_by_value(arr_delay, lo_label, hi_label) / settings.LABEL_SCALE),
     }

@@ -168,12 +168,11 @@ def pipelines_for(args) -> list[PipelineSpec]:
                      arrive_at=0, iteration_kwargs=(
                          ("algorithm", args.lr_algorithm), ("target", args.lr_target),
                          ("metric", "loss"), ("eta", args.eta))),
-        # A DP-SGD network (one hidden layer, TF Privacy fast clipping, Poisson sampling), with
-        # the trainer's membership-inference audit (train vs eval; not DP) shown in the summary.
+        # A DP-SGD network (one hidden layer, TF Privacy fast clipping, Poisson batches built
+        # in Beam).
         PipelineSpec("delay-nn", SearchConfig(epsilon0=0.1, min_blocks=args.min_days, **common),
                      arrive_at=2, iteration_kwargs=(
-                         ("algorithm", "dpsgd"), ("trainer_config", {"hidden_units": [16],
-                                                                "membership_audit": "eval"}),
+                         ("algorithm", "dpsgd"), ("trainer_config", {"hidden_units": [16]}),
                          ("target", args.nn_target), ("metric", "loss"), ("eta", args.eta))),
     ]
 

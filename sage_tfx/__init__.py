@@ -114,8 +114,8 @@ PUBLIC_API: dict[str, tuple[str, ...]] = {
     "sage_tfx.components.dp_transform.analyzers": (
         "DPPreprocessingFn", "dp_mean", "dp_scale_to_0_1", "dp_group_by_mean", "dp_count",
         "dp_quantiles"),
-    "sage_tfx.components.dp_trainer": ("private_training", "report_guarantee", "train_part",
-                                       "dpsgd_noise_for"),
+    "sage_tfx.components.dp_trainer": ("DPTrainer", "DPSGDSpec", "AdaSSPSpec", "ModelFnArgs",
+                                       "ArchitectureError"),
     # The PTK store (docs/papers.md, "PTK store").
     "sage_tfx.ptk": (
         "PTKStore", "StoreConfig", "Reject", "PTK", "PTKType", "PrivacyCharge", "allocate",

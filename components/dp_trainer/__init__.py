@@ -1,19 +1,18 @@
-"""DPTrainer: the TFX Trainer under a Sage privacy plan (Sage §3.1, Tab. 1).
+"""DPTrainer: the TFX Trainer for the user's own Keras model, under a Sage privacy plan (Sage
+§3.1, Tab. 1).
 
-``DPTrainer`` (component), ``private_training`` (the executor's privacy loop a run_fn trains
-with) and the run_fn helpers of ``run_fn_utils``. Importing this package is cheap: names load
-TFX / TensorFlow on first use.
+``DPTrainer`` (component) and what a module's ``model_fn`` returns: ``DPSGDSpec`` (a Keras model
+trained with DP-SGD) or ``AdaSSPSpec`` (AdaSSP linear regression), with ``ModelFnArgs``. Importing
+this package is cheap: names load TFX / TensorFlow on first use.
 """
 from sage_tfx._lazy import lazy_exports
 
 _LAZY = {
     "DPTrainer": "sage_tfx.components.dp_trainer.component",
-    "private_training": "sage_tfx.components.dp_trainer.run_fn_utils",
-    "PrivateTraining": "sage_tfx.components.dp_trainer.private",
-    "report_guarantee": "sage_tfx.components.dp_trainer.run_fn_utils",
-    "report_membership_inference": "sage_tfx.components.dp_trainer.run_fn_utils",
-    "train_part": "sage_tfx.components.dp_trainer.run_fn_utils",
-    "dpsgd_noise_for": "sage_tfx.components.dp_trainer.run_fn_utils",
+    "DPSGDSpec": "sage_tfx.components.dp_trainer.model_fn",
+    "AdaSSPSpec": "sage_tfx.components.dp_trainer.model_fn",
+    "ModelFnArgs": "sage_tfx.components.dp_trainer.model_fn",
+    "ArchitectureError": "sage_tfx.components.dp_trainer.architecture",
     "DPSGDRun": "sage_tfx.components.dp_trainer.guarantee",
     "GuaranteeMismatchError": "sage_tfx.components.dp_trainer.guarantee",
     "UnverifiedTrainingError": "sage_tfx.components.dp_trainer.guarantee",

@@ -1,41 +1,43 @@
 """What a DP training run guarantees: the record of what the executor ran, and its verification.
 
 Sage §3.1 / List. 1: the trainer spends exactly the ``train`` part of the run's privacy plan,
-which the gate charged to the granted blocks. The DPTrainer executor owns the privacy loop
-(``private.PrivateTraining``): it trains the user's model with DP-SGD (or runs AdaSSP) itself
-and records what actually ran — the noisy steps counted inside the training step, the noise
-multiplier they added, the sampling probability the batches were drawn with, the number of
-examples — as a :class:`TrainingRecord`. :func:`verify_record` re-derives the privacy cost from
-that record alone, with dp_accounting, and accepts the model only if it fits the part:
+which the gate charged to the granted blocks. The DPTrainer executor trains the user's
+architecture itself (``loop.py``, or AdaSSP) and records what actually ran — the noisy updates
+counted inside the training step, the noise multiplier they added, the sampling probability and
+maximum batch size the batches were built with, the number of examples — as a
+:class:`TrainingRecord`. :func:`verify_record` re-derives the privacy cost from that record
+alone, with dp_accounting, and accepts the model only if it fits the part:
 
-* ``basic`` part (ε, δ): the ε of the event that ran, at the part's δ, by the accountant σ was
-  calibrated with (``pld`` by default, pessimistic: an upper bound; ``rdp`` on request), must be
-  ≤ the part's ε. The ledger charged the part's (ε, δ) — a pair, never RDP orders.
-* ``rdp`` part (a DpEvent): the event that ran must equal the part's event exactly. ε is then
-  reported at a δ the executor chooses (the part's ``delta`` param, else the stream's δ_g).
-
-A run_fn's own report (:func:`report_from`, ``run_fn_utils.report_guarantee``) is optional and
-never accounted: if present, it must agree with the record (:func:`check_report`).
+* ``basic`` part (ε, δ): the truncation δ of what ran (``sage_tfx.dp.poisson_batching``,
+  recomputed from n, q, T and B) plus the δ at which the event's ε is computed must fit the
+  part's δ, and that ε — by the accountant σ was calibrated with (``pld`` by default,
+  pessimistic: an upper bound; ``rdp`` on request) — must be ≤ the part's ε. The ledger charged
+  the part's (ε, δ) — a pair, never RDP orders.
+* ``rdp`` part (a DpEvent): the event that ran must equal the part's event exactly, and its
+  batches are never truncated (a DpEvent cannot carry truncation's δ; oversized steps are
+  spilled into chunks: exactly Poisson). ε is then reported at a δ the executor chooses (the
+  part's ``delta`` param, else the stream's δ_g).
 
 DP-SGD accounting (``sage_tfx.dp.dpsgd``): Poisson sampling with ``q = batch_size / n`` accounted
-and run (``sage_tfx.dp.keras_dpsgd.poisson_batches``: every example joins every step
-independently with probability q; the noisy clipped-gradient sum is divided by the expected batch
-size q·n); add-or-remove-one adjacency; one example per microbatch. In ``rdp`` mode the plan
-fixes q, σ and the number of steps T up front; the trainer runs exactly T steps sampling with
-that q (``batch_size`` = ``round(q · n)`` is only the nominal size it records).
+and run (``batching.py``: every example joins every step independently with probability q; the
+noisy clipped-gradient sum is divided by the expected batch size q·n); add-or-remove-one
+adjacency; one example per microbatch. In ``rdp`` mode the plan fixes q, σ and the number of
+steps T up front; the trainer runs exactly T steps sampling with that q (``batch_size`` =
+``round(q · n)`` is only the nominal size it records).
 
 This module imports no TensorFlow or TFX: it is plain accounting on values.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Optional
 
 import dp_accounting
 from dp_accounting import dp_event as dp_event_lib
 
 from sage_tfx.ledger import accounting
-from sage_tfx.dp import dpsgd
+from sage_tfx.dp import dpsgd, poisson_batching
 from sage_tfx.adaptive import plan as plan_lib
 from sage_tfx.errors import InvalidPrivacyParameterError
 
@@ -48,18 +50,10 @@ ALGORITHMS = (DPSGD, ADASSP)
 DPSGD_SAMPLING = "poisson (each example independently with probability q per step)"
 FULL_BATCH_SAMPLING = "none (one pass over the whole dataset)"
 
-# The report the run_fn writes (then replaced by the verified record), in the Model artifact.
+# The verified record of a training run, in the Model artifact.
 GUARANTEE_FILE_NAME = "dp_guarantee.json"
-
-# Keys the executor adds to fn_args.custom_config; user custom_config keys must not use the prefix.
-RESERVED_PREFIX = "sage_"
-TRAIN_PART_CONFIG_KEY = "sage_train_part"        # PlanPart.to_dict() of the plan's "train" part
-GRANT_ID_CONFIG_KEY = "sage_grant_id"            # the grant the run spends
-GUARANTEE_PATH_CONFIG_KEY = "sage_guarantee_path"  # where report_guarantee writes
-# The membership-inference audit a run_fn may add to the Model artifact (not DP: an audit).
+# A membership-inference audit file DPModelValidator shows if a Model holds one (not DP).
 MEMBERSHIP_FILE_NAME = "membership_inference.json"
-NUM_TRAIN_RECORDS_CONFIG_KEY = "sage_num_train_records"  # records in the train split(s)
-REPORT_DELTA_CONFIG_KEY = "sage_report_delta"    # rdp parts: δ at which ε is reported
 
 # How the Model's guarantee was verified (custom property ``dp_verification``): from what the
 # executor observed its own training run. DPModelValidator blesses no DPTrainer model without it.
@@ -68,13 +62,12 @@ OBSERVED = "observed"
 
 
 class GuaranteeMismatchError(InvalidPrivacyParameterError):
-    """A training run (or a run_fn's report) does not fit the plan's train part."""
+    """A training run does not fit the plan's train part."""
 
 
 class UnverifiedTrainingError(GuaranteeMismatchError):
-    """A model whose DP training the executor did not run and observe: e.g. a run_fn that trained
-    plain Keras, trained twice, or exported another model than the one trained. Never published,
-    never blessed."""
+    """A model whose DP training the executor did not run and observe, or whose export carries
+    something else than the DP-trained model. Never published, never blessed."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -96,10 +89,14 @@ class DPSGDRun:
       epochs: ``steps · batch_size / n`` (rdp; may be fractional) or the requested epochs (basic).
       sampling_probability: The accounted q (``batch_size / n`` in basic mode; the event's q in
         rdp mode), the probability training samples each example with.
-      epsilon: ε of ``event`` at ``delta`` by ``accountant``.
-      delta: δ.
+      epsilon: ε of ``event`` at ``dpsgd_delta`` by ``accountant``.
+      delta: The whole δ: ``dpsgd_delta + truncation_delta``.
       accountant: ``"pld"`` or ``"rdp"`` (rdp parts: always ``"rdp"``).
       event: The accounted DpEvent (in rdp mode: the plan's event itself).
+      max_batch_size: B, the most examples a step trains on (truncate) or per chunk (spill).
+      oversize: ``truncate`` or ``spill`` (``sage_tfx.dp.poisson_batching``).
+      truncation_delta: The δ truncation at B adds (0 for spill).
+      dpsgd_delta: The δ at which the untruncated event's ε is computed.
     """
 
     mode: str
@@ -114,6 +111,10 @@ class DPSGDRun:
     delta: float
     accountant: str
     event: dp_event_lib.DpEvent
+    max_batch_size: int
+    oversize: str
+    truncation_delta: float
+    dpsgd_delta: float
 
 
 def parse_dpsgd_event(event: Any) -> tuple[float, float, int]:
@@ -160,123 +161,108 @@ def fixed_batch_size(sampling_probability: float, num_examples: int) -> int:
 def dpsgd_run_for_part(part: plan_lib.PlanPart, *, num_examples: int, batch_size: int,
                        epochs: float, l2_norm_clip: float,
                        accountant: str = dpsgd.DEFAULT_ACCOUNTANT,
-                       report_delta: Optional[float] = None) -> DPSGDRun:
+                       report_delta: Optional[float] = None, oversize: Optional[str] = None,
+                       max_batch_size: Optional[int] = None,
+                       truncation_share: Optional[float] = None) -> DPSGDRun:
     """The DP-SGD settings that spend ``part`` on ``num_examples`` training examples.
 
-    * basic part: σ is calibrated (``sage_tfx.dp.dpsgd.calibrate_noise_multiplier``) so that
-      ``batch_size`` / ``epochs`` over the real ``num_examples`` is (ε, δ)-DP for ``accountant``
-      (default ``"pld"``, the pessimistic PLD: its ε is an upper bound; ``"rdp"`` on request);
-      the run has ``ceil(epochs · n / batch_size)`` steps. The run records the accountant, and
-      :func:`verify_record` recomputes ε from what ran with the same one.
+    * basic part: the run has ``ceil(epochs · n / batch_size)`` steps at q = batch_size / n. With
+      ``oversize="truncate"`` (the default) a step keeps at most B examples; B is the smallest
+      multiple of 8 whose truncation δ (``poisson_batching.truncation_delta``, at the part's ε) is
+      at most ``truncation_share`` (default 1 %) of the part's δ, unless ``max_batch_size``
+      fixes it; σ is then calibrated (``sage_tfx.dp.dpsgd.calibrate_noise_multiplier``, by
+      ``accountant``: default ``"pld"``, the pessimistic PLD, an upper bound) to the part's ε at
+      the δ left, so the two δ add up to at most the part's. ``oversize="spill"`` keeps every
+      example (exactly Poisson: all of δ for the event; B is then only the chunk size).
     * rdp part: ``batch_size`` and ``epochs`` are ignored: the event fixes σ, q and the steps T;
       the nominal batch size is ``round(q · n)`` (training samples with q itself) and ε is
       reported at ``report_delta`` by the RDP accountant — the accountant the ledger composes the
-      charged event with in rdp mode, so the reported ε is the ledger's view of this event.
+      charged event with. Oversized steps always spill (truncation's δ cannot be charged in a
+      DpEvent): ``oversize="truncate"`` is refused.
 
     Raises:
-      GuaranteeMismatchError: an rdp part that is not a DP-SGD event, or that needs a batch of 0.
-      InvalidPrivacyParameterError: bad sizes, clip, δ, or an unreachable ε.
+      GuaranteeMismatchError: an rdp part that is not a DP-SGD event, or that needs a batch of 0,
+        or truncation asked for on an rdp part.
+      InvalidPrivacyParameterError: bad sizes, clip, δ, shares, a B whose truncation δ leaves no
+        δ for DP-SGD, or an unreachable ε.
     """
     l2_norm_clip = dpsgd.check_positive(l2_norm_clip, "l2_norm_clip")
     if isinstance(num_examples, bool) or not isinstance(num_examples, int) or num_examples < 1:
         raise InvalidPrivacyParameterError(
             f"num_examples must be an int ≥ 1, got {num_examples!r}")
+    share = (poisson_batching.DEFAULT_TRUNCATION_SHARE if truncation_share is None
+             else truncation_share)
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share < 1:
+        raise InvalidPrivacyParameterError(
+            f"truncation_share must lie in (0, 1), got {truncation_share!r}")
     if part.mode == accounting.BASIC:
         delta = float(part.delta or 0.0)
         if delta <= 0:
             raise InvalidPrivacyParameterError(
                 f"the plan's train part has delta={part.delta!r}: DP-SGD (Gaussian noise) needs "
                 "delta > 0; give the train part an (epsilon, delta) with delta > 0")
-        sigma = dpsgd.calibrate_noise_multiplier(part.epsilon, delta, batch_size, num_examples,
-                                                 epochs, accountant)
+        oversize = poisson_batching.check_oversize(oversize or poisson_batching.TRUNCATE)
+        steps = dpsgd.dpsgd_steps(batch_size, num_examples, epochs)
+        q = batch_size / num_examples
+        budget = delta * float(share)
+        if max_batch_size is None:
+            max_batch_size = poisson_batching.choose_max_batch(
+                num_examples, q, steps, epsilon=float(part.epsilon), delta_budget=budget)
+        truncation = (poisson_batching.truncation_delta(
+            float(part.epsilon), num_examples, q, steps, max_batch_size)
+            if oversize == poisson_batching.TRUNCATE else 0.0)
+        dpsgd_delta = sgd_delta(delta, truncation)
+        sigma = dpsgd.calibrate_noise_multiplier(part.epsilon, dpsgd_delta, batch_size,
+                                                 num_examples, epochs, accountant)
         event = dpsgd.dpsgd_event(sigma, batch_size, num_examples, epochs)
         return DPSGDRun(
             mode=accounting.BASIC, noise_multiplier=sigma, l2_norm_clip=l2_norm_clip,
-            batch_size=int(batch_size), num_examples=num_examples,
-            steps=dpsgd.dpsgd_steps(batch_size, num_examples, epochs), epochs=float(epochs),
-            sampling_probability=batch_size / num_examples,
-            epsilon=dpsgd.dpsgd_epsilon(event, delta, accountant), delta=delta,
-            accountant=dpsgd.check_accountant(accountant), event=event)
+            batch_size=int(batch_size), num_examples=num_examples, steps=steps,
+            epochs=float(epochs), sampling_probability=q,
+            epsilon=dpsgd.dpsgd_epsilon(event, dpsgd_delta, accountant),
+            delta=dpsgd_delta + truncation, accountant=dpsgd.check_accountant(accountant),
+            event=event, max_batch_size=int(max_batch_size), oversize=oversize,
+            truncation_delta=truncation, dpsgd_delta=dpsgd_delta)
     q, sigma, steps = parse_dpsgd_event(part.event)
     if report_delta is None:
         raise InvalidPrivacyParameterError("an rdp train part needs a delta to report epsilon at")
+    if oversize not in (None, poisson_batching.SPILL):
+        raise GuaranteeMismatchError(
+            f"oversize={oversize!r} on an rdp train part: the charged DpEvent is the untruncated "
+            "Poisson mechanism and cannot carry truncation's delta; rdp parts spill oversized "
+            "steps into chunks (oversize='spill')")
     batch = fixed_batch_size(q, num_examples)
+    if max_batch_size is None:
+        max_batch_size = poisson_batching.choose_max_batch(
+            num_examples, q, steps, epsilon=0.0, delta_budget=SPILL_CHUNK_OVERFLOW)
     return DPSGDRun(
         mode=accounting.RDP, noise_multiplier=sigma, l2_norm_clip=l2_norm_clip,
         batch_size=batch, num_examples=num_examples, steps=steps,
         epochs=steps * batch / num_examples, sampling_probability=q,
         epsilon=dpsgd.dpsgd_epsilon(part.event, report_delta, dpsgd.RDP),
-        delta=float(report_delta), accountant=dpsgd.RDP, event=part.event)
+        delta=float(report_delta), accountant=dpsgd.RDP, event=part.event,
+        max_batch_size=int(max_batch_size), oversize=poisson_batching.SPILL,
+        truncation_delta=0.0, dpsgd_delta=float(report_delta))
 
 
-# ---------------------------------------------------------------------------------------------
-# The report a run_fn writes.
+# A spilled run's chunk size B: P[some step needs a second chunk] about this (memory only).
+SPILL_CHUNK_OVERFLOW = 1e-6
 
 
-def report_from(guarantee: Any, *, algorithm: Optional[str] = None,
-                trained_steps: Optional[int] = None, num_examples: Optional[int] = None,
-                **extra: Any) -> dict:
-    """The JSON-able report of a training run's DP guarantee, as a run_fn states it.
-
-    Never accounted: the executor verifies what it ran (:func:`verify_record`) and only checks
-    that a report agrees with it (:func:`check_report`).
-
-    Args:
-      guarantee: A :class:`DPSGDRun`, a ``sage_tfx.dp.dpsgd.DPGuarantee`` (DP-SGD, basic mode), an
-        ``AdaSSPResult`` (``sage_tfx.dp.adassp``), or a dict with the report's keys.
-      algorithm: Overrides the algorithm inferred from the type (``dpsgd`` / ``adassp``).
-      trained_steps: DP-SGD: the steps the run_fn believes ran.
-      num_examples: The number of training examples, for algorithms whose guarantee does not
-        carry it (AdaSSP).
-      **extra: More JSON-able facts to keep in the report (e.g. hidden units, bounds).
+def sgd_delta(delta: float, truncation: float) -> float:
+    """The δ left for the untruncated event: the largest float d with d + truncation ≤ delta.
 
     Raises:
-      TypeError: an unknown guarantee type.
+      InvalidPrivacyParameterError: truncation leaves no δ (B too small for the part's δ).
     """
-    if isinstance(guarantee, DPSGDRun):
-        out = {"algorithm": DPSGD, "mode": guarantee.mode,
-               "noise_multiplier": guarantee.noise_multiplier,
-               "l2_norm_clip": guarantee.l2_norm_clip, "batch_size": guarantee.batch_size,
-               "num_examples": guarantee.num_examples, "steps": guarantee.steps,
-               "epochs": guarantee.epochs,
-               "sampling_probability": guarantee.sampling_probability,
-               "epsilon": guarantee.epsilon, "delta": guarantee.delta,
-               "accountant": guarantee.accountant,
-               "event": accounting.event_to_dict(guarantee.event)}
-    elif isinstance(guarantee, dpsgd.DPGuarantee):
-        out = {"algorithm": DPSGD, "mode": accounting.BASIC,
-               "noise_multiplier": guarantee.noise_multiplier,
-               "l2_norm_clip": guarantee.l2_norm_clip, "batch_size": guarantee.batch_size,
-               "num_examples": guarantee.num_examples, "steps": guarantee.steps,
-               "epochs": guarantee.epochs, "epsilon": guarantee.epsilon,
-               "delta": guarantee.delta, "accountant": guarantee.accountant,
-               "event": accounting.event_to_dict(guarantee.event)}
-    elif type(guarantee).__name__ == "AdaSSPResult":
-        out = {"algorithm": ADASSP, "noise_multiplier": float(guarantee.noise_multiplier),
-               "epsilon": float(guarantee.epsilon), "delta": float(guarantee.delta),
-               "accountant": guarantee.accountant,
-               "event": accounting.event_to_dict(guarantee.event),
-               "x_bound": guarantee.x_bound, "y_bound": guarantee.y_bound,
-               "neighboring_relation": guarantee.neighboring_relation}
-    elif isinstance(guarantee, dict):
-        out = dict(guarantee)
-    else:
-        raise TypeError(
-            "report a DPSGDRun, sage_tfx.dp.dpsgd.DPGuarantee, AdaSSPResult or a dict, got "
-            f"{type(guarantee).__name__}")
-    if algorithm is not None:
-        out["algorithm"] = algorithm
-    if trained_steps is not None:
-        out["trained_steps"] = int(trained_steps)
-    if num_examples is not None:
-        if out.get("num_examples") not in (None, int(num_examples)):
-            raise ValueError(f"num_examples={num_examples} contradicts the guarantee's "
-                             f"{out['num_examples']}")
-        out["num_examples"] = int(num_examples)
-    if extra:
-        out.setdefault("extra", {}).update(extra)
-    return out
-
+    if not truncation < delta:
+        raise InvalidPrivacyParameterError(
+            f"truncating batches at this max_batch_size costs delta {truncation:.3g}, all of the "
+            f"train part's delta {delta:.3g}: raise max_batch_size (or leave it unset)")
+    left = delta - truncation
+    while left + truncation > delta:
+        left = math.nextafter(left, 0.0)
+    return left
 
 
 # ---------------------------------------------------------------------------------------------
@@ -285,7 +271,7 @@ def report_from(guarantee: Any, *, algorithm: Optional[str] = None,
 
 @dataclasses.dataclass(frozen=True)
 class TrainingRecord:
-    """What one training run of the executor actually ran (``private.PrivateTraining``).
+    """What one training run of the executor actually ran (``loop.DPSGDLoop`` or AdaSSP).
 
     Attributes:
       algorithm: ``dpsgd`` or ``adassp``.
@@ -299,6 +285,9 @@ class TrainingRecord:
       steps: DP-SGD: the noisy aggregations counted inside the training step.
       batch_size: DP-SGD: the nominal (expected) batch size.
       epochs: DP-SGD: ``steps · batch_size / n`` (rdp) or the epochs asked for (basic).
+      max_batch_size: DP-SGD: B the batches were built with.
+      oversize: DP-SGD: ``truncate`` or ``spill``.
+      truncated_steps: DP-SGD: steps whose batch was truncated (observed in the Beam job).
     """
 
     algorithm: str
@@ -310,6 +299,17 @@ class TrainingRecord:
     steps: Optional[int] = None
     batch_size: Optional[int] = None
     epochs: Optional[float] = None
+    max_batch_size: Optional[int] = None
+    oversize: Optional[str] = None
+    truncated_steps: Optional[int] = None
+
+    def truncation_delta(self, epsilon: float) -> float:
+        """The δ truncation added to an ε-guarantee of the untruncated event (0 for spill)."""
+        if self.algorithm != DPSGD or self.oversize != poisson_batching.TRUNCATE:
+            return 0.0
+        return poisson_batching.truncation_delta(epsilon, self.num_examples,
+                                                 self.sampling_probability, self.steps,
+                                                 self.max_batch_size)
 
     def event(self) -> dp_event_lib.DpEvent:
         """The dp_accounting event of what ran.
@@ -361,6 +361,9 @@ class VerifiedGuarantee:
     epochs: Optional[float] = None
     steps: Optional[int] = None
     sampling_probability: Optional[float] = None
+    max_batch_size: Optional[int] = None
+    oversize: Optional[str] = None
+    truncation_delta: Optional[float] = None
 
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)
@@ -376,7 +379,9 @@ class VerifiedGuarantee:
             "dp_num_examples": self.num_examples, "dp_noise_multiplier": self.noise_multiplier,
             "dp_l2_norm_clip": self.l2_norm_clip, "dp_batch_size": self.batch_size,
             "dp_epochs": self.epochs, "dp_steps": self.steps,
-            "dp_sampling_probability": self.sampling_probability, "dp_algorithm": self.algorithm,
+            "dp_sampling_probability": self.sampling_probability,
+            "dp_max_batch_size": self.max_batch_size, "dp_oversize": self.oversize,
+            "dp_truncation_delta": self.truncation_delta, "dp_algorithm": self.algorithm,
             "dp_mode": self.mode, "dp_neighboring_relation": self.neighboring_relation,
             "dp_event_json": accounting.event_to_json(self.event), "grant_id": self.grant_id,
             VERIFICATION_PROPERTY: OBSERVED,
@@ -412,6 +417,10 @@ def verify_record(record: TrainingRecord, part: plan_lib.PlanPart, *, grant_id: 
         raise GuaranteeMismatchError(
             f"the run trained on {n} examples but the train split holds only "
             f"{num_train_records}")
+    if record.algorithm == DPSGD and record.oversize not in poisson_batching.OVERSIZE_POLICIES:
+        raise GuaranteeMismatchError(f"a DP-SGD record needs its oversize policy, got "
+                                     f"{record.oversize!r}")
+    truncation = 0.0
     if part.mode == accounting.BASIC:
         delta = float(part.delta or 0.0)
         if delta <= 0:
@@ -422,13 +431,26 @@ def verify_record(record: TrainingRecord, part: plan_lib.PlanPart, *, grant_id: 
             accountant = dpsgd.check_accountant(record.accountant)
         except InvalidPrivacyParameterError as e:
             raise GuaranteeMismatchError(str(e)) from e
-        epsilon = dpsgd.dpsgd_epsilon(event, delta, accountant)
+        # Truncation's δ, recomputed from what ran (at the part's ε: an upper bound), comes
+        # out of the part's δ first; the untruncated event must then fit the part's ε.
+        truncation = record.truncation_delta(float(part.epsilon))
+        try:
+            event_delta = sgd_delta(delta, truncation)
+        except InvalidPrivacyParameterError as e:
+            raise GuaranteeMismatchError(str(e)) from e
+        epsilon = dpsgd.dpsgd_epsilon(event, event_delta, accountant)
         if not epsilon <= part.epsilon:
             raise GuaranteeMismatchError(
-                f"the run spent epsilon={epsilon} ({accountant}, delta={delta}) but the plan's "
-                f"train part allows epsilon={part.epsilon}")
+                f"the run spent epsilon={epsilon} ({accountant}, delta={event_delta} + "
+                f"truncation {truncation}) but the plan's train part allows "
+                f"epsilon={part.epsilon}")
         part_epsilon, part_delta = part.epsilon, delta
+        delta = event_delta + truncation
     else:
+        if record.algorithm == DPSGD and record.oversize != poisson_batching.SPILL:
+            raise GuaranteeMismatchError(
+                "an rdp train part's batches must not be truncated: the charged event is the "
+                "untruncated Poisson mechanism")
         if report_delta is None:
             raise GuaranteeMismatchError("an rdp train part needs a delta to report epsilon at")
         if accounting.event_to_json(event) != accounting.event_to_json(part.event):
@@ -441,7 +463,9 @@ def verify_record(record: TrainingRecord, part: plan_lib.PlanPart, *, grant_id: 
     if record.algorithm == DPSGD:
         fields = {"l2_norm_clip": record.l2_norm_clip, "batch_size": record.batch_size,
                   "epochs": record.epochs, "steps": record.steps,
-                  "sampling_probability": record.sampling_probability}
+                  "sampling_probability": record.sampling_probability,
+                  "max_batch_size": record.max_batch_size, "oversize": record.oversize,
+                  "truncation_delta": truncation}
     return VerifiedGuarantee(
         algorithm=record.algorithm, mode=part.mode, epsilon=float(epsilon), delta=delta,
         accountant=accountant,
@@ -449,30 +473,3 @@ def verify_record(record: TrainingRecord, part: plan_lib.PlanPart, *, grant_id: 
         neighboring_relation=dpsgd.ADD_OR_REMOVE_ONE, num_examples=n,
         noise_multiplier=float(record.noise_multiplier), event=event, grant_id=grant_id,
         part_epsilon=part_epsilon, part_delta=part_delta, **fields)
-
-
-# Report keys that state what ran, and the record field each must equal.
-_REPORTED_FACTS = {"algorithm": "algorithm", "noise_multiplier": "noise_multiplier",
-                   "num_examples": "num_examples", "l2_norm_clip": "l2_norm_clip",
-                   "sampling_probability": "sampling_probability", "steps": "steps",
-                   "trained_steps": "steps"}
-
-
-def check_report(report: dict, record: TrainingRecord) -> None:
-    """A run_fn's (optional) report must state what ran: every fact it gives equals the record.
-
-    Raises:
-      GuaranteeMismatchError: the report is not a JSON object, or it contradicts the record.
-    """
-    if not isinstance(report, dict):
-        raise GuaranteeMismatchError(f"the DP report must be a JSON object, got {report!r}")
-    for key, field in _REPORTED_FACTS.items():
-        stated, ran = report.get(key), getattr(record, field)
-        if stated is None or ran is None:
-            continue
-        same = (stated == ran if isinstance(ran, (str, int)) and not isinstance(ran, float)
-                else isinstance(stated, (int, float)) and not isinstance(stated, bool)
-                and accounting.exact(float(stated)) == accounting.exact(float(ran)))
-        if not same:
-            raise GuaranteeMismatchError(
-                f"the run_fn reported {key}={stated!r} but the executor ran {field}={ran!r}")

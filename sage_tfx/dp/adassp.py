@@ -177,6 +177,17 @@ def release_from_moments(xtx: np.ndarray, xty: np.ndarray, *, noise_multiplier: 
     return weights, ridge, noisy_lambda_min, noisy_xtx, noisy_xty
 
 
+def _check_args(epsilon, delta, x_bound, y_bound, rho, accountant) -> tuple:
+    """(ε, δ, x_bound, y_bound) checked, with rho and the accountant (nothing is clamped)."""
+    epsilon = check_epsilon(epsilon)
+    delta = check_delta(delta, allow_zero=False)
+    dpsgd.check_accountant(accountant)
+    if isinstance(rho, bool) or not isinstance(rho, (int, float)) or not 0 < rho < 1:
+        raise ValueError(f"rho must lie in (0, 1), got {rho!r}")
+    return (epsilon, delta, check_positive(x_bound, "x_bound"),
+            check_positive(y_bound, "y_bound"))
+
+
 def adassp(features: Any, labels: Any, *, epsilon: float, delta: float, x_bound: float,
            y_bound: float, rho: float = DEFAULT_RHO, accountant: str = dpsgd.PLD,
            noise: NoiseSource | None = None) -> AdaSSPResult:
@@ -201,22 +212,38 @@ def adassp(features: Any, labels: Any, *, epsilon: float, delta: float, x_bound:
       InvalidPrivacyParameterError: bad ε, δ or accountant (never clamped).
       ValueError: bad features, labels, bounds or rho.
     """
-    epsilon = check_epsilon(epsilon)
-    delta = check_delta(delta, allow_zero=False)
-    dpsgd.check_accountant(accountant)
-    x_bound = check_positive(x_bound, "x_bound")
-    y_bound = check_positive(y_bound, "y_bound")
-    if isinstance(rho, bool) or not isinstance(rho, (int, float)) or not 0 < rho < 1:
-        raise ValueError(f"rho must lie in (0, 1), got {rho!r}")
+    epsilon, delta, x_bound, y_bound = _check_args(epsilon, delta, x_bound, y_bound, rho,
+                                                   accountant)
     x, y = check_features(features, labels)
     x = clip_rows(x, x_bound)
     y = np.clip(y, -y_bound, y_bound)
+    return adassp_from_moments(x.T @ x, x.T @ y, epsilon=epsilon, delta=delta, x_bound=x_bound,
+                               y_bound=y_bound, rho=rho, accountant=accountant, noise=noise)
 
+
+def adassp_from_moments(xtx: Any, xty: Any, *, epsilon: float, delta: float, x_bound: float,
+                        y_bound: float, rho: float = DEFAULT_RHO, accountant: str = dpsgd.PLD,
+                        noise: NoiseSource | None = None) -> AdaSSPResult:
+    """:func:`adassp` from the exact moments XᵀX, Xᵀy of rows already clipped to ``x_bound``
+    and labels clipped to ``y_bound`` (e.g. summed in Beam: the data never sits in one process).
+
+    Raises:
+      InvalidPrivacyParameterError: bad ε, δ or accountant (never clamped).
+      ValueError: moments of the wrong shape or not finite, bad bounds or rho.
+    """
+    epsilon, delta, x_bound, y_bound = _check_args(epsilon, delta, x_bound, y_bound, rho,
+                                                   accountant)
+    xtx = np.asarray(xtx, dtype=np.float64)
+    xty = np.asarray(xty, dtype=np.float64).reshape(-1)
+    if xtx.ndim != 2 or xtx.shape != (xty.size, xty.size) or not (
+            np.all(np.isfinite(xtx)) and np.all(np.isfinite(xty))):
+        raise ValueError(f"moments must be a finite (d, d) XᵀX and (d,) Xᵀy, got {xtx.shape} "
+                         f"and {xty.shape}")
     sigma, achieved_epsilon = _calibrated(epsilon, delta, accountant)
     event = adassp_event(sigma)
 
     weights, ridge, noisy_lambda_min, noisy_xtx, noisy_xty = release_from_moments(
-        x.T @ x, x.T @ y, noise_multiplier=sigma, x_bound=x_bound, y_bound=y_bound, delta=delta,
+        xtx, xty, noise_multiplier=sigma, x_bound=x_bound, y_bound=y_bound, delta=delta,
         rho=rho, noise=noise)
 
     for array in (weights, noisy_xtx, noisy_xty):

@@ -370,3 +370,57 @@ def test_executor_gaussian_unit_charges_what_ran_and_a_replay_returns_the_same_m
     with pytest.raises(MissingGrantError, match="delta"):
         Executor().Do(inputs, outputs, _props(GAUSS))
     assert not os.path.exists(other / "model")
+
+
+@pytest.mark.slow
+def test_one_train_part_pays_for_one_trainer_whatever_its_kind(tmp_path):
+    """A grant whose plan has one train part: the DnDTrainer that spent it published; a
+    DPTrainer under the same part is refused before it reads a record, and so is a DnDTrainer
+    under a part a DPTrainer claimed. One charge, one spender per plan part."""
+    from tfx.proto import trainer_pb2
+    from tfx.types import standard_artifacts
+    from tfx.utils import json_utils, proto_utils
+    from sage_tfx.adaptive.plan import PlanPart, PrivacyPlan
+    from sage_tfx.components import plan_io
+    from sage_tfx.components.dnd_trainer.executor import Executor
+    from sage_tfx.components.dp_trainer import executor as dp_executor
+    from sage_tfx.components.dp_trainer import spec as dp_spec
+    from sage_tfx.errors import ReleaseConflictError
+    from sage_tfx.ledger import open_ledger, releases
+
+    def planned(where):
+        where.mkdir()
+        inputs, outputs = _inputs(where, epsilon=16.0)
+        plan_io.write_plan(inputs["grant"][0], PrivacyPlan.of(PlanPart("train", 16.0, 0.0)))
+        return inputs, outputs
+
+    inputs, outputs = planned(tmp_path / "a")
+    Executor().Do(inputs, outputs, _props())
+    module = tmp_path / "module.py"
+    module.write_text("def model_fn(fn_args):\n    raise AssertionError('never called')\n")
+    model = standard_artifacts.Model()
+    model.uri = str(tmp_path / "dp_model")
+    run = standard_artifacts.ModelRun()
+    run.uri = str(tmp_path / "dp_run")
+    splits = ["train"]
+    props = {dp_spec.TRAIN_ARGS_KEY: proto_utils.proto_to_json(trainer_pb2.TrainArgs(
+                 splits=splits)),
+             dp_spec.EVAL_ARGS_KEY: proto_utils.proto_to_json(trainer_pb2.EvalArgs(
+                 splits=splits)),
+             dp_spec.CUSTOM_CONFIG_KEY: json_utils.dumps({}),
+             dp_spec.MODULE_FILE_KEY: str(module)}
+    with pytest.raises(ReleaseConflictError, match="'train' .* spent by DnDTrainer"):
+        dp_executor.Executor().Do(inputs, {"model": [model], "model_run": [run]}, props)
+    assert not os.path.exists(model.uri)
+    grant = inputs["grant"][0]
+    with open_ledger(grant.ledger_url) as led:
+        assert sorted(r.name for r in led.releases(grant.grant_id)) == ["part/train",
+                                                                          "train/model"]
+    # the other way round: the part claimed by a DPTrainer, a DnDTrainer is refused
+    inputs, outputs = planned(tmp_path / "b")
+    grant = inputs["grant"][0]
+    with open_ledger(grant.ledger_url) as led:
+        releases.claim_part(led, grant.grant_id, "train", "DPTrainer")
+    with pytest.raises(ReleaseConflictError, match="spent by DPTrainer"):
+        Executor().Do(inputs, outputs, _props())
+    assert not os.path.exists(outputs["model"][0].uri)

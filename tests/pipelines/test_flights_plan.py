@@ -117,7 +117,8 @@ def test_trainer_config():
     assert set(config["features"]) == {fp.DISTANCE_SCALED, fp.HOUR_SCALED,
                                        fp.DEP_DELAY_CENTERED}
     assert "min" not in config["features"][fp.DEP_DELAY_CENTERED]  # DP-SGD: unsquashed
-    assert config["label"] == config["raw_label"] == "arr_delay"
+    assert config["label"] == fp.ARR_DELAY_SCALED and config["raw_label"] == "arr_delay"
+    assert config["label_bounds"] == [-0.2, 1.0] and fp.output_scale(True) == 300.0
     config["features"][fp.HOUR_SCALED]["min"] = 5.0  # a copy: the defaults stay intact
     assert fp.trainer_config()["features"][fp.HOUR_SCALED]["min"] == 0.0
 
