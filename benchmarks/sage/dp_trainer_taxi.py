@@ -122,9 +122,9 @@ def prepare(work: str) -> dict:
         with tf.io.TFRecordWriter(os.path.join(info["examples"], f"Split-{split}",
                                                "data.gz"), options="GZIP") as w:
             for start in range(0, len(rows), 2048):
-                out = layer(parse(rows[start:start + 2048]))
-                for j in range(int(out[LABEL].shape[0])):
-                    w.write(_example({k: v[j].numpy() for k, v in out.items()}))
+                out = {k: v.numpy() for k, v in layer(parse(rows[start:start + 2048])).items()}
+                for j in range(len(out[LABEL])):
+                    w.write(_example({k: v[j] for k, v in out.items()}))
     with open(done, "w") as f:
         json.dump(info, f)
     return info
