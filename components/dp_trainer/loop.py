@@ -162,8 +162,7 @@ class DPSGDLoop:
         if not self._vars:
             raise arch.ArchitectureError("the model has no trainable weights")
         optimizer.build(self._vars)
-        self._sum = tf.function(self._clipped_sum, reduce_retracing=True)
-        self._apply = tf.function(self._noisy_update)
+        self._segment = tf.function(self._segment, reduce_retracing=True)
 
     def _losses(self, y: Any, p: Any) -> Any:
         """[m] per-example losses: a rank-1 output (or label) is a column."""
@@ -212,23 +211,35 @@ class DPSGDLoop:
                 regularization, self._vars, unconnected_gradients=tf.UnconnectedGradients.ZERO))]
         self.optimizer.apply_gradients(zip(noisy, self._vars))
 
-    def step(self, features: Mapping[str, Any], labels: Any) -> None:
-        """One accounted step on its examples (chunked by B; none is a noise-only step)."""
-        m = int(labels.shape[0])
-        if m == 0:
-            summed = [tf.zeros_like(v) for v in self._vars]
-        else:
-            summed = None
-            for start in range(0, m, self.max_batch):
-                stop = min(m, start + self.max_batch)
-                part = self._sum({k: v[start:stop] for k, v in features.items()},
-                                 labels[start:stop])
-                summed = part if summed is None else [a + b for a, b in zip(summed, part)]
-        self._apply(summed)
+    def _step_sum(self, features: Mapping[str, Any], labels: Any) -> list:
+        """The step's clipped sum over its examples, in chunks of at most B (traced)."""
+        m = tf.shape(labels)[0]
+        summed = [tf.zeros_like(v) for v in self._vars]
+        for start in tf.range(0, m, self.max_batch):  # no iteration: a noise-only step
+            stop = tf.minimum(m, start + self.max_batch)
+            part = self._clipped_sum({k: v[start:stop] for k, v in features.items()},
+                                     labels[start:stop])
+            summed = [a + b for a, b in zip(summed, part)]
+        return summed
+
+    def _segment(self, iterator: Any, count: Any) -> Any:
+        """Up to ``count`` steps from ``iterator`` in one traced loop; the step ids it ran."""
+        ids = tf.TensorArray(tf.int64, size=0, dynamic_size=True)
+        for i in tf.range(count):
+            batch = iterator.get_next_as_optional()
+            if not batch.has_value():
+                break
+            step, features, labels = batch.get_value()
+            self._noisy_update(self._step_sum(features, labels))
+            ids = ids.write(i, step)
+        return ids.stack()
 
     def train(self, batches_dir: str, parser: ExampleParser, steps: int, *,
               progress: Optional[Callable[[int, int, float], None]] = None) -> set:
         """Runs every step written in ``batches_dir``; returns the step ids seen.
+
+        The steps run in about twenty segments, each one traced loop (as Keras's ``fit`` runs
+        ``steps_per_execution`` steps per call), with a progress call between segments.
 
         Raises:
           UnverifiedTrainingError: a step id twice (the batches are not the accounted ones).
@@ -236,16 +247,21 @@ class DPSGDLoop:
         seen: set = set()
         dataset = batching.read_batches(batches_dir).map(
             lambda step, examples: (step, *parser(examples)), num_parallel_calls=2).prefetch(2)
+        iterator = iter(dataset)
         start = time.monotonic()
-        every = max(1, steps // 20)
-        for step, features, labels in dataset:
-            t = int(step.numpy())
-            if t in seen:
-                raise UnverifiedTrainingError(f"the batches hold step {t} twice")
-            seen.add(t)
-            self.step(features, labels)
-            if progress is not None and (len(seen) % every == 0 or len(seen) == steps):
-                progress(len(seen), steps, time.monotonic() - start)
+        every = tf.constant(max(1, -(-steps // 20)))
+        done = 0
+        while True:
+            ran = [int(t) for t in self._segment(iterator, every).numpy()]
+            if not ran:
+                break
+            for t in ran:
+                if t in seen:
+                    raise UnverifiedTrainingError(f"the batches hold step {t} twice")
+                seen.add(t)
+            done += len(ran)
+            if progress is not None:
+                progress(done, steps, time.monotonic() - start)
         return seen
 
 

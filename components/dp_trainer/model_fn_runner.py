@@ -76,7 +76,12 @@ def run_model_fn(exec_properties: Mapping[str, Any], args: model_fn_lib.ModelFnA
     module_file = props.get("module_file")
     module_dir = os.path.dirname(module_file) if isinstance(module_file, str) else None
     data = [os.path.realpath(d) for d in data_paths if d and "://" not in d]
-    extra = _readable([module_dir, args.transform_output, args.schema_path], data)
+    # A model_fn by import path ("package.module.fn"): its top-level package, found without
+    # running any of it.
+    fn_path = props.get(model_fn_lib.MODEL_FN)
+    package = (sandbox.package_dirs(str(fn_path).split(".")[0])
+               if fn_path and not module_file else [])
+    extra = _readable([module_dir, args.transform_output, args.schema_path, *package], data)
     if module_file and module_dir not in extra:
         extra += _readable([module_file], data)
     # Where the executor's own imports come from (e.g. a TFX user-module wheel TFX installed),

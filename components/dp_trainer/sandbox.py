@@ -90,13 +90,27 @@ def default_read_paths() -> list:
     paths.update(site.getsitepackages())
     paths.update(p for p in sys.path if p and os.path.isdir(p))
     for name in ("sage_tfx", "sage_tfx.components", "sage_tfx.pipelines"):
-        module = sys.modules.get(name)
-        paths.update(getattr(module, "__path__", []) or [])
+        paths.update(package_dirs(name))
     paths.update(["/usr", "/lib", "/lib32", "/lib64", "/bin", "/sbin", "/etc", "/dev",
                   f"/proc/{os.getpid()}", "/proc/cpuinfo", "/proc/meminfo", "/proc/stat",
                   "/proc/sys/vm/overcommit_memory", "/sys/devices/system/cpu",
                   "/sys/fs/cgroup"])
     return sorted(p for p in paths if p and os.path.exists(p))
+
+
+def package_dirs(name: str) -> list:
+    """Where the package (or module) ``name`` lives, found without importing it (its parents
+    are imported: pass a top-level name for code that must not run)."""
+    import importlib.util
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return []
+    if spec is None:
+        return []
+    if spec.submodule_search_locations:
+        return list(spec.submodule_search_locations)
+    return [spec.origin] if spec.origin and os.path.exists(spec.origin) else []
 
 
 def clean_environment(env: dict) -> dict:
