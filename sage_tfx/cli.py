@@ -242,6 +242,11 @@ def _cmd_verify(led, a) -> int:
         problems += p
     for p in problems[:50]:
         print("  " + p)
+    access = led.check_access()
+    print(f"principals and bindings: {'as recorded' if not access else 'TAMPERED OR UNSEALED'}")
+    for p in access:
+        print("  " + p)
+    problems += access
     anchored = True
     if a.anchors:
         from sage_tfx.ledger.anchor import read_key, verify_anchors

@@ -10,6 +10,7 @@
     sage-tfx principal rotate etl [--pg-password]
     sage-tfx principal unbind etl --stream flights --context team-a
     sage-tfx principal disable etl
+    sage-tfx principal seal                 # record the access digest of an older ledger
     sage-tfx --token file:$HOME/.sage/alice.token principal list     # or env:NAME
 
 Tokens and database passwords are printed once, when issued; the ledger keeps a SHA-256 digest
@@ -59,6 +60,11 @@ def add_parser(sub) -> None:
     c = acts.add_parser("disable", help="disable a principal (its token and database role)")
     c.add_argument("name")
     c.set_defaults(fn=_disable)
+
+    c = acts.add_parser("seal", help="record the digest of the principals and bindings in the "
+                                     "audit log (a ledger from before it was recorded with "
+                                     "every change; 'sage-tfx verify' checks it)")
+    c.set_defaults(fn=_seal)
 
     c = acts.add_parser("rotate", help="replace a principal's token; prints the new one once")
     c.add_argument("name")
@@ -149,6 +155,12 @@ def _unbind(led, a) -> int:
 def _disable(led, a) -> int:
     led.disable_principal(a.name)
     print(f"disabled {a.name}: its token and database role no longer work")
+    return 0
+
+
+def _seal(led, a) -> int:
+    digest = led.seal_access()
+    print(f"recorded the access digest {digest[:16]}... of the principals and bindings")
     return 0
 
 

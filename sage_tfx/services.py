@@ -7,14 +7,23 @@ A ledger still in open mode (no principal: one user, the embedded default) has n
 check, so the service makes one itself at start (like Jupyter's), writes it to a 0600 file and
 admits only callers who present it: every endpoint authenticates in every mode.
 
+**Authenticate first.** A typed JSON body is read by :func:`json_body`, a dependency that runs
+after the route's authentication and role checks: a caller without a valid token gets 401 (and
+one in the wrong role 403) whatever it sends, never 422 for a body it had no right to send.
+(FastAPI parses a body parameter before any dependency runs.) :func:`serve_schema` documents such
+bodies in the OpenAPI schema as FastAPI would.
+
 :class:`BodyLimit` refuses a body larger than the service's limit with 413 before reading it
-(Content-Length) or as soon as a chunked body passes it. :func:`install_error_handlers` maps
+(Content-Length) or as soon as a chunked body passes it: it answers 413 itself at that moment,
+whatever the framework then makes of the interrupted read. :func:`install_error_handlers` maps
 :class:`~sage_tfx.errors.AuthenticationError` to 401,
-:class:`~sage_tfx.errors.PermissionDeniedError` to 403 and bad input (``ValueError``) to 400.
-FastAPI is imported by the services only.
+:class:`~sage_tfx.errors.PermissionDeniedError` to 403 and bad input (``ValueError``) to 400;
+:func:`error_response` and :data:`AUTH_ERRORS` document them. FastAPI is imported by the
+services only.
 """
 from __future__ import annotations
 
+import inspect
 import os
 import secrets as token_rng
 import threading
@@ -46,19 +55,27 @@ class BodyLimit:
                 if declared > self.max_bytes:
                     return await _reply(send, 413, self._too_large())
         seen = 0
-        started = False
+        started = refused = False
 
         async def limited_receive():
-            nonlocal seen
+            nonlocal seen, refused
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
+                    # A chunked body just passed the limit. Answer 413 now: the app sees its read
+                    # fail, and a framework may turn that into an answer of its own (FastAPI: a
+                    # 400 "error parsing the body"), which the client must not get instead.
+                    if not started and not refused:
+                        refused = True
+                        await _reply(send, 413, self._too_large())
                     raise _TooLarge()
             return message
 
         async def tracking_send(message):
             nonlocal started
+            if refused:
+                return  # the 413 is the answer; drop what the app makes of the failed read
             if message["type"] == "http.response.start":
                 started = True
             await send(message)
@@ -66,7 +83,7 @@ class BodyLimit:
         try:
             await self.app(scope, limited_receive, tracking_send)
         except _TooLarge:
-            if not started:
+            if not started and not refused:
                 await _reply(send, 413, self._too_large())
 
     def _too_large(self) -> bytes:
@@ -172,13 +189,94 @@ class Authenticator:
         return dependency
 
 
+def json_body(model) -> Callable:
+    """A FastAPI dependency: the request's JSON body validated as the pydantic ``model``.
+
+    Declare it after the route's authentication (``dependencies=[Depends(auth...)]`` or an
+    earlier parameter): FastAPI solves dependencies in order, so the body is read only once
+    the caller is known to be allowed, while a body *parameter* would be parsed (and a bad one
+    answered 422) before any dependency runs. A body that is not JSON or does not fit ``model``
+    is a 422 (``RequestValidationError``), a declared non-JSON media type a 415; a body past
+    the limit is a 413 from :class:`BodyLimit`. :func:`serve_schema` documents the body.
+    """
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
+    from pydantic import ValidationError
+    from starlette.requests import Request
+
+    async def dependency(request):
+        kind = request.headers.get("content-type", "application/json").split(";")[0].strip()
+        if kind != "application/json" and not kind.endswith("+json"):
+            raise _Unsupported(JSONResponse(
+                {"error": f"send application/json, not {kind[:80]!r}"}, status_code=415))
+        try:
+            return model.model_validate_json(await request.body())
+        except ValidationError as exc:
+            raise RequestValidationError(exc.errors(include_url=False, include_context=False,
+                                                    include_input=False)) from None
+
+    # FastAPI reads a dependency's parameters from its signature: this one takes the request.
+    dependency.__signature__ = inspect.Signature([inspect.Parameter(
+        "request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Request)])
+    dependency.body_model = model
+    return dependency
+
+
+class _Unsupported(Exception):
+    """A body of a media type the endpoint does not take (answered with ``response``)."""
+
+    def __init__(self, response):
+        super().__init__("unsupported media type")
+        self.response = response
+
+
+def error_response(description: str, fields: tuple = ("error",)) -> dict:
+    """The OpenAPI ``responses`` entry of an error answer: a JSON object of string ``fields``."""
+    return {"description": description, "content": {"application/json": {"schema": {
+        "type": "object", "properties": {f: {"type": "string"} for f in fields}}}}}
+
+
+# What every authenticated endpoint may answer besides its own results and errors.
+AUTH_ERRORS = {401: error_response("no or unknown bearer token"),
+               403: error_response("the principal's role (or binding) does not allow this call"),
+               413: error_response("request body larger than the service's limit")}
+
+
 def serve_schema(app, auth: "Authenticator") -> None:
     """Serves the app's OpenAPI schema at ``/openapi.json`` to any authenticated principal.
 
     The app must be built without FastAPI's own open routes (``FastAPI(openapi_url=None,
-    docs_url=None, redoc_url=None)``): every endpoint authenticates, the schema's too.
+    docs_url=None, redoc_url=None)``): every endpoint authenticates, the schema's too. Bodies
+    read with :func:`json_body` are documented as FastAPI documents a body parameter (the
+    model under ``components/schemas``, a required ``application/json`` request body).
     """
     from fastapi import Depends
+    from fastapi.routing import APIRoute
+
+    generate = app.openapi
+
+    def schema() -> dict:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        out = generate()  # FastAPI's, which it keeps in app.openapi_schema: completed here once
+        components = out.setdefault("components", {}).setdefault("schemas", {})
+        for route in app.routes:
+            if not isinstance(route, APIRoute):
+                continue
+            for dep in route.dependant.dependencies:
+                model = getattr(dep.call, "body_model", None)
+                if model is None:
+                    continue
+                doc = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                components.update(doc.pop("$defs", {}))
+                components[model.__name__] = doc
+                for method in route.methods:
+                    out["paths"][route.path_format][method.lower()]["requestBody"] = {
+                        "required": True, "content": {"application/json": {"schema": {
+                            "$ref": f"#/components/schemas/{model.__name__}"}}}}
+        return out
+
+    app.openapi = schema
 
     @app.get("/openapi.json", include_in_schema=False)
     def openapi(_=Depends(auth.require(*access.ROLES))):
@@ -193,7 +291,8 @@ def _bearer_scheme():
 
 
 def install_error_handlers(app) -> None:
-    """401 / 403 / 400 JSON answers for the project's errors (nothing was changed)."""
+    """401 / 403 / 400 (and :func:`json_body`'s 415) JSON answers for the project's errors
+    (nothing was changed)."""
     from fastapi.responses import JSONResponse
 
     async def unauthenticated(_request, exc):
@@ -205,6 +304,10 @@ def install_error_handlers(app) -> None:
     async def bad_input(_request, exc):
         return JSONResponse({"error": f"{type(exc).__name__}: {exc}"}, status_code=400)
 
+    async def unsupported(_request, exc):
+        return exc.response
+
     app.add_exception_handler(AuthenticationError, unauthenticated)
+    app.add_exception_handler(_Unsupported, unsupported)
     app.add_exception_handler(PermissionDeniedError, forbidden)
     app.add_exception_handler(ValueError, bad_input)

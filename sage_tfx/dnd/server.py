@@ -93,15 +93,10 @@ def max_body_bytes(dim: int) -> int:
 
 
 def _error(description: str) -> dict:
-    return {"description": description,
-            "content": {"application/json": {"schema": {
-                "type": "object", "properties": {"error": {"type": "string"},
-                                                 "refused": {"type": "string"}}}}}}
+    return services.error_response(description, ("error", "refused"))
 
 
-_AUTH_ERRORS = {401: _error("no or unknown bearer token"),
-                403: _error("the principal's role does not allow this endpoint"),
-                413: _error("request body larger than the model needs")}
+_AUTH_ERRORS = {**services.AUTH_ERRORS, 413: _error("request body larger than the model needs")}
 
 
 def create_app(service: DnDService, auth: services.Authenticator, *,

@@ -17,6 +17,14 @@ authenticates the connection and the ledger maps ``current_user`` to the princip
 **Open mode.** A ledger with no principal is a single user's: every caller is the implicit
 ``local`` admin (the embedded SQLite default, one command away). Issuing the first principal
 (it must hold ``admin``) turns authentication on for every connection opened afterwards.
+
+**Tamper evidence.** Every change of principals or bindings records, in its audit entry, the
+digest of both tables before and after it (:func:`access_digest`: names, roles, a hash of each
+token digest, status, database role; every binding). :func:`access_problems` (``sage-tfx
+verify``) replays those digests: a row edited, added or deleted outside the library shows as a
+digest that does not match the one recorded next to it. On SQLite whoever may write the file
+may also forge what the library records, so this is evidence, not a boundary (on PostgreSQL
+only the ledger's owner may write these tables at all).
 """
 from __future__ import annotations
 
@@ -104,6 +112,56 @@ def _principal(row) -> Principal:
 
 
 _COLS = "SELECT name, roles, status, pg_role FROM principals "
+# Audit entries of principal and binding changes: each records the access digest around it.
+ACCESS_KINDS = ("principal_add", "principal_rotate", "principal_disable", "bind", "unbind",
+                "access_seal")
+_ACCESS_LOCK = 727273  # PostgreSQL: serialises changes of principals and bindings
+# PostgreSQL: through a SECURITY DEFINER function (an auditor's role cannot read token digests)
+_PG_ACCESS_ROWS = "SELECT name, roles, token_check, status, pg_role FROM sage_access_rows()"
+
+
+def access_digest(store) -> str:
+    """SHA-256 of the principals and bindings tables as the library wrote them: each
+    principal's name, sorted roles, the SHA-256 of its token digest, status and database role,
+    and every binding, in one canonical JSON text."""
+    if store.kind == "postgresql":
+        principals = store.q(_PG_ACCESS_ROWS).fetchall()
+    else:
+        principals = [(n, r, None if t is None else hashlib.sha256(t.encode()).hexdigest(), st,
+                       pg) for n, r, t, st, pg in store.q(
+            "SELECT name, roles, token_sha256, status, pg_role FROM principals").fetchall()]
+    doc = {"principals": sorted([n, sorted(json.loads(r)), t, st, pg]
+                                for n, r, t, st, pg in principals),
+           "bindings": sorted(list(b) for b in store.q(
+               "SELECT principal, stream, context FROM bindings").fetchall())}
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def access_problems(store) -> list[str]:
+    """What the audit log's access digests say about the principals and bindings tables
+    (empty: every change went through the library). Call inside one read snapshot."""
+    marks = ", ".join("?" * len(ACCESS_KINDS))
+    last, problems = None, []
+    for seq, text in store.q(f"SELECT seq, payload FROM audit WHERE kind IN ({marks}) "
+                             "ORDER BY seq", ACCESS_KINDS).fetchall():
+        payload = json.loads(text)
+        if "acl" not in payload:
+            continue  # written before digests were recorded
+        if last is not None and payload.get("acl_before") != last[1]:
+            problems.append(f"principals or bindings were changed outside the library between "
+                            f"audit entries {last[0]} and {seq}")
+        last = (seq, payload["acl"])
+    current = access_digest(store)
+    if last is None:
+        if store.q("SELECT count(*) FROM principals").fetchone()[0]:
+            problems.append("no access digest is recorded in the audit log (a ledger from "
+                            "before they were): check 'sage-tfx principal list', then record "
+                            "one with 'sage-tfx principal seal'")
+    elif current != last[1]:
+        problems.append(f"principals or bindings differ from what audit entry {last[0]} "
+                        "recorded: a row was edited, added or deleted outside the library")
+    return problems
 
 
 def identify(store, token: Optional[str]) -> Principal:
@@ -263,6 +321,7 @@ class AccessMixin:
         token = TOKEN_PREFIX + token_rng.token_urlsafe(32)
 
         def txn():
+            before = self._access_before()
             n = self._store.q("SELECT count(*) FROM principals").fetchone()[0]
             if n == 0 and ADMIN not in roles:
                 raise InvalidRequestError(
@@ -284,9 +343,9 @@ class AccessMixin:
                           "created_at, updated_at) VALUES (?,?,?,?,?,?,?)",
                           (name, json.dumps(sorted(roles)), token_digest(token), ACTIVE, pg_role,
                            ts, ts))
-            self._store.audit(None, "principal_add", {
+            self._audit_access(None, "principal_add", {
                 "name": name, "roles": sorted(roles), "pg_role": pg_role,
-                "pg_role_created": bool(create_pg_role)})
+                "pg_role_created": bool(create_pg_role)}, before)
 
         self._store.write(txn)
         return token
@@ -340,6 +399,7 @@ class AccessMixin:
 
     def _set_principal(self, name: str, kind: str, pg, **columns) -> None:
         def txn():
+            before = self._access_before()
             row = self._store.q(_COLS + "WHERE name = ?", (name,)).fetchone()
             if row is None:
                 raise InvalidRequestError(f"unknown principal {name!r}")
@@ -347,7 +407,7 @@ class AccessMixin:
             sets = ", ".join(f"{c} = ?" for c in columns)
             self._store.q(f"UPDATE principals SET {sets}, updated_at = ? WHERE name = ?",
                           tuple(columns.values()) + (now(), name))
-            self._store.audit(None, kind, {"name": name})
+            self._audit_access(None, kind, {"name": name}, before)
 
         self._store.write(txn)
 
@@ -358,6 +418,7 @@ class AccessMixin:
         self._context(s, context)
 
         def txn():
+            before = self._access_before()
             if not self._store.q("SELECT 1 FROM principals WHERE name = ?",
                                  (principal,)).fetchone():
                 raise InvalidRequestError(f"unknown principal {principal!r}")
@@ -365,7 +426,7 @@ class AccessMixin:
                 return
             self._store.q("INSERT INTO bindings (principal, stream, context, created_at) "
                           "VALUES (?,?,?,?)", (principal, stream, context, now()))
-            self._store.audit(stream, "bind", {"name": principal, "context": context})
+            self._audit_access(stream, "bind", {"name": principal, "context": context}, before)
 
         self._store.write(txn)
 
@@ -374,14 +435,41 @@ class AccessMixin:
         self.authorize(CONFIGURE)
 
         def txn():
+            before = self._access_before()
             if not self._bound(principal, stream, context):
                 raise InvalidRequestError(f"principal {principal!r} is not bound to stream "
                                           f"{stream!r}, context {context!r}")
             self._store.q("DELETE FROM bindings WHERE principal = ? AND stream = ? AND "
                           "context = ?", (principal, stream, context))
-            self._store.audit(stream, "unbind", {"name": principal, "context": context})
+            self._audit_access(stream, "unbind", {"name": principal, "context": context},
+                               before)
 
         self._store.write(txn)
+
+    def seal_access(self) -> str:
+        """Records the access digest of the principals and bindings as they are now (a ledger
+        from before digests were recorded; see :func:`access_problems`); returns it. An edit
+        made outside the library since the last recorded digest stays reported."""
+        self.authorize(CONFIGURE)
+
+        def txn() -> str:
+            before = self._access_before()
+            self._audit_access(None, "access_seal", {}, before)
+            return before
+
+        return self._store.write(txn)
+
+    def _access_before(self) -> str:
+        """The access digest at the start of a change (which then holds the access lock on
+        PostgreSQL, so the digests of concurrent changes chain in audit order)."""
+        if self._store.kind == "postgresql":
+            self._store.q("SELECT pg_advisory_xact_lock(?)", (_ACCESS_LOCK,))
+        return access_digest(self._store)
+
+    def _audit_access(self, stream: Optional[str], kind: str, payload: dict,
+                      before: str) -> None:
+        self._store.audit(stream, kind, dict(payload, acl_before=before,
+                                             acl=access_digest(self._store)))
 
     def bindings(self, principal: Optional[str] = None) -> list[tuple[str, str, str]]:
         """(principal, stream, context) bindings, of one principal or all."""

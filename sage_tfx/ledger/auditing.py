@@ -32,6 +32,13 @@ class AuditMixin:
         self.authorize(access.AUDIT)
         return self._store.read_snapshot(lambda: audit.heads(self._store))
 
+    def check_access(self) -> list[str]:
+        """Problems with the principals and bindings tables: a change that did not go through
+        the library, seen by the access digests of the audit log (empty list: none;
+        :func:`~sage_tfx.ledger.access.access_problems`)."""
+        self.authorize(access.AUDIT)
+        return self._store.read_snapshot(lambda: access.access_problems(self._store))
+
     def check_consistency(self, stream: str) -> list[str]:
         """Problems found by recomputing every block's budget from grants (empty list: none).
 

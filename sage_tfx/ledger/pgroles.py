@@ -18,7 +18,9 @@ own checks say; so a principal issued with ``sage-tfx principal add NAME --role 
   It never reads ``principals``, ``bindings`` or ``block_keys``: ``sage_grant_keys(grant_id)`` hands
   out the wrapped keys of its own *released* grants' blocks, and nothing else.
 * **auditor** — SELECT on the ledger's tables, except ``principals.token_sha256`` and
-  ``block_keys``; writes nothing.
+  ``block_keys``; writes nothing. ``sage_access_rows()`` gives it the principals with a hash of
+  each token digest, for the access digest ``verify`` checks
+  (:func:`~sage_tfx.ledger.access.access_digest`).
 * **client** — CONNECT only (clients talk to services, not to the ledger).
 * **admin** — not a login role: admins act through the ledger owner's database role (the
   role that created the tables), with a token naming them.
@@ -41,7 +43,7 @@ from typing import Optional, Sequence
 
 from sage_tfx.errors import (GrantStateError, InvalidRequestError, PermissionDeniedError)
 
-SECURITY_VERSION = 2
+SECURITY_VERSION = 3  # 3: sage_access_rows (the access digest an auditor checks)
 MARKER = f"sage_security_v{SECURITY_VERSION}"
 MAX_ROLE_NAME = 63  # PostgreSQL's NAMEDATALEN - 1
 
@@ -50,11 +52,12 @@ LEDGER_TABLES = ("ledger_head", "streams", "blocks", "budgets", "grants", "audit
 PRINCIPAL_COLUMNS = "name, roles, status, pg_role, created_at, updated_at"  # not token_sha256
 REFUND = "sage_refund(TEXT, TEXT)"
 GRANT_KEYS = "sage_grant_keys(TEXT)"
+ACCESS_ROWS = "sage_access_rows()"
 SCOPE = "sage_scope"  # the session's principal, its reach and its bindings (a view)
 _SESSION = ("sage_identify(TEXT)",)
 _PIPELINE_FUNCTIONS = _SESSION + ("sage_audit_has(BIGINT, BIGINT, TEXT)", REFUND, GRANT_KEYS)
 # every SECURITY DEFINER function (none is executable by PUBLIC)
-_DEFINER = _PIPELINE_FUNCTIONS + ("sage_may_charge(TEXT, TEXT)",)
+_DEFINER = _PIPELINE_FUNCTIONS + ("sage_may_charge(TEXT, TEXT)", ACCESS_ROWS)
 
 # Privileges of each sage role's login role (in addition to CONNECT, which PUBLIC has).
 _GRANTS = {
@@ -77,7 +80,8 @@ _GRANTS = {
     ],
     "client": [],
 }
-_FUNCTIONS_OF = {"pipeline": _PIPELINE_FUNCTIONS, "auditor": _SESSION, "client": ()}
+_FUNCTIONS_OF = {"pipeline": _PIPELINE_FUNCTIONS, "auditor": _SESSION + (ACCESS_ROWS,),
+                 "client": ()}
 
 
 def _functions(schema: str) -> list[str]:
@@ -124,6 +128,12 @@ def _functions(schema: str) -> list[str]:
               SELECT pg_has_role(session_user, {owner}, 'USAGE') OR EXISTS (
                 SELECT 1 FROM {SCOPE} s WHERE s.writes_all
                   OR (s.stream = p_stream AND s.context = p_context)) $$""",
+        # The principals as the access digest covers them: a hash of each token digest only.
+        f"""CREATE OR REPLACE FUNCTION sage_access_rows()
+            RETURNS TABLE (name TEXT, roles TEXT, token_check TEXT, status TEXT, pg_role TEXT)
+            LANGUAGE sql STABLE {definer} AS $$
+              SELECT p.name, p.roles, encode(sha256(convert_to(p.token_sha256, 'UTF8')), 'hex'),
+                     p.status, p.pg_role FROM principals p $$""",
         f"""CREATE OR REPLACE FUNCTION sage_audit_has(p_chain BIGINT, p_seq BIGINT, p_hash TEXT)
             RETURNS BOOLEAN LANGUAGE sql STABLE {definer} AS $$
               SELECT EXISTS (SELECT 1 FROM audit WHERE chain = p_chain AND seq = p_seq
@@ -374,6 +384,12 @@ def install(store) -> None:
         conn.execute(stmt)
     for fn in _DEFINER:
         conn.execute(f"REVOKE ALL ON FUNCTION {fn} FROM PUBLIC")
+    for (role,) in conn.execute(  # auditors' login roles made before this version's functions
+            "SELECT pg_role FROM principals WHERE pg_role IS NOT NULL AND status = 'active' "
+            "AND roles::jsonb ? 'auditor'").fetchall():
+        if role_exists(conn, role):
+            for fn in _FUNCTIONS_OF["auditor"]:
+                conn.execute(f"GRANT EXECUTE ON FUNCTION {fn} TO {_ident(conn, role)}")
     if conn.execute("SELECT 1 FROM pg_trigger WHERE tgname = 'sage_guard_budgets' LIMIT 1"
                     ).fetchone():
         guard(store)  # login roles exist: their guards follow this version (new ones added)

@@ -1,9 +1,10 @@
 """The ledger's storage: SQLite and PostgreSQL dialects, the schema and write transactions.
 
-SQLite (``sqlite:///path``) is the embedded default: WAL journal; COMMIT runs with
-``synchronous=NORMAL`` under the write lock and the writer fsyncs the WAL after releasing it and
-before ``request()`` returns, so an acknowledged grant has been fsynced to the WAL and survives a
-crash of the writer *and* a power loss (``?durability=process`` drops the power-loss promise).
+SQLite (``sqlite:///path``) is the embedded default, a file created 0600: WAL journal; COMMIT
+runs with ``synchronous=NORMAL`` under the write lock and the writer fsyncs the WAL after
+releasing it and before ``request()`` returns, so an acknowledged grant has been fsynced to the
+WAL and survives a crash of the writer *and* a power loss (``?durability=process`` drops the
+power-loss promise).
 Writers queue on an OS file lock and then take SQLite's write lock; one chain orders the audit.
 
 PostgreSQL (``postgresql://user@host:port/db``) is for a ledger shared by many machines. There is
@@ -113,8 +114,7 @@ class _SqliteBackend(_Backend):
 
     def connect(self):
         import sqlite3
-        parent = os.path.dirname(os.path.abspath(self.path))
-        os.makedirs(parent, exist_ok=True)
+        create_private(self.path)
         conn = sqlite3.connect(self.path, timeout=120.0, isolation_level=None,
                                check_same_thread=False, cached_statements=256)
         conn.execute("PRAGMA journal_mode=WAL")
@@ -137,7 +137,7 @@ class _SqliteBackend(_Backend):
         # of up to 100 ms, which would dominate tail latency with many writers. The lock is
         # released by the kernel if the process dies.
         if self._lock_fd is None:
-            self._lock_fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+            self._lock_fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
         fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
         try:
             conn.execute("BEGIN IMMEDIATE")
@@ -199,6 +199,17 @@ class _PostgresBackend(_Backend):
                             psycopg.InterfaceError)):
             return "disconnect"
         return None
+
+
+def create_private(path: str) -> None:
+    """Creates the SQLite file ``path`` empty and 0600 unless it exists (SQLite makes its
+    ``-wal`` and ``-shm`` files with the database's mode). Whoever can write the file can
+    rewrite the ledger; whoever can read it can read wrapped block keys and token digests."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+    except FileExistsError:
+        pass
 
 
 def _backend_for(url: str) -> _Backend:

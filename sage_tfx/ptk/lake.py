@@ -53,7 +53,7 @@ _SCHEMA = [
     """CREATE TABLE IF NOT EXISTS ptk_windows (
         window_index {int} PRIMARY KEY, status TEXT NOT NULL, files TEXT NOT NULL,
         blocks TEXT NOT NULL, records {int} NOT NULL, plan_seq {int}, opened_at TEXT NOT NULL,
-        closed_at TEXT)""",
+        closed_at TEXT, schema TEXT, unfit TEXT)""",
     """CREATE TABLE IF NOT EXISTS ptk_window_keys (
         window_index {int} PRIMARY KEY, stream TEXT NOT NULL, kek_id TEXT NOT NULL,
         wrapped TEXT NOT NULL, created_at TEXT NOT NULL)""",
@@ -68,7 +68,7 @@ REGISTRY_COLS = ("ptk_id", "name", "ptk_type", "train_dp_ref", "eval_ref", "dp_e
 VERSION_COLS = ("ptk_id", "version", "window_index", "state", "config", "epsilon", "delta",
                 "event", "grant_id", "run_id", "stream", "blocks", "n_used", "partition_index",
                 "oldest_window", "newest_window", "created_at")
-JSON_COLS = {"config", "menu", "profile", "state", "blocks", "files", "spec"}
+JSON_COLS = {"config", "menu", "profile", "state", "blocks", "files", "spec", "schema", "unfit"}
 
 
 class LakeDB:
@@ -81,8 +81,10 @@ class LakeDB:
         self._depth = 0
         if url.startswith("sqlite:///"):
             import sqlite3
+
+            from sage_tfx.ledger.store import create_private
             path = url[len("sqlite:///"):]
-            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            create_private(path)  # the ledger's file: the same mode whoever opens it first
             self.kind = "sqlite"
             self.conn = sqlite3.connect(path, timeout=120.0, isolation_level=None,
                                         check_same_thread=False)
@@ -101,16 +103,23 @@ class LakeDB:
                 self.q(stmt.format(real=real, int=integer))
             self._migrate()
 
+    def _columns(self, table: str) -> list[str]:
+        if self.kind == "sqlite":
+            return [r[1] for r in self.q(f"PRAGMA table_info({table})").fetchall()]
+        return [r[0] for r in self.q(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = ? AND "
+            "table_schema = current_schema()", (table,)).fetchall()]
+
     def _migrate(self) -> None:
         """Lakes made before the type registry: a ``ptk_type`` column, filled for the built-in
-        kernels from their recorded references (a string match; nothing is imported)."""
-        if self.kind == "sqlite":
-            cols = [r[1] for r in self.q("PRAGMA table_info(ptk_registry)").fetchall()]
-        else:
-            cols = [r[0] for r in self.q(
-                "SELECT column_name FROM information_schema.columns WHERE table_name = "
-                "'ptk_registry' AND table_schema = current_schema()").fetchall()]
-        if "ptk_type" not in cols:
+        kernels from their recorded references (a string match; nothing is imported). Lakes
+        made before windows recorded their columns: ``schema`` and ``unfit`` (NULL: unknown,
+        every due PTK trains as it did)."""
+        have = self._columns("ptk_windows")
+        for col in ("schema", "unfit"):
+            if col not in have:
+                self.q(f"ALTER TABLE ptk_windows ADD COLUMN {col} TEXT")
+        if "ptk_type" not in self._columns("ptk_registry"):
             self.q("ALTER TABLE ptk_registry ADD COLUMN ptk_type TEXT")
             for name in _BUILTINS:
                 self.q("UPDATE ptk_registry SET ptk_type = ? WHERE ptk_type IS NULL AND "
@@ -155,7 +164,7 @@ class LakeDB:
 
 PROFILE_COLS = ("run_id", "ptk_id", "spec", "window_index", "status", "created_at")
 WINDOW_COLS = ("window_index", "status", "files", "blocks", "records", "plan_seq", "opened_at",
-               "closed_at")
+               "closed_at", "schema", "unfit")
 
 
 def _row(cls, cols, row):
@@ -343,12 +352,23 @@ class Lake:
 
     # --- windows (the only non-DP state: raw block files) --------------------------------
     def open_window(self, window_index: int, files: list, blocks: list, records: int,
-                    plan_seq: Optional[int] = None) -> None:
-        """Records an open window and the plan it trains under (fixed at ingest, so a resumed
-        run charges exactly the partitions the first attempt did)."""
+                    plan_seq: Optional[int] = None, schema: Optional[list] = None,
+                    unfit: Optional[dict] = None) -> None:
+        """Records an open window, the plan it trains under and the PTKs of that plan its
+        columns (``schema``: ``[[name, "number" | "string"], ...]``) do not fit (``unfit``:
+        id -> why), all fixed at ingest, so a resumed run charges exactly the partitions the
+        first attempt did."""
         self.db.q("INSERT INTO ptk_windows (window_index, status, files, blocks, records, "
-                  "plan_seq, opened_at) VALUES (?, 'open', ?, ?, ?, ?, ?)",
-                  (window_index, json.dumps(files), json.dumps(blocks), records, plan_seq, now()))
+                  "plan_seq, opened_at, schema, unfit) VALUES (?, 'open', ?, ?, ?, ?, ?, ?, ?)",
+                  (window_index, json.dumps(files), json.dumps(blocks), records, plan_seq, now(),
+                   None if schema is None else json.dumps(schema),
+                   None if unfit is None else json.dumps(unfit)))
+
+    def schema(self) -> Optional[list]:
+        """The store's columns: the schema of the newest window that recorded one, or None."""
+        row = self.db.q("SELECT schema FROM ptk_windows WHERE schema IS NOT NULL ORDER BY "
+                        "window_index DESC LIMIT 1").fetchone()
+        return None if row is None else json.loads(row[0])
 
     def window(self, window_index: int) -> Optional[WindowInfo]:
         """A window's record (open or closed), or None."""

@@ -113,8 +113,10 @@ class ProfileRun(_Result):
 
 @dataclasses.dataclass(frozen=True)
 class WindowInfo(_Result):
-    """A training window: its block files, blocks ``((block id, "p" | "t", records), ...)``
-    and the plan it trains under."""
+    """A training window: its block files, blocks ``((block id, "p" | "t", records), ...)``,
+    the plan it trains under, its columns (``schema``: ``((name, "number" | "string"), ...)``)
+    and the PTKs of the plan they do not fit (``unfit``: id -> why; None before windows
+    recorded them)."""
 
     window_index: int
     status: str
@@ -124,6 +126,8 @@ class WindowInfo(_Result):
     plan_seq: Optional[int]
     opened_at: str
     closed_at: Optional[str]
+    schema: Optional[tuple] = None
+    unfit: Optional[dict] = None
 
 
 @dataclasses.dataclass(frozen=True)

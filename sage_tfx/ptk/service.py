@@ -17,7 +17,10 @@ own token (a 0600 file; ``serve`` prints where).
 
 Bad input is a 4xx with nothing changed: 422 for a body that does not fit its model, 400 for a
 value the store refuses, 404 for an unknown PTK, 413 past the body limit (1 MiB; windows 32 MiB
-by default), 401 / 403 for a missing or insufficient credential. Calls are serialised on one
+by default; a chunked body too), 415 for a body that is not JSON, 401 / 403 for a missing or
+insufficient credential. Authentication comes first: bodies are read only after it
+(:func:`sage_tfx.services.json_body`), so a caller without a valid token gets 401 whatever it
+sends. The OpenAPI schema documents every body and these answers. Calls are serialised on one
 lock (the store holds one database connection). A background thread re-delivers pending
 notifications every ``retry_seconds`` (at-least-once; receivers de-duplicate on the version).
 """
@@ -43,6 +46,13 @@ from sage_tfx.ptk.results import plain
 from sage_tfx.ptk.store import PTK_ID_PATTERN, PTKStore, Reject, StoreConfig
 
 MAX_WINDOW_BODY = 32 * 1024 * 1024
+_ERRORS = {  # what each error answer means here (services.AUTH_ERRORS: 401, 403, 413)
+    400: "a value the store refuses (nothing changed)",
+    404: "no such PTK (or version)",
+    409: "REJECT: the workload does not fit (the reason in 'reject'; nothing changed)",
+    422: "a body, path or query that does not fit its schema (nothing changed)",
+    503: "the window lease stayed held by another process: retry after Retry-After"}
+
 TOKEN_FILE = ".ptk-service-token"
 PTKIdPath = Annotated[str, Path(pattern=PTK_ID_PATTERN, max_length=64)]
 VersionQuery = Annotated[Optional[int], Query(ge=1, le=2 ** 31)]
@@ -58,6 +68,12 @@ class _BodyLimits:
     async def __call__(self, scope, receive, send):
         big = scope["type"] == "http" and scope.get("path") == "/windows"
         return await (self.windows if big else self.default)(scope, receive, send)
+
+
+def errors(*codes: int) -> dict:
+    """The OpenAPI ``responses`` of a route: the authentication errors and ``codes``."""
+    return {**services.AUTH_ERRORS, **{c: services.error_response(
+        _ERRORS[c], ("reject",) if c == 409 else ("error",)) for c in codes}}
 
 
 def create_app(store: PTKStore, *, auth: Optional[services.Authenticator] = None,
@@ -124,16 +140,18 @@ def create_app(store: PTKStore, *, auth: Optional[services.Authenticator] = None
             return JSONResponse({"reject": out.reason}, status_code=409)
         return JSONResponse(plain(out), status_code=ok_status)
 
-    @app.get("/health", dependencies=[Depends(auth.require(*access.ROLES))])
+    @app.get("/health", dependencies=[Depends(auth.require(*access.ROLES))],
+             responses=errors())
     def health():
         return {"ok": True}
 
-    @app.get("/ptk-types", dependencies=[Depends(reader)])
+    @app.get("/ptk-types", dependencies=[Depends(reader)], responses=errors())
     def ptk_types():
         return {"types": store.registry.names()}
 
-    @app.post("/ptks", status_code=201, dependencies=[Depends(manager)])
-    def register(body: api.RegisterRequest):
+    @app.post("/ptks", status_code=201, dependencies=[Depends(manager)],
+              responses=errors(400, 409, 422))
+    def register(body: api.RegisterRequest = Depends(services.json_body(api.RegisterRequest))):
         def reg():
             out = store.register_ptk(body.ptk_type, body.train_frequency, config=body.config,
                                      tau=body.tau, name=body.name, ptk_id=body.ptk_id,
@@ -142,28 +160,34 @@ def create_app(store: PTKStore, *, auth: Optional[services.Authenticator] = None
             return out if isinstance(out, Reject) else {"ptk_id": out}
         return call(reg, ok_status=201)
 
-    @app.delete("/ptks/{ptk_id}", dependencies=[Depends(manager)])
+    @app.delete("/ptks/{ptk_id}", dependencies=[Depends(manager)], responses=errors(404, 409))
     def deregister(ptk_id: PTKIdPath):
         return call(store.deregister_ptk, ptk_id)
 
-    @app.put("/ptks/{ptk_id}/config", dependencies=[Depends(manager)])
-    def update_config(ptk_id: PTKIdPath, body: api.ConfigUpdate):
+    @app.put("/ptks/{ptk_id}/config", dependencies=[Depends(manager)],
+             responses=errors(400, 404, 409, 422))
+    def update_config(ptk_id: PTKIdPath,
+                      body: api.ConfigUpdate = Depends(services.json_body(api.ConfigUpdate))):
         return call(store.update_ptk_config, ptk_id, body.config)
 
-    @app.put("/ptks/{ptk_id}/tau", dependencies=[Depends(manager)])
-    def update_tau(ptk_id: PTKIdPath, body: api.TauUpdate):
+    @app.put("/ptks/{ptk_id}/tau", dependencies=[Depends(manager)],
+             responses=errors(400, 404, 409, 422))
+    def update_tau(ptk_id: PTKIdPath,
+                   body: api.TauUpdate = Depends(services.json_body(api.TauUpdate))):
         return call(store.update_ptk_performance_target, ptk_id, body.tau)
 
-    @app.post("/ptks/{ptk_id}/subscriptions", status_code=201, dependencies=[Depends(reader)])
-    def subscribe(ptk_id: PTKIdPath, body: api.Subscription):
+    @app.post("/ptks/{ptk_id}/subscriptions", status_code=201, dependencies=[Depends(reader)],
+              responses=errors(400, 404, 422))
+    def subscribe(ptk_id: PTKIdPath,
+                  body: api.Subscription = Depends(services.json_body(api.Subscription))):
         call(store.subscribe_to_ptk, ptk_id, body.endpoint)
         return JSONResponse({"ptk_id": ptk_id, "endpoint": body.endpoint}, status_code=201)
 
-    @app.post("/ptks/{ptk_id}/notify", dependencies=[Depends(reader)])
+    @app.post("/ptks/{ptk_id}/notify", dependencies=[Depends(reader)], responses=errors(404))
     def notify(ptk_id: PTKIdPath):
         return call(store.notify_new_ptk_state, ptk_id)
 
-    @app.get("/ptks/{ptk_id}", dependencies=[Depends(reader)])
+    @app.get("/ptks/{ptk_id}", dependencies=[Depends(reader)], responses=errors(404))
     def get(ptk_id: PTKIdPath, version: VersionQuery = None):
         def fetch():
             p = store.get_ptk(ptk_id, version)
@@ -173,16 +197,17 @@ def create_app(store: PTKStore, *, auth: Optional[services.Authenticator] = None
                     "newest_contributing_window": p.newest_contributing_window}
         return call(fetch)
 
-    @app.get("/ptks/{ptk_id}/lineage", dependencies=[Depends(auditor)])
+    @app.get("/ptks/{ptk_id}/lineage", dependencies=[Depends(auditor)],
+             responses=errors(404))
     def lineage(ptk_id: PTKIdPath, version: VersionQuery = None):
         return call(store.lineage, ptk_id, version)
 
-    @app.get("/plan", dependencies=[Depends(auditor)])
+    @app.get("/plan", dependencies=[Depends(auditor)], responses=errors())
     def plan():
         return call(lambda: store.plan() or {"K": 0, "partitions": []})
 
-    @app.post("/windows", dependencies=[Depends(manager)])
-    def advance(body: api.Window):
+    @app.post("/windows", dependencies=[Depends(manager)], responses=errors(400, 422, 503))
+    def advance(body: api.Window = Depends(services.json_body(api.Window))):
         return call(store.advance_window, {k: np.asarray(v) for k, v in body.columns.items()},
                     user_key=body.user_key, window_index=body.window_index)
 

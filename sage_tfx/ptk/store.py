@@ -37,7 +37,7 @@ from sage_tfx.ptk.notify import Notifier, check_endpoint
 from sage_tfx.ptk.profiles import ProfileRuns
 from sage_tfx.ptk.registry import TypeRegistry, default_registry
 from sage_tfx.ptk.results import Delivery, Lineage, ProfileNeed, PTKRecord, WindowResult
-from sage_tfx.ptk.windows import WindowRunner
+from sage_tfx.ptk.windows import WindowRunner, unfit_reason
 
 PTK_ID_PATTERN = r"^ptk-[A-Za-z0-9_-]{1,60}$"
 COMMIT_WAIT = 120.0  # seconds a registry change keeps re-planning while others commit
@@ -200,6 +200,17 @@ class PTKStore:
         menus.update({k: [allocator.Option(*o) for o in v] for k, v in (override or {}).items()})
         return menus
 
+    def _check_fits(self, ptype: PTKType, config: dict, epsilons: Sequence[float]) -> None:
+        """Refuses a config that cannot train on the store's columns (the newest window's) at
+        any of ``epsilons`` (:func:`~sage_tfx.ptk.windows.unfit_reason`); before the first
+        window there are no columns to check, and the first window skips what does not fit."""
+        schema = self.lake.schema()
+        why = None if schema is None else unfit_reason(ptype, config, schema, epsilons)
+        if why is not None:
+            raise InvalidRequestError(
+                f"a {ptype.name} PTK with this config cannot train on the store's columns "
+                f"({', '.join(f'{n}: {k}' for n, k in schema)}) {why}")
+
     def _allocate(self, menus: dict, previous: Optional[allocator.Allocation] = None,
                   floor: int = 0) -> allocator.Allocation:
         c = self.cfg
@@ -265,11 +276,13 @@ class PTKStore:
         menu = check_menu(menu)
         if not isinstance(name, str) or len(name) > 128:
             raise InvalidRequestError("a PTK name is a string of at most 128 characters")
-        ptype.check(config, self.cfg.menu if menu is None else [e for e, _ in menu])
+        epsilons = self.cfg.menu if menu is None else [e for e, _ in menu]
+        ptype.check(config, epsilons)
         ptk_id = check_ptk_id(ptk_id) if ptk_id is not None else f"ptk-{uuid.uuid4().hex[:12]}"
         prior = self.lake.ptk(ptk_id)
         if prior is not None:
             return self._replayed(prior, ptype, config, tau, freq, menu)
+        self._check_fits(ptype, config, epsilons)  # before the profiler charges anything
         if menu is not None:
             options = [(e, ptype.charge(e, config).delta, n) for e, n in menu]
             profile = {"supplied": True}
@@ -341,6 +354,7 @@ class PTKStore:
                 f"{ptk_id} has a developer-supplied profile; register a new PTK for a new "
                 "config or target")
         ptk_type.check(config, self.cfg.menu)
+        self._check_fits(ptk_type, config, self.cfg.menu)
         key = hashlib.sha256(canonical_json({"config": config, "tau": tau})).hexdigest()[:12]
         got = self.profiles.run(ptk_id, ptk_type, config, tau, f"ptk.profile.{ptk_id}.{key}")
         if isinstance(got, str):

@@ -1,7 +1,8 @@
 """The tumbling training window 𝒯 (PTK paper §5.1) and the DP PTK trainer (§5.4).
 
 :meth:`WindowRunner.advance` holds the store's window lease (``ptk/<stream>/windows`` in the
-ledger's database: one advancing process at a time, whatever its store directory), closes the
+ledger's database: one advancing process at a time, whatever its store directory; a holder
+that dies is taken over at once on its machine, after the lease's heartbeat elsewhere), closes the
 open window, splits the next one on a window × user-hash block scheme, registers the blocks
 with the ledger, then trains every due PTK with its allocated (ε_i, n_i):
 
@@ -21,6 +22,10 @@ with the ledger, then trains every due PTK with its allocated (ε_i, n_i):
   :func:`~sage_tfx.ledger.releases.release_value_once`) before it goes to the lake and to the
   subscribers. A replay — a retry, a restart, another process or store directory — gets the
   grant back and the recorded state byte for byte, and draws no noise;
+* a PTK of the plan the window's columns do not fit (:func:`unfit_reason`: e.g. a PTK
+  registered before the first window, naming a column the windows lack) is skipped in that
+  window, uncharged, and never stops the others; the window is refused only when it breaks a
+  PTK that the store's columns (the newest window's) fit;
 * closing a window first finishes its training (so a run that crashed between its charge and
   its release is released from the recorded grant), then destroys the window's key and files.
 """
@@ -43,7 +48,8 @@ from sage_tfx.ptk.registry import UnknownPTKTypeError
 from sage_tfx.ptk.results import Trained, WindowResult
 from sage_tfx.ptk.windowfiles import WindowFiles
 
-LEASE_TTL = 300.0  # seconds; renewed after every PTK trained
+LEASE_TTL = 300.0  # seconds; renewed after every PTK trained (the holder's progress deadline)
+LEASE_HEARTBEAT = 15.0  # seconds a holder that died keeps the lease (its heartbeat stopped)
 LEASE_WAIT = 900.0
 
 
@@ -80,6 +86,35 @@ def check_columns(columns, user_key) -> dict:
     return out
 
 
+def column_schema(columns: dict) -> list:
+    """The public schema of checked window columns: ``[[name, "number" | "string"], ...]``."""
+    return [[k, "number" if v.dtype.kind in "biuf" else "string"] for k, v in sorted(
+        columns.items())]
+
+
+def unfit_reason(ptype, config: dict, schema: list, epsilons) -> Optional[str]:
+    """Why a PTK of ``ptype`` with ``config`` cannot train on windows of ``schema`` at one of
+    ``epsilons``, or None when it can.
+
+    ``train_dp`` runs on two made-up records with the schema's column names and kinds (zeros,
+    empty strings) at every ε, and its state must be finite JSON: a config that names a column
+    the windows lack, or whose noise scale is not finite (bounds of ±1e308), fails here. The
+    outcome depends on public things only (the schema, the config, ε), never on window data,
+    and is discarded.
+    """
+    fake = {name: (np.zeros(2) if kind == "number" else np.array(["", ""]))
+            for name, kind in schema}
+    for eps in sorted(set(epsilons)):
+        try:
+            state = ptype.train_dp(batches_of(fake), eps, None, None, config=config,
+                                   noise=SeededNoise(0))
+            json.dumps(state, allow_nan=False)
+        except (SageError, *KERNEL_INPUT_ERRORS) as exc:
+            # ValueError also covers a state with NaN or infinity (allow_nan=False)
+            return f"at epsilon={eps:g}: {type(exc).__name__}: {exc}"
+    return None
+
+
 def _release_name(ptk_id: str, w: int) -> str:
     return f"ptk/train/{ptk_id}/w{w}"
 
@@ -91,8 +126,10 @@ class WindowRunner:
         self.store = store
         self.files = WindowFiles(store.lake, store.cfg.stream, data_root, key_provider)
         self.data_root = self.files.data_root
-        # a holder that dies (kill -9) blocks the others for at most lease_ttl seconds
+        # a holder that dies (kill -9) blocks the others for at most lease_heartbeat seconds
+        # (on its own machine not at all), a live one that stalls for lease_ttl + heartbeat
         self.lease_ttl, self.lease_wait = LEASE_TTL, LEASE_WAIT
+        self.lease_heartbeat = LEASE_HEARTBEAT
 
     @property
     def lake(self):
@@ -107,10 +144,12 @@ class WindowRunner:
     def lease(self):
         """The exclusive lease every window change and every read of window data holds."""
         return self.store.ledger.lease(f"ptk/{self.store.cfg.stream}/windows",
-                                       ttl=self.lease_ttl, wait=self.lease_wait)
+                                       ttl=self.lease_ttl, wait=self.lease_wait,
+                                       heartbeat=min(self.lease_heartbeat, self.lease_ttl))
 
     # --- ingest ---------------------------------------------------------------------------
-    def _ingest(self, w: int, columns: dict, user_key: Optional[str], plan_seq: int) -> None:
+    def _ingest(self, w: int, columns: dict, user_key: Optional[str], plan_seq: int,
+                unfit: Optional[dict] = None) -> None:
         cfg = self.store.cfg
         n = len(next(iter(columns.values())))
         # the user hash: the user key, or without one the record's own values (never its
@@ -132,52 +171,63 @@ class WindowRunner:
                 files.append(path)
                 blocks.append([block_id, kind, int(sel.sum())])
         self.store.ledger.add_blocks(cfg.stream, specs)
-        self.lake.open_window(w, files, blocks, n, plan_seq)
+        self.lake.open_window(w, files, blocks, n, plan_seq, column_schema(columns), unfit)
 
-    def probe(self, columns: dict) -> None:
-        """Refuses a window whose schema an active PTK cannot train on, before anything changes.
+    def probe(self, columns: dict, plan_seq: int) -> dict:
+        """The PTKs of plan ``plan_seq`` that cannot train on ``columns`` (id -> why): they are
+        skipped in this window (not charged) and the others train.
 
-        Each active PTK's ``train_dp`` runs on two made-up records with the window's column
-        names and kinds (zeros, empty strings): the outcome depends on the public schema only,
-        never on the window's values, and is discarded.
+        Raises:
+          InvalidRequestError: the window's columns break a PTK that the store's columns (the
+            newest window's, :func:`unfit_reason`) fit: the window, not the PTK, is at fault,
+            and nothing changes.
         """
-        fake = {k: (np.zeros(2) if v.dtype.kind in "biuf" else np.array(["", ""]))
-                for k, v in columns.items()}
-        for rec in self.lake.ptks():
+        schema, before = column_schema(columns), self.lake.schema()
+        plan = self.lake.plan(plan_seq)[1] if plan_seq else None
+        unfit = {}
+        for pid in sorted({m.ptk_id for p in (plan.partitions if plan else ())
+                           for m in p.members}):
+            rec = self.lake.ptk(pid)
             try:
-                ptype = self.store.registry.get(rec.ptk_type)
+                ptype = self.store.registry.get(rec.ptk_type if rec else None)
             except UnknownPTKTypeError:
+                continue  # not trained here (reported by the run)
+            epsilons = [o[0] for o in rec.menu]
+            why = unfit_reason(ptype, rec.config, schema, epsilons)
+            if why is None:
                 continue
-            try:
-                ptype.train_dp(batches_of(fake), 1.0, None, None, config=rec.config,
-                               noise=SeededNoise(0))
-            except (SageError, *KERNEL_INPUT_ERRORS) as exc:
+            if before not in (None, schema) and unfit_reason(ptype, rec.config, before,
+                                                             epsilons) is None:
                 raise InvalidRequestError(
-                    f"the window's columns do not fit PTK {rec.ptk_id} ({rec.ptk_type}): "
-                    f"{type(exc).__name__}: {exc}") from exc
+                    f"the window's columns do not fit PTK {pid} ({rec.ptk_type}), which the "
+                    f"store's columns fit: {why}")
+            unfit[pid] = why
+        return unfit
 
     def advance(self, columns: dict, *, user_key: Optional[str] = None,
                 window_index: Optional[int] = None) -> WindowResult:
         """Ingests ``columns`` as the next window (closing open ones), trains the PTKs due in it.
 
-        Returns the :class:`WindowResult` (the window, what trained, the notifications sent).
-        Bad columns or a non-integer ``window_index`` raise :class:`InvalidRequestError` before
-        anything runs.
+        Returns the :class:`WindowResult` (the window, what trained, the notifications sent; a
+        PTK the window's columns do not fit is skipped with the reason, uncharged). Bad
+        columns, a non-integer ``window_index`` or columns that break a PTK the store's
+        columns fit (:meth:`probe`) raise :class:`InvalidRequestError` before anything changes.
         """
         columns = check_columns(columns, user_key)
         if window_index is not None and (isinstance(window_index, bool)
                                          or not isinstance(window_index, int)):
             raise InvalidRequestError(f"window index must be an integer, got {window_index!r}")
-        self.probe(columns)
         with self.lease() as held:
             last = self.lake.last_window()
             w = (0 if last is None else last + 1) if window_index is None else window_index
             if (last is not None and w <= last) or w < 0:
                 raise InvalidRequestError(
                     f"window index must be a new index after {last}, got {w!r}")
+            plan_seq = self.lake.plan_seq()
+            unfit = self.probe(columns, plan_seq)
             for old in self.lake.open_windows():
                 self.close_window(old, held)
-            self._ingest(w, columns, user_key, self.lake.plan_seq())
+            self._ingest(w, columns, user_key, plan_seq, unfit)
             trained = self.train(w, held)
         delivered = self.store.notifier.deliver()
         return WindowResult(w, trained, delivered)
@@ -209,6 +259,7 @@ class WindowRunner:
             return []
         tblocks = [(b, r) for b, kind, r in info.blocks if kind == "t"]
         known = {r.ptk_id: r for r in self.lake.ptks(status=None)}
+        unfit = info.unfit or {}  # fixed at ingest: a resumed run charges what the first did
         out, cursor = [], 0
         for part in plan.partitions:
             blocks, held_records = [], 0
@@ -219,6 +270,9 @@ class WindowRunner:
             due = [m for m in part.members if m.ptk_id in known and (
                 (w - (known[m.ptk_id].registered_window or 0))
                 % known[m.ptk_id].train_frequency == 0)]
+            out += [Trained(m.ptk_id, skipped=f"the window's columns do not fit it "
+                            f"({unfit[m.ptk_id]}); not charged") for m in due if m.ptk_id in unfit]
+            due = [m for m in due if m.ptk_id not in unfit]
             if not due:
                 continue
             if not blocks or held_records == 0:

@@ -1,11 +1,10 @@
 """Draw-and-Discard test helpers: a ledger with principals, a server on 127.0.0.1."""
-import contextlib
 import dataclasses
-import threading
-import time
 
 from sage_tfx.dnd import ClientConfig, GLMSpec
 from sage_tfx.ledger import BlockSpec, open_ledger
+
+from live_http import serving  # noqa: F401 - the D&D tests' server, re-exported
 
 STREAM = "clients"
 GRANULARITY = "hash:client_id:4:dnd"
@@ -50,26 +49,6 @@ def make_ledger(url: str, *, clients=("alice", "bob"), epsilon_g: float = 2000.0
 
 def bearer(token: str) -> dict:
     return {"authorization": f"Bearer {token}"}
-
-
-@contextlib.contextmanager
-def serving(app):
-    """Runs ``app`` on uvicorn in a thread on 127.0.0.1 (an ephemeral port)."""
-    import uvicorn
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
-                                           access_log=False, timeout_keep_alive=75))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    for _ in range(500):
-        if server.started:
-            break
-        time.sleep(0.02)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
 
 
 def tiny_served(p: Principals):

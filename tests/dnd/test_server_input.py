@@ -131,6 +131,34 @@ def test_an_oversized_body_is_refused_before_it_is_read(served):
     assert sent[0]["status"] == 413
 
 
+def test_authentication_comes_before_the_body_and_big_bodies_are_413_chunked_too(served):
+    """uvicorn on 127.0.0.1 (the PTK store's fix, through the same services code): a bad body
+    without a token is a 401, in the wrong role a 403; an oversized body is a 413 with a
+    Content-Length and chunked alike; the ticket and the run are untouched."""
+    import httpx
+
+    from live_http import post_chunked, serving
+    p, service, app = served
+    c, alice, t, before = _drawn(served)
+    path = f"/v1/discard/{t['ticket']}"
+    kinds = ("application/json", BINARY, "application/x-sage-dnd-update")
+    with serving(app) as base:
+        h = httpx.Client(base_url=base, timeout=60)
+        for kind in kinds:
+            for body in (b'{"weights": [', b"\x00" * 5, b""):
+                for token, status in ((None, 401), ("sage_nope", 401), (p.pipeline, 403),
+                                      (p.client("alice"), 422)):
+                    headers = {"content-type": kind, **(bearer(token) if token else {})}
+                    r = h.post(path, content=body, headers=headers)
+                    assert r.status_code == status, (kind, body, token, r.status_code)
+            big = b"\x00" * (2 * max_body_bytes(SPEC.dim))
+            assert post_chunked(base, path, big, {"content-type": kind}) == 401
+            assert post_chunked(base, path, big, {"content-type": kind, **alice}) == 413
+            assert h.post(path, content=big, headers={"content-type": kind, **alice}
+                          ).status_code == 413
+    assert _same(_state(service), before)
+
+
 def test_the_openapi_schema_is_typed(served):
     p, _, app = served
     c = TestClient(app)

@@ -108,3 +108,106 @@ def test_disable_rotate_and_env_tokens(ledger_url, monkeypatch, tmp_path):
     kinds = [e.kind for e in root.audit_log()]
     assert "principal_rotate" in kinds and "principal_disable" in kinds
     assert root.verify_audit().ok
+
+
+def test_a_new_sqlite_ledger_file_is_private(tmp_path):
+    """0600 whatever the umask (it was 0644): the file holds wrapped block keys and token
+    digests, and whoever may write it may rewrite the ledger. Its WAL, shared memory and lock
+    files too; the PTK lake creates the same file the same way."""
+    import os
+    import stat
+
+    from sage_tfx.ptk.lake import Lake
+    old = os.umask(0)
+    try:
+        led = open_ledger(f"sqlite:///{tmp_path}/a/ledger.db")
+        led.create_stream("s", epsilon_g=1.0, delta_g=1e-6)
+        Lake(f"sqlite:///{tmp_path}/b/ledger.db").close()
+    finally:
+        os.umask(old)
+    files = [tmp_path / "a" / n for n in ("ledger.db", "ledger.db-wal", "ledger.db-shm",
+                                          "ledger.db.lock")] + [tmp_path / "b" / "ledger.db"]
+    assert {f.name: stat.S_IMODE(f.stat().st_mode) for f in files} == {
+        f.name: 0o600 for f in files}
+    led.close()
+
+
+def _raw(url: str, sql: str) -> None:
+    """Runs ``sql`` on the ledger's database outside the library (the file's writer on
+    SQLite, the owner's role on PostgreSQL)."""
+    if url.startswith("sqlite:///"):
+        import sqlite3
+        conn = sqlite3.connect(url[len("sqlite:///"):], isolation_level=None)
+    else:
+        import psycopg
+        conn = psycopg.connect(url, autocommit=True)
+    try:
+        conn.execute(sql)
+    finally:
+        conn.close()
+
+
+MINE = "sage_" + "m" * 43  # a token the editor knows
+EDITS = {
+    "a pipeline made admin":
+        "UPDATE principals SET roles = '[\"admin\", \"pipeline\"]' WHERE name = 'pa'",
+    "the admin's token digest replaced":
+        f"UPDATE principals SET token_sha256 = '{access.token_digest(MINE)}' WHERE name = 'root'",
+    "a disabled principal enabled": "UPDATE principals SET status = 'active' WHERE name = 'cl'",
+    "a principal added": "INSERT INTO principals VALUES ('evil', '[\"admin\"]', "
+                         f"'{access.token_digest(MINE)}', 'active', NULL, 't', 't')",
+    "a binding added": "INSERT INTO bindings VALUES ('pb', 's', 'team-a', 't')",
+    "a binding deleted": "DELETE FROM bindings WHERE principal = 'pa'",
+}
+
+
+@pytest.mark.parametrize("edit", list(EDITS))
+def test_verify_reports_principals_or_bindings_edited_outside_the_library(ledger_url, edit,
+                                                                          capsys):
+    """The audit chain stays intact under such an edit (what 'verify' used to report); the
+    access digests recorded with every change say otherwise, and a later change through the
+    library does not launder it."""
+    from sage_tfx import cli
+    tokens = _setup(ledger_url)
+    root = open_ledger(ledger_url, token=tokens["root"])
+    root.disable_principal("cl")
+    aud = open_ledger(ledger_url, token=tokens["aud"])
+    assert aud.check_access() == []
+    _raw(ledger_url, EDITS[edit])
+    (problem,) = aud.check_access()
+    assert "outside the library" in problem and aud.verify_audit().ok
+    capsys.readouterr()
+    assert cli.main(["--ledger", ledger_url, "--token", tokens["aud"], "verify"]) == 4
+    out = capsys.readouterr().out
+    assert "audit chain: OK" in out and "TAMPERED" in out
+    admin = open_ledger(ledger_url, token=MINE if "token" in edit else tokens["root"])
+    admin.bind("pb", "s", "team-b")   # the edit's author, now acting through the library
+    admin.seal_access()
+    assert any("between audit entries" in p for p in aud.check_access())
+
+
+def test_changes_through_the_library_keep_verify_clean_and_an_old_ledger_is_sealed(
+        tmp_path, monkeypatch, capsys):
+    from sage_tfx import cli
+    from sage_tfx.ledger.access import AccessMixin
+    url = f"sqlite:///{tmp_path}/l.db"
+    with monkeypatch.context() as m:   # a ledger from before digests were recorded
+        m.setattr(AccessMixin, "_audit_access",
+                  lambda self, stream, kind, payload, before: self._store.audit(stream, kind,
+                                                                               payload))
+        tokens = _setup(url)
+    aud = open_ledger(url, token=tokens["aud"])
+    (problem,) = aud.check_access()
+    assert "principal seal" in problem
+    assert cli.main(["--ledger", url, "--token", tokens["root"], "principal", "seal"]) == 0
+    assert aud.check_access() == []
+    root = open_ledger(url, token=tokens["root"])
+    root.rotate_token("pb")
+    root.bind("pb", "s", "team-b")
+    root.unbind("pa", "s", "team-a")
+    root.disable_principal("cl")
+    root.add_principal("late", ["auditor"])
+    assert aud.check_access() == []
+    capsys.readouterr()
+    assert cli.main(["--ledger", url, "--token", tokens["aud"], "verify"]) == 0
+    assert "principals and bindings: as recorded" in capsys.readouterr().out

@@ -366,3 +366,16 @@ def test_a_pipeline_roles_request_reads_use_indexes(postgres_url):
                 params).fetchone()[0]
             touched = _rows_touched(plan[0]["Plan"])
             assert touched and all(n <= 100 for _, _, n in touched), touched
+
+
+def test_an_auditor_role_checks_the_access_digest(ledger):
+    """It cannot read token digests, yet checks the digest over them (sage_access_rows): an
+    edit by the owner's role outside the library shows."""
+    url, tokens, roles, _ = ledger
+    with open_ledger(as_role(url, roles["auditor"])) as aud:
+        assert aud.check_access() == []
+        with psycopg.connect(url, autocommit=True) as owner:
+            owner.execute("UPDATE principals SET token_sha256 = md5(token_sha256) "
+                          "WHERE name = 'root'")
+        (problem,) = aud.check_access()
+        assert "outside the library" in problem

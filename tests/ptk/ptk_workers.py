@@ -90,11 +90,19 @@ def _die(*_a, **_kw):
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def advance_and_die(url, data_root, seed):
-    """Advances a window and is killed after the partition's charge, before its release."""
+def advance_and_die(url, data_root, seed, lease_ttl=2.0, elsewhere=False):
+    """Advances a window and is killed after the partition's charge, before its release,
+    holding the window lease. ``lease_ttl`` None: the store's own lease settings;
+    ``elsewhere``: like a process on another machine (its holder id names no process that a
+    contender could look for), so only its lease's heartbeat (2 s) tells it is gone."""
+    from sage_tfx.ledger import leases
     from sage_tfx.ptk import windows
     windows.release_value_once = _die
-    store = open_store(url, data_root, lease_ttl=2.0)
+    if elsewhere:
+        leases.process_identity = lambda pid=None: None
+    store = open_store(url, data_root, lease_ttl=lease_ttl)
+    if elsewhere:
+        store.windows.lease_heartbeat = 2.0
     store.advance_window(window(10000, seed), user_key="user")
 
 

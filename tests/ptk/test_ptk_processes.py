@@ -2,6 +2,7 @@
 and its release: no admitted PTK lost, no window trained twice, every charge released once, a
 crashed charge finished by the next process from its recorded grant."""
 import multiprocessing as mp
+import os
 
 import pytest
 
@@ -99,6 +100,43 @@ def test_a_partition_killed_between_charge_and_release_is_released_by_the_next_p
     assert all(b.epsilon_spent == spent[b.block_id]
                for b in store.ledger.blocks("ptk") if b.block_id.startswith("w000001"))
     workers.released_everything(store)
+
+
+def _killed_holder_is_taken_over(store, url, tmp_path, wait, elsewhere=False):
+    """A process killed while it holds the window lease (after a partition's charge, before
+    its release); then this process advances within ``wait`` seconds: the crashed charge is
+    released once from its grant, never charged again, and everything else released once."""
+    store.advance_window(window(20000, 0), user_key="user")
+    pid = store.register_ptk(HS, config=HS_CONFIG, tau=0.2, menu=[(0.5, 1000)])
+    assert run_one(workers.advance_and_die, url, str(tmp_path / "dead"), 1, None, elsewhere) == -9
+    (g,) = [g for g in store.ledger.grants("ptk") if g.run_id.startswith("ptk.w1.")]
+    assert store.ledger.releases(g.grant_id) == []
+    (held,) = store.lake.db.q("SELECT holder FROM leases WHERE name = 'ptk/ptk/windows'"
+                              ).fetchall()   # never given up: the holder was killed
+    assert f":{os.getpid()}:" not in held[0]
+    store.windows.lease_wait = wait
+    store.advance_window(window(20000, 2), user_key="user")
+    assert [v.window_index for v in store.lake.versions(pid)] == [1, 2]
+    assert store.lineage(pid, 1).grant_id == g.grant_id
+    assert [x for x in store.ledger.grants("ptk") if x.run_id.startswith("ptk.w1.")] == [g]
+    (rel,) = store.ledger.releases(g.grant_id)
+    assert rel.name == f"ptk/train/{pid}/w1"
+    workers.released_everything(store)
+
+
+def test_a_window_lease_of_a_killed_process_on_this_machine_is_taken_over_at_once(
+        make_store, url, tmp_path):
+    """Its holder's process is gone: the next advance takes the lease on its first attempt
+    (no wait at all), not after the lease's 300 s."""
+    _killed_holder_is_taken_over(make_store(url=url), url, tmp_path, wait=0)
+
+
+def test_a_window_lease_of_a_killed_process_elsewhere_lapses_with_its_heartbeat(
+        make_store, tmp_path):
+    """A holder this machine cannot look for (another host or container): its lease lapses
+    when its heartbeat stops (2 s here, 15 s by default), far inside the 120 s this waits."""
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    _killed_holder_is_taken_over(make_store(url=url), url, tmp_path, wait=120, elsewhere=True)
 
 
 def test_a_profile_killed_between_charge_and_release_is_finished(make_store, tmp_path):

@@ -201,6 +201,10 @@ def test_bad_input_is_a_4xx_and_changes_nothing(served):
         "a config the kernel refuses": dict(ok, config={"key": "city"}),
         "a config with the wrong types": dict(ok, config=dict(HS_CONFIG, lower="low")),
         "an unknown type": dict(ok, ptk_type="nope"),
+        "a config naming a column the windows lack": menu(0.5, 100) | {
+            "config": dict(HS_CONFIG, key="nonexistent")},
+        "bounds with an infinite noise scale": menu(0.5, 100) | {
+            "config": dict(HS_CONFIG, lower=-1e308, upper=1e308)},
     }
     for what, text in raw.items():
         r = client.post("/ptks", content=text, headers={"content-type": "application/json"})
@@ -326,3 +330,81 @@ def test_kek_rotation_rewraps_open_window_keys(make_store, tmp_path, monkeypatch
         keys.DataKey.unwrap(kek, old_wrapped.encode(),
                             keys.aad_for("ptk", store.windows.files.stream,
                                                                     "w000000"))
+
+
+def test_authentication_comes_before_the_body_and_big_bodies_are_413_chunked_too(
+        make_store, tmp_path, monkeypatch):
+    """uvicorn on 127.0.0.1: a malformed body without a token is a 401 (it was a 422: FastAPI
+    parsed typed bodies before the auth dependency), in the wrong role a 403; an oversized
+    chunked body is a 413 (it was a 400), as with Content-Length; nothing changes."""
+    import httpx
+
+    from live_http import post_chunked, serving
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    with open_ledger(url) as led:
+        root = led.add_principal("root", ["admin"])
+    monkeypatch.setenv("SAGE_LEDGER_TOKEN", root)
+    store = make_store(url=url)
+    with open_ledger(url, token=root) as led:
+        pipe, cli = led.add_principal("pipe", ["pipeline"]), led.add_principal("cli", ["client"])
+        led.bind("pipe", store.cfg.stream, "default")
+    store.advance_window(window(5000, 0), user_key="user")
+    pid = store.register_ptk(HS, config=HS_CONFIG, tau=0.2, menu=[(0.5, 1000)])
+    app = create_app(store, auth=services.Authenticator(url, token=root, cache_seconds=0),
+                     max_body=4096, max_window_body=64 * 1024)
+    routes = [("post", "/ptks"), ("put", f"/ptks/{pid}/config"), ("put", f"/ptks/{pid}/tau"),
+              ("post", f"/ptks/{pid}/subscriptions"), ("post", "/windows")]
+
+    def h(token=None):
+        return {"Content-Type": "application/json",
+                **({"Authorization": f"Bearer {token}"} if token else {})}
+
+    before = snapshot(store)
+    with serving(app) as base:
+        c = httpx.Client(base_url=base, timeout=60)
+        for method, path in routes:
+            for body in (b'{"tau": ', b'{"unknown": [1, 2]}', b"null"):
+                for token, status in ((None, 401), ("sage_nope", 401), (cli, 403),
+                                      (pipe, 422)):
+                    r = c.request(method, path, content=body, headers=h(token))
+                    assert r.status_code == status, (path, body, token, r.status_code, r.text)
+            limit = 64 * 1024 if path == "/windows" else 4096
+            big = b'{"tau": 0.2, "name": "' + b"x" * (2 * limit) + b'"}'
+            verb = method.upper()
+            assert post_chunked(base, path, big, h(), method=verb) == 401, path
+            assert post_chunked(base, path, big, h(pipe), method=verb) == 413, path
+            assert c.request(method, path, content=big, headers=h(pipe)).status_code == 413
+    assert snapshot(store) == before
+
+
+def test_openapi_documents_every_answer(served):
+    """Every route: 401, 403, 413; those with a body 422 (and their body, from components);
+    a PTK id 404; the store's refusals 400 and REJECT 409."""
+    client, _ = served
+    spec = client.get("/openapi.json").json()
+    need = {("post", "/ptks"): {"400", "409", "422"},
+            ("delete", "/ptks/{ptk_id}"): {"404", "409"},
+            ("put", "/ptks/{ptk_id}/config"): {"400", "404", "409", "422"},
+            ("put", "/ptks/{ptk_id}/tau"): {"400", "404", "409", "422"},
+            ("post", "/ptks/{ptk_id}/subscriptions"): {"400", "404", "422"},
+            ("post", "/ptks/{ptk_id}/notify"): {"404"},
+            ("get", "/ptks/{ptk_id}"): {"404"}, ("get", "/ptks/{ptk_id}/lineage"): {"404"},
+            ("post", "/windows"): {"400", "422", "503"},
+            ("get", "/plan"): set(), ("get", "/ptk-types"): set(), ("get", "/health"): set()}
+    seen = {(m, p) for p, ops in spec["paths"].items() for m in ops}
+    assert seen == set(need)
+    bodies = {("post", "/ptks"): "RegisterRequest", ("put", "/ptks/{ptk_id}/config"):
+              "ConfigUpdate", ("put", "/ptks/{ptk_id}/tau"): "TauUpdate",
+              ("post", "/ptks/{ptk_id}/subscriptions"): "Subscription",
+              ("post", "/windows"): "Window"}
+    for (method, path), codes in need.items():
+        op = spec["paths"][path][method]
+        assert {"401", "403", "413"} | codes <= set(op["responses"]), (method, path)
+        if (method, path) in bodies:
+            ref = op["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+            assert ref == f"#/components/schemas/{bodies[method, path]}"
+            assert op["requestBody"]["required"]
+        else:
+            assert "requestBody" not in op, (method, path)
+    reject = spec["paths"]["/ptks"]["post"]["responses"]["409"]
+    assert "reject" in reject["content"]["application/json"]["schema"]["properties"]

@@ -280,3 +280,62 @@ def test_a_lake_from_before_the_type_registry_migrates_without_importing(tmp_pat
         assert lake.ptk("ptk-evil").ptk_type is None and calls == []
     finally:
         lake.close()
+
+
+NEVER_TRAINS = {  # configs that can never train on these windows (issue: both were a 201)
+    "a column the windows lack": dict(HS_CONFIG, key="nonexistent"),
+    "bounds whose noise scale is infinite": dict(HS_CONFIG, lower=-1e308, upper=1e308),
+}
+
+
+@pytest.mark.parametrize("what", list(NEVER_TRAINS))
+def test_a_config_that_can_never_train_is_refused_at_registration(make_store, what):
+    """Checked against the store's columns (the newest window's) at every menu epsilon, before
+    the profiler charges anything: a clear error and nothing changed."""
+    store = make_store()
+    store.advance_window(window(20000, 0), user_key="user")
+    good = register_hist(store)   # profiled: its config may be updated
+    before = snapshot(store)
+    bad = NEVER_TRAINS[what]
+    for call in (lambda: register_hist(store, config=bad, menu=[(0.25, 700)]),
+                 lambda: register_hist(store, config=bad),   # profiled: would charge first
+                 lambda: store.update_ptk_config(good, bad)):
+        with pytest.raises(InvalidRequestError, match="cannot train on the store's columns"):
+            call()
+    assert snapshot(store) == before
+    out = store.advance_window(window(20000, 1), user_key="user")
+    assert [t.ptk_id for t in out.trained if t.trained] == [good]
+
+
+def test_a_noise_scale_that_overflows_only_at_a_small_epsilon_is_refused(make_store):
+    store = make_store()
+    store.advance_window(window(20000, 0), user_key="user")
+    wide = dict(HS_CONFIG, lower=-1e307, upper=1e307)   # (upper - lower) / eps: inf below 0.11
+    assert isinstance(register_hist(store, config=wide, menu=[(1.0, 800)]), str)
+    with pytest.raises(InvalidRequestError, match="at epsilon=0.05: .*noise scale"):
+        register_hist(store, config=wide, menu=[(1.0, 800), (0.05, 900)])
+
+
+def test_one_ptk_that_cannot_train_never_stops_the_others(make_store):
+    """PTKs registered before the store had columns (or in a lake from before registrations
+    were checked) that the windows do not fit: every window is still accepted, they are
+    skipped with the reason and not charged, the others train; a replay skips them again."""
+    import ptk_workers
+    store = make_store()
+    bad = {what: register_hist(store, config=cfg, menu=[(0.25, 700 + i)])
+           for i, (what, cfg) in enumerate(NEVER_TRAINS.items())}
+    good = register_hist(store, menu=[(0.25, 800)])
+    assert all(isinstance(p, str) for p in [good, *bad.values()])
+    for w in range(3):
+        out = store.advance_window(window(20000, w), user_key="user")
+        by = {t.ptk_id: t for t in out.trained}
+        assert by[good].version == w + 1
+        for pid in bad.values():
+            assert "do not fit" in by[pid].skipped and "not charged" in by[pid].skipped
+        charged = [g for g in store.ledger.grants("ptk") if g.run_id.startswith(f"ptk.w{w}.")]
+        assert sum(dec(g.epsilon) for g in charged) == dec(0.25)   # the good PTK's only
+    again = {t.ptk_id: t.skipped for t in store.windows.train(2)}
+    assert again[good] is None and all("do not fit" in again[p] for p in bad.values())
+    for pid in bad.values():
+        assert store.lake.version(pid) is None
+    ptk_workers.released_everything(store)
