@@ -16,6 +16,9 @@ which never imports the user's code. What the module's objects held — weights,
 * TF-op layers (``tf.squeeze(x)`` in a functional model) call one of :data:`TF_OPS`; their
   recorded arguments, like every configuration value, are scalars, short strings and short
   numeric lists (:data:`MAX_NUMERIC_LIST`);
+* nothing computes across the batch axis (a softmax, a reduction, a concatenation, a layer
+  norm or an indexing along axis 0, ``tf.reshape``): per-example clipping bounds an example's
+  influence only if each example's loss depends on its own row alone;
 * initializers, regularizers (weights only: an activity regularizer is a data-dependent loss
   term), constraints and activations are stock Keras ones (losses, optimizers and schedules:
   ``objectives.py``);
@@ -34,15 +37,12 @@ import copy
 import dataclasses
 import hashlib
 import json
-import math
 import re
 from typing import Any, Iterable, Optional
 
-from sage_tfx.errors import InvalidRequestError
-
-
-class ArchitectureError(InvalidRequestError):
-    """A model, loss or optimizer configuration the DP Trainer will not build."""
+from sage_tfx.components.dp_trainer.config_checks import (  # noqa: F401  (re-exported)
+    MAX_NUMERIC_LIST, ArchitectureError, check_object, check_plain, check_scalar, fail, is_ref,
+    numbers)
 
 
 # Stock Keras layers the trainer rebuilds (class name -> why it is listed / what it needs).
@@ -109,90 +109,8 @@ REFUSED_FEATURE_COLUMNS = {
     "VocabularyFileCategoricalColumn": "it reads a vocabulary file into the model: use the DP "
                                        "Transform's DP vocabulary and an identity column",
 }
-MAX_NUMERIC_LIST = 64     # shapes, axes, bucket boundaries; longer lists hold data, not settings
-MAX_STRING = 128
 MAX_LAYERS = 2000
-_STRING_RE = re.compile(r"^[\w.,:/\->\[\] ]*$")
 _FEATURE_RE = re.compile(r"^[A-Za-z0-9_.\-/]{1,128}$")
-
-
-def _fail(path: str, why: str) -> ArchitectureError:
-    return ArchitectureError(f"the model_fn's model at {path}: {why}")
-
-
-def _is_ref(value: Any) -> bool:
-    """A functional-config tensor reference: [layer name, node index, tensor index(, kwargs)]."""
-    return (isinstance(value, list) and len(value) in (3, 4) and isinstance(value[0], str)
-            and isinstance(value[1], int) and isinstance(value[2], int)
-            and (len(value) == 3 or isinstance(value[3], dict)))
-
-
-def _check_scalar(path: str, value: Any) -> None:
-    if value is None or isinstance(value, bool):
-        return
-    if isinstance(value, int):
-        return
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise _fail(path, f"non-finite number {value!r}")
-        return
-    if isinstance(value, str):
-        if len(value) > MAX_STRING or not _STRING_RE.match(value):
-            raise _fail(path, f"the string {value[:40]!r}… is not a setting (at most "
-                              f"{MAX_STRING} characters of letters, digits and ._,:/->[] )")
-        return
-    raise _fail(path, f"unexpected value of type {type(value).__name__}")
-
-
-def check_plain(path: str, value: Any) -> None:
-    """A configuration value made of scalars, short numeric lists and dicts of those."""
-    if isinstance(value, dict):
-        if "class_name" in value:
-            raise _fail(path, f"serialized object {value.get('class_name')!r} where a setting "
-                              "was expected")
-        for k, v in value.items():
-            if not isinstance(k, str):
-                raise _fail(path, "non-string key")
-            _check_scalar(f"{path}.{k}", k)
-            check_plain(f"{path}.{k}", v)
-        return
-    if isinstance(value, (list, tuple)):
-        flat = list(_flatten(value))
-        if sum(1 for v in flat if isinstance(v, (int, float)) and not isinstance(v, bool)) \
-                > MAX_NUMERIC_LIST:
-            raise _fail(path, f"a list of more than {MAX_NUMERIC_LIST} numbers is data, not a "
-                              "setting: constants computed from data belong in the DP Transform")
-        for i, v in enumerate(value):
-            check_plain(f"{path}[{i}]", v)
-        return
-    _check_scalar(path, value)
-
-
-def _flatten(value: Any) -> Iterable[Any]:
-    if isinstance(value, (list, tuple)):
-        for v in value:
-            yield from _flatten(v)
-    else:
-        yield value
-
-
-def check_object(path: str, value: Any, allowed: frozenset, what: str) -> None:
-    """A serialized Keras object ({class_name, config}) of an allowed stock class, or None."""
-    if value is None:
-        return
-    if not isinstance(value, dict) or not isinstance(value.get("class_name"), str):
-        raise _fail(path, f"expected a serialized {what}, got {value!r}")
-    name = value["class_name"]
-    if name not in allowed or value.get("registered_name") not in (None, name):
-        raise _fail(path, f"{what} {value.get('registered_name') or name!r} is not a stock Keras "
-                          f"{what} (allowed: {sorted(allowed)})")
-    config = value.get("config") or {}
-    if name == "Constant":
-        v = config.get("value")
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise _fail(path, "a Constant initializer may hold one number, not an array")
-    for k, v in config.items():
-        check_plain(f"{path}.{k}", v)
 
 
 def _check_activation(path: str, value: Any) -> None:
@@ -201,33 +119,33 @@ def _check_activation(path: str, value: Any) -> None:
     name = value.get("config") if isinstance(value, dict) and value.get(
         "class_name") == "function" else value
     if not isinstance(name, str) or name not in ACTIVATIONS:
-        raise _fail(path, f"activation {name!r} is not a stock Keras activation "
+        raise fail(path, f"activation {name!r} is not a stock Keras activation "
                           f"(allowed: {sorted(ACTIVATIONS)})")
 
 
 def _check_feature_columns(path: str, columns: Any, inputs: set) -> None:
     if not isinstance(columns, list):
-        raise _fail(path, "feature_columns must be a list")
+        raise fail(path, "feature_columns must be a list")
     for i, col in enumerate(columns):
         _check_feature_column(f"{path}[{i}]", col, inputs)
 
 
 def _check_feature_column(path: str, col: Any, inputs: set) -> None:
     if not isinstance(col, dict) or not isinstance(col.get("class_name"), str):
-        raise _fail(path, f"expected a serialized feature column, got {col!r}")
+        raise fail(path, f"expected a serialized feature column, got {col!r}")
     name = col["class_name"]
     if name in REFUSED_FEATURE_COLUMNS:
-        raise _fail(path, f"{name}: {REFUSED_FEATURE_COLUMNS[name]}")
+        raise fail(path, f"{name}: {REFUSED_FEATURE_COLUMNS[name]}")
     if name not in FEATURE_COLUMNS:
-        raise _fail(path, f"feature column {name!r} is not allowed (allowed: "
+        raise fail(path, f"feature column {name!r} is not allowed (allowed: "
                           f"{sorted(FEATURE_COLUMNS)})")
     config = dict(col.get("config") or {})
     if name == "NumericColumn" and config.get("normalizer_fn") is not None:
-        raise _fail(path, "a numeric column's normalizer_fn is code; normalize in the DP "
+        raise fail(path, "a numeric column's normalizer_fn is code; normalize in the DP "
                           "Transform")
     if name == "EmbeddingColumn" and (config.get("ckpt_to_load_from")
                                       or config.get("tensor_name_in_ckpt")):
-        raise _fail(path, "an embedding column may not load weights from a checkpoint: every "
+        raise fail(path, "an embedding column may not load weights from a checkpoint: every "
                           "weight of the published model comes from DP training")
     for key, value in config.items():
         sub = f"{path}.{key}"
@@ -244,47 +162,36 @@ def _check_feature_column(path: str, col: Any, inputs: set) -> None:
         elif key == "initializer":
             check_object(sub, value, INITIALIZERS, "initializer")
         elif key == "dtype":
-            _check_scalar(sub, value)
+            check_scalar(sub, value)
         else:
             check_plain(sub, value)
 
 
 def _check_input_key(path: str, key: Any, inputs: set) -> None:
     if not isinstance(key, str) or key not in inputs:
-        raise _fail(path, f"feature column key {key!r} is not one of the model's inputs "
+        raise fail(path, f"feature column key {key!r} is not one of the model's inputs "
                           f"{sorted(inputs)}")
-
-
-def _numbers(value: Any) -> int:
-    """How many numbers a call argument holds (tensor references' indices not counted)."""
-    if _is_ref(value):
-        return _numbers(value[3]) if len(value) == 4 else 0
-    if isinstance(value, dict):
-        return sum(_numbers(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return sum(_numbers(v) for v in value)
-    return int(isinstance(value, (int, float)) and not isinstance(value, bool))
 
 
 def _check_kwargs(path: str, value: Any) -> None:
     """A TF-op layer's recorded call arguments: tensor references, scalars, short lists."""
-    if _is_ref(value):
+    if is_ref(value):
         if len(value) == 4:
             _check_kwargs(f"{path}.kwargs", value[3])
         return
     if isinstance(value, dict):
         for k, v in value.items():
-            _check_scalar(f"{path}.{k}", k)
+            check_scalar(f"{path}.{k}", k)
             _check_kwargs(f"{path}.{k}", v)
         return
     if isinstance(value, list):
-        if _numbers(value) > MAX_NUMERIC_LIST:
-            raise _fail(path, f"a call argument with more than {MAX_NUMERIC_LIST} numbers is a "
+        if numbers(value) > MAX_NUMERIC_LIST:
+            raise fail(path, f"a call argument with more than {MAX_NUMERIC_LIST} numbers is a "
                               "constant array, not a setting")
         for i, v in enumerate(value):
             _check_kwargs(f"{path}[{i}]", v)
         return
-    _check_scalar(path, value)
+    check_scalar(path, value)
 
 
 def _check_layer_config(path: str, class_name: str, config: dict, inputs: set) -> None:
@@ -292,7 +199,7 @@ def _check_layer_config(path: str, class_name: str, config: dict, inputs: set) -
         sub = f"{path}.{key}"
         if key == "activity_regularizer":
             if value is not None:
-                raise _fail(sub, "an activity regularizer is a loss term computed from the "
+                raise fail(sub, "an activity regularizer is a loss term computed from the "
                                  "data, which DP-SGD would add unclipped")
         elif key.endswith("_initializer"):
             check_object(sub, value, INITIALIZERS, "initializer")
@@ -306,29 +213,135 @@ def _check_layer_config(path: str, class_name: str, config: dict, inputs: set) -
             _check_feature_columns(sub, value, inputs)
         elif key == "function" and class_name in ("TFOpLambda", "SlicingOpLambda"):
             if value not in TF_OPS:
-                raise _fail(sub, f"tf.{value} is not one of the tf functions a model may call "
+                raise fail(sub, f"tf.{value} is not one of the tf functions a model may call "
                                  f"({sorted(TF_OPS)})")
         elif key == "layers" and class_name in MODELS:
-            raise _fail(sub, "nested model configuration in an unexpected place")
+            raise fail(sub, "nested model configuration in an unexpected place")
         else:
             check_plain(sub, value)
 
 
+# Per-example clipping bounds an example's influence only if its loss depends on its own row:
+# a layer or op computing across the batch axis (0) would let one example move every other
+# example's gradient. The checks below resolve each axis argument against the input's rank
+# (the layer's recorded build_config) and refuse axis 0, an all-axes reduction, or an op that
+# moves the batch axis.
+_AXIS_LAYERS = {"Concatenate": ("axis",), "Softmax": ("axis",), "LayerNormalization": ("axis",),
+                "Dot": ("axes",), "MultiHeadAttention": ("attention_axes",)}
+_AXIS_OPS = {"math.reduce_sum", "math.reduce_mean", "math.reduce_max", "math.reduce_min",
+             "concat", "stack", "nn.softmax", "nn.l2_normalize", "one_hot", "squeeze",
+             "compat.v1.squeeze", "expand_dims"}
+_BATCH_MOVING_OPS = {"reshape"}   # use keras.layers.Reshape: its target shape excludes the batch
+
+
+def _ranks(layer: dict) -> list:
+    """The ranks of a layer's inputs, from its recorded build_config (empty if unknown)."""
+    shape = (layer.get("build_config") or {}).get("input_shape")
+
+    def rank(s: Any) -> Optional[int]:
+        if isinstance(s, list) and all(isinstance(d, (int, type(None))) for d in s):
+            return len(s)
+        return None
+    if rank(shape) is not None:
+        return [rank(shape)]
+    if isinstance(shape, list):
+        return [r for r in (rank(s) for s in shape) if r is not None]
+    if isinstance(shape, dict):
+        return [r for r in (rank(s) for s in shape.values()) if r is not None]
+    return []
+
+
+def _check_axes(path: str, what: str, axes: Any, ranks: list, *, inserts: bool = False) -> None:
+    """Refuses axes that are (or may be) the batch axis 0; None means every axis."""
+    if axes is None:
+        raise fail(path, f"{what} over every axis includes the batch axis: give the axis")
+    for axis in (axes if isinstance(axes, (list, tuple)) else [axes]):
+        if isinstance(axis, bool) or not isinstance(axis, int):
+            raise fail(path, f"{what}: axis {axis!r} is not an integer")
+        if axis >= 0:
+            if axis == 0:
+                raise fail(path, f"{what} along axis 0 mixes the examples of a batch")
+            continue
+        if not ranks:
+            raise fail(path, f"{what}: a negative axis with no recorded input shape (call the "
+                              "layer on a keras.Input before returning the model)")
+        for r in ranks:
+            if (axis + r + (1 if inserts else 0)) % (r + (1 if inserts else 0)) == 0:
+                raise fail(path, f"{what} along axis {axis} of a rank-{r} input is the batch "
+                                  "axis: it mixes the examples of a batch")
+
+
+def _node_kwargs(layer: dict) -> list:
+    """The call kwargs recorded in a TF-op layer's inbound nodes."""
+    out = []
+
+    def walk(v: Any) -> None:
+        if is_ref(v):
+            if len(v) == 4:
+                out.append(v[3])
+        elif isinstance(v, list):
+            for x in v:
+                walk(x)
+    walk(layer.get("inbound_nodes") or [])
+    return out
+
+
+def _check_batch_independence(path: str, layer: dict) -> None:
+    name, config = layer["class_name"], dict(layer.get("config") or {})
+    ranks = _ranks(layer)
+    for key in _AXIS_LAYERS.get(name, ()):
+        if key in config and not (key == "attention_axes" and config[key] is None):
+            _check_axes(f"{path}.{key}", name, config[key], ranks)
+    if name == "EinsumDense":
+        eq = str(config.get("equation", ""))
+        lhs, _, out = eq.partition("->")
+        first = lhs.split(",")[0]
+        if not (first.startswith("...") and out.startswith("...")
+                or first[:1] and first[:1] == out[:1] and first[:1] not in lhs.split(",")[1]):
+            raise fail(f"{path}.equation", f"EinsumDense {eq!r} must keep the batch letter "
+                                            "(the first of the input) first in its output")
+    if name not in ("TFOpLambda", "SlicingOpLambda"):
+        return
+    fn = config.get("function")
+    if fn in _BATCH_MOVING_OPS:
+        raise fail(path, f"tf.{fn} can merge or split the examples of a batch: use "
+                          "keras.layers.Reshape (its target shape excludes the batch axis)")
+    for kwargs in _node_kwargs(layer):
+        if fn in _AXIS_OPS:
+            default = {"concat": None, "stack": 0, "one_hot": -1, "expand_dims": None}.get(
+                fn, None)
+            axis = kwargs.get("axis", default)
+            if fn == "squeeze" or fn == "compat.v1.squeeze":
+                axis = kwargs.get("axis", kwargs.get("squeeze_dims"))
+            _check_axes(path, f"tf.{fn}", axis, ranks,
+                        inserts=fn in ("stack", "expand_dims", "one_hot"))
+        if fn == "__operators__.getitem":
+            spec = kwargs.get("slice_spec")
+            first = spec[0] if isinstance(spec, list) and spec else spec
+            full = isinstance(first, dict) and all(first.get(k) is None
+                                                   for k in ("start", "stop", "step"))
+            if not (full or first == "..." or (isinstance(first, dict) and first.get(
+                    "class_name") == "__ellipsis__")):
+                raise fail(path, "indexing the batch axis (x[i], x[a:b]) mixes or drops the "
+                                  "examples of a batch: slice the other axes (x[:, i])")
+
+
 def _check_layer(path: str, layer: Any, inputs: set) -> None:
     if not isinstance(layer, dict) or not isinstance(layer.get("class_name"), str):
-        raise _fail(path, f"expected a serialized layer, got {str(layer)[:80]!r}")
+        raise fail(path, f"expected a serialized layer, got {str(layer)[:80]!r}")
     name = layer["class_name"]
     registered = layer.get("registered_name")
     if name in REFUSED_LAYERS:
-        raise _fail(path, f"{name}: {REFUSED_LAYERS[name]}")
+        raise fail(path, f"{name}: {REFUSED_LAYERS[name]}")
     if name in MODELS:
         _check_model_config(path, layer, inputs)
         return
     if name not in LAYERS or registered not in (None, name):
-        raise _fail(path, f"layer {registered or name!r} is not a stock Keras layer the DP "
+        raise fail(path, f"layer {registered or name!r} is not a stock Keras layer the DP "
                           "Trainer rebuilds (custom layers carry code and constants; allowed: "
                           f"{sorted(LAYERS)})")
     _check_layer_config(path, name, dict(layer.get("config") or {}), inputs)
+    _check_batch_independence(path, layer)
     if "inbound_nodes" in layer:
         _check_kwargs(f"{path}.inbound_nodes", layer["inbound_nodes"])
     if "build_config" in layer:
@@ -339,9 +352,9 @@ def _check_model_config(path: str, model: dict, inputs: set) -> None:
     config = model.get("config") or {}
     layers = config.get("layers")
     if not isinstance(layers, list) or not layers:
-        raise _fail(path, "a model configuration without layers")
+        raise fail(path, "a model configuration without layers")
     if len(layers) > MAX_LAYERS:
-        raise _fail(path, f"more than {MAX_LAYERS} layers")
+        raise fail(path, f"more than {MAX_LAYERS} layers")
     for i, layer in enumerate(layers):
         kind = layer.get("class_name") if isinstance(layer, dict) else "?"
         _check_layer(f"{path}.layers[{i}]({kind})", layer, inputs)
@@ -369,7 +382,7 @@ def _rename(model: dict) -> None:
             _rename(layer)
 
     def walk(value: Any) -> Any:
-        if _is_ref(value) and value[0] in mapping:
+        if is_ref(value) and value[0] in mapping:
             return [mapping[value[0]], *[walk(v) for v in value[1:]]]
         if isinstance(value, list):
             return [walk(v) for v in value]

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from sage_tfx.components.dp_trainer.architecture import (ArchitectureError, check_object,
-                                                         check_plain)
+from sage_tfx.components.dp_trainer.config_checks import (ArchitectureError, check_object,
+                                                          check_plain)
 
 LOSSES = {
     # Keras loss class -> names a compiled model may carry as a string.

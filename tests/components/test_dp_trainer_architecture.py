@@ -122,6 +122,31 @@ def test_architectures_that_carry_data_or_break_clipping_are_refused(tf, name, b
     _refused(tf, build, match)
 
 
+def _rank1(tf, op):
+    inp = _inputs(tf)
+    return tf.keras.Model(inp, tf.keras.layers.Dense(1)(tf.stack(
+        [op(inp["a"]), tf.cast(inp["c"], tf.float32)], axis=1)))
+
+
+@pytest.mark.parametrize("name, build, match", [
+    ("a softmax over the batch",
+     lambda tf: _dense_after(tf, tf.keras.layers.Softmax(axis=0)), "axis 0 mixes"),
+    ("a batch mean", lambda tf: _rank1(tf, lambda x: x - tf.reduce_mean(x)),
+     "every axis includes the batch"),
+    ("a reduction along axis 0", lambda tf: _rank1(tf, lambda x: x * tf.reduce_sum(x, axis=0)),
+     "axis 0 mixes"),
+    ("another example's value", lambda tf: _rank1(tf, lambda x: x + x[0]), "indexing the batch"),
+    ("a reshape across examples",
+     lambda tf: _dense_after(tf, lambda x: tf.reshape(x, [-1, 4])), "tf.reshape can merge"),
+    ("a concatenation of examples",
+     lambda tf: _dense_after(tf, lambda x: tf.keras.layers.Concatenate(axis=0)([x, x])),
+     "axis 0 mixes"),
+])
+def test_layers_that_mix_the_examples_of_a_batch_are_refused(tf, name, build, match):
+    """One example's gradient must depend on its own row only, or clipping bounds nothing."""
+    _refused(tf, build, match)
+
+
 def test_custom_layers_and_registered_classes_are_refused(tf):
     @tf.keras.utils.register_keras_serializable(package="Evil", name="Dense")
     class Shadow(tf.keras.layers.Layer):
