@@ -140,6 +140,7 @@ def _cmd_keys(led, a) -> int:
         return 0
     if a.action == "rotate":
         # The systems whose tables hold KEK-wrapped keys register how to re-wrap them.
+        import sage_tfx.bagging.cache  # noqa: F401
         import sage_tfx.ptk.windowfiles  # noqa: F401
         import sage_tfx.pyramid.hot  # noqa: F401
         r = blockkeys.rotate_kek(led, keys.provider(a.key_provider), destroy=not a.keep_previous)

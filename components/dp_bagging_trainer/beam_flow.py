@@ -12,20 +12,26 @@ library path at N = 4,000, k = 80). A partition trains exactly as
 
 Teachers are written to a private scratch directory (never into an output artifact) so the
 driver can cache them per window; the count matrix is the only thing the noisy argmax sees.
+Everything written there (teachers, the privacy units, the vote counts: all private) is
+encrypted (``sage_tfx.bagging.encrypted``) with a data key of this run, which the steps receive
+wrapped by the KEK (``$SAGE_KEY_PROVIDER``; a worker never makes a KEK of its own) and the
+driver keeps in memory only; nothing is unpickled before it authenticates.
 Chunks without rows get the library's default teacher (all-zero weights / constant class 0),
 exactly as ``sage_tfx.bagging.teachers.train_teachers`` does.
 """
 from __future__ import annotations
 
+import functools
 import os
-import pickle
 from typing import Optional, Sequence
 
 import apache_beam as beam
 import numpy as np
 
+from sage_tfx.bagging import encrypted
 from sage_tfx.bagging.partition import chunk_assignment
 from sage_tfx.bagging.teachers import TeacherEnsemble, train_teachers
+from sage_tfx.ledger import keys
 
 __all__ = ["parse_examples", "run_teacher_flow"]
 
@@ -95,9 +101,21 @@ def _votes(item, X_vote, n_classes):
     return counts
 
 
-def _save(obj, path):
-    with open(path, "wb") as f:
-        pickle.dump(obj, f)
+_KEY_AAD = keys.aad_for("bagging-scratch", "run-key")
+
+
+def _file_aad(name: str) -> bytes:
+    return keys.aad_for("bagging-scratch", name)
+
+
+@functools.lru_cache(maxsize=8)
+def _scratch_key(wrapped: bytes) -> keys.DataKey:
+    """The run's scratch key, unwrapped once per worker process with the platform's KEK."""
+    return keys.DataKey.unwrap(keys.provider(create=False), wrapped, _KEY_AAD)
+
+
+def _save(obj, path, wrapped):
+    encrypted.write_object(path, obj, _scratch_key(wrapped), _file_aad(os.path.basename(path)))
 
 
 def run_teacher_flow(files: Sequence[str], *, read_records, feature_keys, label_key, unit_key,
@@ -109,6 +127,8 @@ def run_teacher_flow(files: Sequence[str], *, read_records, feature_keys, label_
     X_vote = None if X_vote is None else np.asarray(X_vote, dtype=np.float64)
 
     os.makedirs(scratch, mode=0o700, exist_ok=True)
+    run_key = keys.DataKey.new()
+    wrapped = run_key.wrap(keys.provider(), _KEY_AAD)
     with beam.Pipeline(options=beam_options) as p:
         rows = (p | "Files" >> beam.Create(list(files)) | "Reshuffle" >> beam.Reshuffle()
                 | "Read" >> beam.FlatMap(read_records)
@@ -120,25 +140,24 @@ def run_teacher_flow(files: Sequence[str], *, read_records, feature_keys, label_
                         _train_partition, beam.pvalue.AsSingleton(packed), n=n, kind=kind,
                         l2=l2, n_classes=n_classes, max_depth=max_depth))
         _ = (teachers | "AllTeachers" >> beam.combiners.ToList()
-             | "SaveTeachers" >> beam.Map(_save, os.path.join(scratch, "teachers.pkl")))
+             | "SaveTeachers" >> beam.Map(_save, os.path.join(scratch, "teachers.tink"), wrapped))
         _ = (rows | "Units" >> beam.Map(lambda r: r[0]) | "Distinct" >> beam.Distinct()
              | "UnitList" >> beam.combiners.ToList()
-             | "SaveUnits" >> beam.Map(_save, os.path.join(scratch, "units.pkl")))
+             | "SaveUnits" >> beam.Map(_save, os.path.join(scratch, "units.tink"), wrapped))
         if X_vote is not None and len(X_vote):
             _ = (teachers | "Votes" >> beam.Map(_votes, X_vote, n_classes)
                  | "CountMatrix" >> beam.CombineGlobally(
                      lambda cs: sum(cs, np.zeros((len(X_vote), n_classes), np.int64)))
-                 | "SaveCounts" >> beam.Map(_save, os.path.join(scratch, "counts.pkl")))
+                 | "SaveCounts" >> beam.Map(_save, os.path.join(scratch, "counts.tink"), wrapped))
 
     def load(name, default=None):
         path = os.path.join(scratch, name)
         if not os.path.exists(path):
             return default
-        with open(path, "rb") as f:
-            return pickle.load(f)
+        return encrypted.read_object(path, run_key, _file_aad(name))
 
-    trained = dict(load("teachers.pkl", []))
-    units = load("units.pkl", [])
+    trained = dict(load("teachers.tink", []))
+    units = load("units.tink", [])
     if kind == "logistic":
         coef = np.zeros((k, n, d + 1))
         for (i, j), w in trained.items():
@@ -147,5 +166,5 @@ def run_teacher_flow(files: Sequence[str], *, read_records, feature_keys, label_
     else:
         trees = tuple(trained.get((i, j), 0) for i in range(k) for j in range(n))
         ensemble = TeacherEnsemble("tree", k, n, n_classes, d, trees=trees)
-    counts = load("counts.pkl")
+    counts = load("counts.tink")
     return ensemble, (None if counts is None else np.asarray(counts, dtype=np.int32)), units

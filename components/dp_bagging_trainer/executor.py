@@ -233,7 +233,7 @@ class Executor(base_beam_executor.BaseBeamExecutor):
             files = _files(private, exec_properties.get(spec.SPLIT_KEY))
             salt = (
                 exec_properties.get(spec.SALT_KEY) or f"sage-tfx-bagging:{grant.stream}").encode()
-            cache = (TeacherCache(exec_properties.get(spec.CACHE_DIR_KEY))
+            cache = (TeacherCache(exec_properties.get(spec.CACHE_DIR_KEY), ledger=ledger)
                      if exec_properties.get(spec.CACHE_DIR_KEY) else None)
             blocks = sorted(b.block_id for b in grant.blocks)
             settings = {"l2": config.l2, "keys": keys}
@@ -249,7 +249,7 @@ class Executor(base_beam_executor.BaseBeamExecutor):
 
             def label(start, stop):
                 return self._label(config, plan, files, keys, exec_properties, mean, std, salt,
-                                   X_pub[start:stop], cache, key)
+                                   X_pub[start:stop], cache, key, (grant.stream, blocks))
 
             def produce_into(staging):
                 claim_part(ledger, grant.grant_id, part, COMPONENT)
@@ -297,7 +297,8 @@ class Executor(base_beam_executor.BaseBeamExecutor):
         from apache_beam.options.pipeline_options import PipelineOptions
         return PipelineOptions(list(getattr(self, "_beam_pipeline_args", []) or []))
 
-    def _label(self, config, plan, files, keys, props, mean, std, salt, pool, cache, key):
+    def _label(self, config, plan, files, keys, props, mean, std, salt, pool, cache, key,
+               window):
         from sage_tfx.components.dp_bagging_trainer.beam_flow import run_teacher_flow
 
         scratch = tempfile.mkdtemp(prefix="dp-bagging-")
@@ -319,7 +320,7 @@ class Executor(base_beam_executor.BaseBeamExecutor):
                                               f"{len(units)} privacy units in the window")
                 return {"ensemble": ens, "units": sorted(units, key=str)}
 
-            entry = cache.get_or_train(key, train) if cache else train()
+            entry = cache.get_or_train(key, train, window=window) if cache else train()
             ensemble, units_all = entry["ensemble"], entry["units"]
             if plan.formally_dp:
                 if counts is None:      # cached teachers: votes in the driver

@@ -4,8 +4,9 @@ k keyed-hash partitions of the privacy units into n chunks (``partition``), one 
 (``teachers``), noisy plurality labels of public points and a student (``labelling``), the two
 accountants (``accounting``: formally DP ``fixed_queries`` and the paper's personalised moments
 accountant, reproduction only, behind an explicit non-DP opt-in), teachers cached per window
-(``cache``), purchases released once with the public cursor in the ledger (``purchase``). No
-TensorFlow at import.
+(``cache``: encrypted at rest with a per-window key wrapped in the ledger's database,
+``encrypted``: authenticated before unpickling, shredded when the window retires), purchases
+released once with the public cursor in the ledger (``purchase``). No TensorFlow at import.
 The paper reproduction is ``sage_tfx.bagging.eval``.
 """
 from sage_tfx.bagging.accounting import (PersonalisedMomentsAccountant, epsilon_of, max_queries,

@@ -225,7 +225,8 @@ def fit_dp_bagging(X: np.ndarray, y: np.ndarray, units: Sequence, X_public: np.n
 
         if cache is not None:
             before = cache.trained
-            ensemble = cache.get_or_train(key, train)
+            ensemble = cache.get_or_train(
+                key, train, window=(str(window.get("stream")), window.get("blocks", [])))
             cached = cache.trained == before
         else:
             ensemble = train()

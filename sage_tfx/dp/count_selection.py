@@ -38,7 +38,7 @@ from sage_tfx.ledger.accounting import check_epsilon
 
 __all__ = ["quantile_candidates", "quantile_d_in", "quantile_epsilon", "private_count_quantile",
            "mi_score", "mi_score_sensitivity",
-           "private_top_k"]
+           "top_k_scale", "private_top_k"]
 
 
 
@@ -148,6 +148,15 @@ def _top_k_meas(n: int, k: int, scale: float):
                                  dp.linf_distance(T=float), dp.max_divergence(), k=k, scale=scale)
 
 
+@functools.lru_cache(maxsize=64)
+def top_k_scale(n: int, k: int, sensitivity: float, epsilon: float) -> float:
+    """The noise scale OpenDP's noisy top-k needs for ``k`` of ``n`` scores of L∞
+    ``sensitivity`` at ``epsilon`` (its own privacy map, searched once per arguments)."""
+    dp = _dp()
+    return dp.binary_search_param(lambda sc: _top_k_meas(n, k, sc), d_in=sensitivity,
+                                  d_out=epsilon, T=float)
+
+
 def private_top_k(scores: Sequence[float], k: int, sensitivity: float, epsilon: float) -> list[int]:
     """Indices of ``k`` high scores, ε-DP for scores of L∞ ``sensitivity`` (OpenDP noisy top-k)."""
     epsilon = check_epsilon(epsilon)
@@ -156,10 +165,7 @@ def private_top_k(scores: Sequence[float], k: int, sensitivity: float, epsilon: 
     k = _check_int("k", k, 1)
     if s.ndim != 1 or not np.all(np.isfinite(s)) or k > s.size:
         raise InvalidRequestError(f"need a finite score vector with at least k={k} entries")
-    dp = _dp()
-    scale = dp.binary_search_param(lambda sc: _top_k_meas(s.size, k, sc), d_in=sensitivity,
-                                   d_out=epsilon, T=float)
-    meas = _top_k_meas(s.size, k, scale)
+    meas = _top_k_meas(s.size, k, top_k_scale(s.size, k, sensitivity, epsilon))
     if meas.map(sensitivity) > epsilon * (1 + 1e-9):
         raise AssertionError("OpenDP top-k map exceeds the requested epsilon")
     return [int(i) for i in meas(s.tolist())]

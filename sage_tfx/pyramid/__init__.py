@@ -26,12 +26,12 @@ from sage_tfx.pyramid.featurize import (CountSpec, Featurization, KeyKindError,
 from sage_tfx.pyramid.selection import select_groups
 from sage_tfx.pyramid.weights import exact_noise_weights, select_noise_weights
 from sage_tfx.pyramid.windows import (BudgetDeniedError, PyramidStore, RetentionError, SealResult,
-                                      WindowSealedError, pyramid_run_id, release_name,
-                                      window_event)
+                                      TreeWindowError, WindowSealedError, pyramid_run_id,
+                                      release_name, window_event)
 
 __all__ = ["CountSpec", "Featurization", "PyramidStore", "SealResult", "WindowSealedError",
-           "RetentionError", "BudgetDeniedError", "UnknownFeatureError", "NonCategoricalError",
-           "KeyKindError",
+           "RetentionError", "BudgetDeniedError", "TreeWindowError", "UnknownFeatureError",
+           "NonCategoricalError", "KeyKindError",
            "select_groups", "pyramid_run_id", "select_noise_weights", "exact_noise_weights",
            "window_event", "release_name"]
 __all__ += ["cost"]

@@ -23,11 +23,11 @@ import time
 from typing import Iterator, Optional
 
 from sage_tfx.errors import InvalidRequestError, LeaseTimeoutError
-from sage_tfx.ledger import blockkeys, keys, secrets
+from sage_tfx.ledger import blockkeys, keys, systemdb
 from sage_tfx.ledger.values import now
 from sage_tfx.pyramid import rows
 
-__all__ = ["DirLock", "HotKeys", "write_part", "read_part"]
+__all__ = ["DirLock", "HotKeys", "ledger_db", "write_part", "read_part"]
 
 LOCK_FILE = ".lock"
 _POLL = 0.02
@@ -92,32 +92,10 @@ def rewrap_hot_keys(ledger, kek: keys.KeyProvider) -> int:
 blockkeys.register_rewrapper("pyramid_hot_keys", rewrap_hot_keys)
 
 
-class _KeyDB:
-    """One short-lived connection to the ledger's database (SQLite or PostgreSQL)."""
-
-    def __init__(self, url: str):
-        url = secrets.resolve(url)
-        if url.startswith("sqlite:///"):
-            import sqlite3
-            path = url[len("sqlite:///"):].partition("?")[0]
-            self.kind, self.ph = "sqlite", "?"
-            self.conn = sqlite3.connect(path, timeout=120.0, isolation_level=None)
-            self.conn.execute("PRAGMA busy_timeout=120000")
-            ddl = _SCHEMA.format(int="INTEGER", blob="BLOB")
-        elif url.startswith(("postgresql://", "postgres://")):
-            import psycopg
-            self.kind, self.ph = "postgresql", "%s"
-            self.conn = psycopg.connect(url, autocommit=True, application_name="sage-tfx-pyramid")
-            ddl = _SCHEMA.format(int="BIGINT", blob="BYTEA")
-        else:
-            raise InvalidRequestError(f"unsupported ledger URL {secrets.redact(url)!r}")
-        self.conn.execute(ddl)
-
-    def q(self, sql: str, params=()):
-        return self.conn.execute(sql.replace("?", self.ph), tuple(params))
-
-    def close(self) -> None:
-        self.conn.close()
+def ledger_db(url: str, schema: str = _SCHEMA):
+    """A short-lived connection to the ledger's database for a Pyramid table (``schema``):
+    the hot keys by default, the tree's node claims (:mod:`sage_tfx.pyramid.treestore`)."""
+    return systemdb.connect(url, schema, "sage-tfx-pyramid")
 
 
 class HotKeys:
@@ -146,13 +124,8 @@ class HotKeys:
     def _aad(self, hot_id: str) -> bytes:
         return keys.aad_for("pyramid", self.stream, self.store_id, hot_id)
 
-    @contextlib.contextmanager
-    def _db(self) -> Iterator[_KeyDB]:
-        db = _KeyDB(self.ledger.url)
-        try:
-            yield db
-        finally:
-            db.close()
+    def _db(self):
+        return ledger_db(self.ledger.url)
 
     def create(self, hot_id: str, window: int) -> keys.DataKey:
         """A fresh data key for the hot window ``hot_id``, stored wrapped."""

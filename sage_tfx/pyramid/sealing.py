@@ -26,7 +26,8 @@ from sage_tfx.pyramid.featurize import CountSpec, group_keys, key_kinds
 from sage_tfx.pyramid.plan import CONTINUOUS_LAPLACE, DISCRETE_GAUSSIAN, NoisePlan
 from sage_tfx.pyramid.weights import select_noise_weights
 
-__all__ = ["release_name", "draw_tables", "read_meta", "release_once", "check_grant",
+__all__ = ["release_name", "draw_tables", "read_meta", "release_once", "check_replay",
+           "check_grant",
            "retired_is_spent", "discrete_laplace_variance", "PRIOR"]
 
 PRIOR = "__prior__"
@@ -147,6 +148,25 @@ def release_once(ledger, grant_id: str, name: str, produce: Callable[[], bytes],
             rec = ledger.recorded_release(grant_id, name)
             return (rec.value if rec.value is not None else _file_bytes(rec)), True
         return big.data, False
+
+
+def check_replay(data: bytes, plan: NoisePlan, window: int) -> None:
+    """Raises ReleaseConflictError unless the recorded tables ``data`` of ``window`` were drawn
+    with this seal's split of ε over the tables (its noise weights) and mechanism.
+
+    The release name leaves the weights out on purpose: one grant buys *one* release of the
+    window, so a seal with other weights must neither draw a second release nor be handed the
+    first one as if it were what it asked for.
+    """
+    meta = read_meta(data)
+    want = [float(x) for x in plan.shares.tolist()]
+    got = meta.get("epsilons")
+    mechanism = meta.get("mechanism", plan.mechanism)
+    if got != want or mechanism != plan.mechanism:
+        raise ReleaseConflictError(
+            f"window {window} was released with {mechanism} noise and ε per table {got} (its "
+            f"noise weights); this seal asks for {plan.mechanism} and {want}. One charge buys "
+            "one release of the window: seal it again with the recorded weights to replay it")
 
 
 def check_grant(ledger, grant, *, run_id: str, stream: str, blocks: Optional[Sequence[str]],

@@ -21,12 +21,31 @@ noisy table per window, noisy tables of the dyadic **nodes** ``(ℓ, j)`` = wind
   on a basic stream, the ``L + 1``-fold composed DpEvent on an rdp stream. So per block the
   charge is ``(L + 1) ×`` the per-node cost, never less than what runs (a node dropped by
   retention before it completes is paid for and never released).
-* **Release once.** A node's tables are recorded under the grant of the window whose seal
-  completes it, named ``pyramid/tree/<spec digest>/<ℓ>/<j>`` (:func:`node_release_name`); a
-  replay — a retried seal, another process or store directory on the same ledger — gets the
-  recorded bytes and draws no noise. A store releases a node fresh only if it summed every
-  window of the node the ledger knows of (a window in ``[start, w)`` that this store did not
-  seal must have no recorded leaf on the ledger), so no two stores release one node twice.
+* **Release once, ledger-wide.** Several stores (directories, processes) may seal one tree
+  (stream, spec) on one ledger; each node has one release on the whole ledger. Before a
+  store releases node ``(ℓ, j)`` it *claims* it in the ``pyramid_tree_nodes`` table of the
+  ledger's database (:func:`claimed_node`; primary key (tree, ℓ, j): the first claim wins,
+  across processes and machines) with the windows it summed and the grant of the seal that
+  completes it, and records the tables under that grant as ``pyramid/tree/<spec digest>/<ℓ>/<j>``
+  (:func:`node_release_name`). A store whose windows of the node are the claim's replays the
+  recorded bytes and draws no noise; any other store leaves the node out and reads its
+  children. A store claims a node only if it summed every window of the node that any store
+  sealed (a window is sealed once its leaf is claimed). Since a window is in one node per
+  level, a window's data is then in at most ``L + 1`` releases, whatever the stores do.
+* **Which store may seal a new window.** So that every charged window ends up in its ``L + 1``
+  releases (spend = charge), a seal that would charge a window for a node it can never be in
+  is refused with :class:`TreeWindowError` *before* the charge (the hot window stays open;
+  :meth:`~sage_tfx.pyramid.windows.PyramidStore.discard_window` ends it): a window is *late*
+  when a node holding it is already claimed (e.g. released by another store that sealed a
+  later window), and a store may add a window to a node only if it holds every window of the
+  node that another store sealed (it sealed them too, fresh or as a replay). The check, the
+  charge and the node claims of one seal run under the ledger lease
+  ``pyramid/tree/<stream>/<spec digest>`` (:func:`guard`), so seals of one tree are serialized
+  across stores; the claims alone already keep each node released once should a lease expire.
+  A replay of a window whose leaf is released is never refused (no new charge). A window
+  charged but not sealed (a gate's grant not yet used, a seal that died after its charge) holds
+  nothing back; if other windows complete its nodes meanwhile, its seal is refused and its
+  charge stays unspent (charged more than spent, never less).
 * **Reading.** The live windows ``[a, b]`` are the sum of the complete nodes of
   :func:`~sage_tfx.pyramid.tree.dyadic_cover` (at most ``2L + 1`` of them when the retention is
   ≤ ``2^L``); a node this store could not release is replaced by its children, an interval
@@ -37,22 +56,38 @@ noisy table per window, noisy tables of the dyadic **nodes** ``(ℓ, j)`` = wind
 """
 from __future__ import annotations
 
+import contextlib
 import io
+import json
 import os
 import uuid
-from typing import Optional
+from typing import Iterator, Optional
 
 import numpy as np
 
 from sage_tfx.errors import InvalidRequestError
 from sage_tfx.ledger import keys
+from sage_tfx.ledger.values import now
+from sage_tfx.pyramid import hot as hot_lib
 from sage_tfx.pyramid.featurize import CountSpec, key_kinds
 from sage_tfx.pyramid.plan import NoisePlan
 from sage_tfx.pyramid.sealing import PRIOR, _noised, release_once
 from sage_tfx.pyramid.tree import dyadic_cover, exact_tables, tree_levels
 
-__all__ = ["node_release_name", "node_span", "node_path", "check_retention", "seal_nodes",
-           "cover_nodes", "drop_before", "cleanup"]
+__all__ = ["TreeWindowError", "node_release_name", "node_span", "node_path", "check_retention",
+           "claimed_node", "guard", "check_window", "seal_nodes", "cover_nodes", "drop_before",
+           "cleanup"]
+
+LEASE_TTL = 300.0   # seconds a seal may hold its tree's lease (a dead holder frees it then)
+_CLAIMS = """CREATE TABLE IF NOT EXISTS pyramid_tree_nodes (
+    tree TEXT NOT NULL, ell {int} NOT NULL, j {int} NOT NULL, windows TEXT NOT NULL,
+    grant_id TEXT NOT NULL, store_id TEXT NOT NULL, created_at TEXT NOT NULL,
+    PRIMARY KEY (tree, ell, j))"""
+
+
+class TreeWindowError(InvalidRequestError):
+    """A tree store may not seal this window: a node holding it was already released, or
+    another store sealed windows of its nodes that this store does not hold (nothing charged)."""
 
 
 def node_release_name(spec: CountSpec, ell: int, j: int) -> str:
@@ -153,7 +188,6 @@ def cleanup(store, trash: list) -> list[str]:
 def _node_bytes(tables: dict, spec: CountSpec, plan: NoisePlan, noise, meta: dict) -> bytes:
     """The node's noisy tables (the only place a node's noise is drawn), as ``.npz`` bytes in
     the format of a flat window's tables."""
-    import json
     names = [spec.group_name(g) for g in spec.groups] + [PRIOR]
     noisy = {n: _noised(tables[n], plan, i, noise) for i, n in enumerate(names)}
     meta = dict(meta, noise_var={n: plan.variance(i) for i, n in enumerate(names)},
@@ -166,11 +200,103 @@ def _node_bytes(tables: dict, spec: CountSpec, plan: NoisePlan, noise, meta: dic
     return buf.getvalue()
 
 
-def _leaf_elsewhere(store, v: int) -> bool:
-    """Whether window ``v`` has a recorded leaf on the ledger (sealed by some store)."""
-    g = store.ledger.grant_for_run(store.stream, store.run_id(v))
-    return g is not None and store.ledger.recorded_release(
-        g.grant_id, node_release_name(store.spec, 0, v)) is not None
+def _dropped(start: int, first_live: int, ell: int, j: int) -> bool:
+    """Whether node ``(ℓ, j)`` holds a window this store sealed and retention dropped (the
+    store's windows ``[start, first_live)``): such a node is never released nor read here. A
+    node that merely starts before the store's first window is not dropped."""
+    s, e = node_span(ell, j)
+    return start < first_live and s < first_live and e >= start
+
+
+def _tree(store) -> str:
+    return f"{store.stream}/{store.spec.digest()}"
+
+
+def claimed_node(store, ell: int, j: int) -> Optional[dict]:
+    """The ledger-wide claim of node ``(ℓ, j)`` of the store's tree: ``{"windows", "grant_id",
+    "store_id"}``, or None while no store has released it."""
+    with hot_lib.ledger_db(store.ledger.url, _CLAIMS) as db:
+        row = db.q("SELECT windows, grant_id, store_id FROM pyramid_tree_nodes WHERE tree = ? "
+                   "AND ell = ? AND j = ?", (_tree(store), int(ell), int(j))).fetchone()
+    return None if row is None else {"windows": json.loads(row[0]), "grant_id": row[1],
+                                     "store_id": row[2]}
+
+
+def _claim_node(store, ell: int, j: int, windows: list, grant_id: str) -> dict:
+    """Claims node ``(ℓ, j)`` for ``windows`` under ``grant_id``; returns the claim that holds
+    (the first one: another store's if it claimed first)."""
+    with hot_lib.ledger_db(store.ledger.url, _CLAIMS) as db:
+        db.q("INSERT INTO pyramid_tree_nodes (tree, ell, j, windows, grant_id, store_id, "
+             "created_at) VALUES (?,?,?,?,?,?,?) ON CONFLICT (tree, ell, j) DO NOTHING",
+             (_tree(store), int(ell), int(j), json.dumps([int(v) for v in windows]), grant_id,
+              store.store_id, now()))
+    return claimed_node(store, ell, j)
+
+
+def _sealed(store, ell: int, j: int) -> set[int]:
+    """The windows of node ``(ℓ, j)`` that some store sealed on the ledger (leaf claimed)."""
+    lo, hi = node_span(ell, j)
+    with hot_lib.ledger_db(store.ledger.url, _CLAIMS) as db:
+        rows = db.q("SELECT j FROM pyramid_tree_nodes WHERE tree = ? AND ell = 0 AND j >= ? "
+                    "AND j <= ?", (_tree(store), lo, hi)).fetchall()
+    return {int(r[0]) for r in rows}
+
+
+def _lease_name(store) -> str:
+    return f"pyramid/tree/{_tree(store)}"
+
+
+@contextlib.contextmanager
+def guard(store, m: dict, hot: dict) -> Iterator[None]:
+    """Holds the tree's ledger lease around a seal's check, charge and node releases, after
+    :func:`check_window` passed (a store without a ledger: nothing to guard)."""
+    if store.ledger is None:
+        yield
+        return
+    with store.ledger.lease(_lease_name(store), ttl=LEASE_TTL, wait=store._lock.wait):
+        check_window(store, m, hot)
+        yield
+
+
+def check_window(store, m: dict, hot: dict) -> None:
+    """Raises :class:`TreeWindowError` if sealing the hot window would charge it for a node it
+    can never be released in (see the module docstring); a replay passes."""
+    spec, w = store.spec, int(hot["window"])
+    if claimed_node(store, 0, w) is not None:
+        return                         # a replay: the leaf is released, nothing new is charged
+    t = m.get("tree") or {}
+    pending = t.get("pending", {})
+    first_live = sorted(set(m["live"]) | {w})[-store.retention:][0]
+    start = w if t.get("start") is None else int(t["start"])
+    for ell in range(spec.levels + 1):
+        j = w >> ell
+        claim = claimed_node(store, ell, j)
+        if claim is not None:
+            raise TreeWindowError(
+                f"window {w} comes too late for this tree: node {ell}/{j} holding it was "
+                f"released with windows {claim['windows']} (by store {claim['store_id']}), so "
+                f"window {w} could never be in it; seal a later window instead")
+        if _dropped(start, first_live, ell, j):
+            continue                   # holds a window this store drops: never released here
+        held = set(pending.get(_key(ell, j), {}).get("windows", ()))
+        missing = sorted(_sealed(store, ell, j) - held - {w})
+        if missing:
+            raise TreeWindowError(
+                f"window {w} cannot join node {ell}/{j} in this store: windows {missing} of it "
+                "were sealed by another store and not here, so no store would hold the whole "
+                "node to release it; seal this window from the store that sealed them")
+
+
+def _node_claim(store, ell: int, j: int, windows: list, grant_id: str) -> Optional[dict]:
+    """The claim under which this store releases node ``(ℓ, j)`` of ``windows``, or None: the
+    node was released with other windows, or a window of it sealed elsewhere is not summed
+    here."""
+    claim = claimed_node(store, ell, j)
+    if claim is None:
+        if _sealed(store, ell, j) - set(windows):
+            return None
+        claim = _claim_node(store, ell, j, windows, grant_id)
+    return claim if claim["windows"] == [int(v) for v in windows] else None
 
 
 def seal_nodes(store, m: dict, hot: dict, plan: NoisePlan, grant_id: Optional[str],
@@ -181,8 +307,9 @@ def seal_nodes(store, m: dict, hot: dict, plan: NoisePlan, grant_id: Optional[st
     has written the manifest."""
     spec, w = store.spec, int(hot["window"])
     t = m.setdefault("tree", {"start": None, "pending": {}, "nodes": {}})
-    if t["start"] is None:
+    if t.get("start") is None:
         t["start"] = w
+    start = int(t["start"])
     frame = store._read_hot(hot)
     exact = exact_tables(frame, spec)
     kinds = key_kinds(frame, spec.features, spec.hash_family)
@@ -201,33 +328,31 @@ def seal_nodes(store, m: dict, hot: dict, plan: NoisePlan, grant_id: Optional[st
               for f in spec.features}
         if node_span(ell, j)[1] == w:
             completing.append((ell, j, tables, windows, kd))
-        elif node_span(ell, j)[0] >= first_live:
+        elif not _dropped(start, first_live, ell, j):
             base = p or {"windows": [], "kinds": {}}
             pending[_key(ell, j)] = ({**base, "windows": windows, "kinds": kd}, tables)
     replayed, released_any = True, False
     for ell, j, tables, windows, kd in sorted(completing, key=lambda c: (c[0], c[1])):
-        s, e = node_span(ell, j)
-        if s < first_live:
+        if _dropped(start, first_live, ell, j):
             continue                                  # holds a dropped window: never read
         name, path = node_release_name(spec, ell, j), node_path(store.state_dir, ell, j)
-        ours = s >= t["start"] and not (store.ledger is not None and any(
-            _leaf_elsewhere(store, v) for v in range(s, w) if v not in windows))
         meta = {"node": [ell, j], "windows": windows, "run_id": run_id, "epsilon": plan.epsilon,
                 "kinds": kd}
-        if grant_id is None:
-            if not ours:
-                continue
+        if grant_id is None:                          # offline: the only store of its tree
+            node_grant = None
             data, rep = _node_bytes(tables, spec, plan, store.noise, meta), False
         else:
-            if not ours and store.ledger.recorded_release(grant_id, name) is None:
-                continue                              # another store's node: not released here
-            data, rep = release_once(store.ledger, grant_id, name, lambda: _node_bytes(
+            claim = _node_claim(store, ell, j, windows, grant_id)
+            if claim is None:
+                continue                              # not whole here: read from its children
+            node_grant = claim["grant_id"]
+            data, rep = release_once(store.ledger, node_grant, name, lambda: _node_bytes(
                 tables, spec, plan, store.noise, meta), path)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(f"{path}.tmp", "wb") as f:
             f.write(data)
         os.replace(f"{path}.tmp", path)
-        t["nodes"][_key(ell, j)] = {"grant": grant_id, "windows": windows}
+        t["nodes"][_key(ell, j)] = {"grant": node_grant, "windows": windows}
         replayed, released_any = replayed and rep, True
     # partial sums are written after the releases: a failed release leaves no new key or file
     pending = {k: _write_acc(store, p, tables, w) for k, (p, tables) in pending.items()}
@@ -239,18 +364,20 @@ def seal_nodes(store, m: dict, hot: dict, plan: NoisePlan, grant_id: Optional[st
 
 
 def drop_before(store, m: dict, first_live: int) -> tuple[list[str], list]:
-    """Retention: deletes the nodes holding a window before ``first_live`` and returns
-    ``(deleted paths, trash)``: their partial sums, for :func:`cleanup`."""
+    """Retention: deletes the nodes holding a window this store dropped (sealed before
+    ``first_live``) and returns ``(deleted paths, trash)``: their partial sums, for
+    :func:`cleanup`."""
     t, deleted, trash = m.get("tree"), [], []
     if not t:
         return deleted, trash
-    for key in [k for k in t["nodes"] if node_span(*_parse(k))[0] < first_live]:
+    start = int(t["start"])
+    for key in [k for k in t["nodes"] if _dropped(start, first_live, *_parse(k))]:
         path = node_path(store.state_dir, *_parse(key))
         if os.path.exists(path):
             os.remove(path)
             deleted.append(path)
         del t["nodes"][key]
-    for key in [k for k in t["pending"] if node_span(*_parse(k))[0] < first_live]:
+    for key in [k for k in t["pending"] if _dropped(start, first_live, *_parse(k))]:
         p = t["pending"].pop(key)
         trash.append((p["acc_id"], p["file"]))
     return deleted, trash

@@ -33,7 +33,12 @@ names and retention drops windows whichever process sealed them.
 
 **Tree.** A spec with ``aggregation="tree"`` keeps dyadic nodes over windows instead of one
 table per window (:mod:`sage_tfx.pyramid.treestore`): same charge per window, each node
-released once, the live windows read from at most ``2L + 1`` complete nodes.
+released once on the whole ledger (whichever store seals), the live windows read from at most
+``2L + 1`` complete nodes; a seal that would charge a window for a node it can never be in
+raises :class:`TreeWindowError` before the charge.
+
+**Weights.** A replay returns the recorded tables only if they were drawn with this seal's
+split of ε over the tables; a re-seal with other noise weights raises ``ReleaseConflictError``.
 
 **Mechanism.** A spec with ``mechanism="gaussian"`` gets OpenDP discrete Gaussian noise
 calibrated with dp_accounting to its (ε, δ) instead (:mod:`sage_tfx.pyramid.plan`), charged
@@ -78,12 +83,14 @@ from sage_tfx.pyramid import treestore
 from sage_tfx.pyramid.featurize import (TREE, CountSpec, Featurization, check_frame,
                                         check_max_variance)
 from sage_tfx.pyramid.plan import plan_window, window_event
-from sage_tfx.pyramid.sealing import (PRIOR, check_grant, discrete_laplace_variance, draw_tables,
-                                      read_meta, release_name, release_once, retired_is_spent)
+from sage_tfx.pyramid.sealing import (PRIOR, check_grant, check_replay, discrete_laplace_variance,
+                                      draw_tables, read_meta, release_name, release_once,
+                                      retired_is_spent)
+from sage_tfx.pyramid.treestore import TreeWindowError
 
 __all__ = ["PyramidStore", "SealResult", "WindowSealedError", "RetentionError",
-           "BudgetDeniedError", "discrete_laplace_variance", "PRIOR", "pyramid_run_id",
-           "window_event", "release_name"]
+           "BudgetDeniedError", "TreeWindowError", "discrete_laplace_variance", "PRIOR",
+           "pyramid_run_id", "window_event", "release_name"]
 
 _PART_SUFFIX = ".rows"
 
@@ -394,16 +401,23 @@ class PyramidStore:
                                         float(table_epsilons(weight_epsilon, n_tables=1)[0]))
             event = plan.event if rdp else None
             run_id = self.run_id(window)
-            grant_id = None
-            if grant is not None:
-                if self.ledger is None:
-                    raise InvalidRequestError("a grant can only be used by a store on a ledger")
-                grant_id = check_grant(self.ledger, grant, run_id=run_id, stream=self.stream,
+            if grant is not None and self.ledger is None:
+                raise InvalidRequestError("a grant can only be used by a store on a ledger")
+
+            def paid() -> Optional[str]:   # the window's grant: the gate's, or charged here
+                if grant is not None:
+                    return check_grant(self.ledger, grant, run_id=run_id, stream=self.stream,
                                        blocks=hot["blocks"], epsilon=eps_total, event=event,
                                        delta=plan.delta)
-            elif self.ledger is not None:
-                grant_id = self._charge(window, run_id, hot["blocks"], eps_total, event,
+                if self.ledger is not None:
+                    return self._charge(window, run_id, hot["blocks"], eps_total, event,
                                         plan.delta)
+                return None
+
+            if self.tree:   # checked, charged and released under the tree's ledger lease
+                with treestore.guard(self, m, hot):
+                    return treestore.seal_window(self, m, hot, plan, paid(), run_id, event)
+            grant_id = paid()
             meta = {"window": window, "run_id": run_id, "epsilon": eps_total,
                     "epsilons": plan.shares.tolist(), "scales": plan.scales.tolist()}
             if plan.delta:
@@ -414,13 +428,13 @@ class PyramidStore:
                                    noise=self.noise, meta=meta, weight_epsilon=weight_epsilon,
                                    weight_quantile=weight_quantile, max_count=max_count)
 
-            if self.tree:
-                return treestore.seal_window(self, m, hot, plan, grant_id, run_id, event)
             if grant_id is None:
                 data, replayed = produce(), False
             else:
                 data, replayed = release_once(self.ledger, grant_id, self.release_name(window),
                                               produce, self.sealed_path(window))
+                if replayed:
+                    check_replay(data, plan, window)
             return self._publish(m, window, data, grant_id, replayed, event)
 
     def _charge(self, window: int, run_id: str, blocks: Sequence[str], eps_total: float,

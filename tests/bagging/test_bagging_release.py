@@ -55,7 +55,7 @@ def buy(url, grant_id, cache_dir=None, X=None, y=None, units=None, config=CFG):
     """One purchase, as any process would make it; returns what it published, as plain values."""
     X0, y0, u0, Xp = data()
     ledger = open_ledger(url)
-    cache = TeacherCache(cache_dir) if cache_dir else None
+    cache = TeacherCache(cache_dir, ledger=ledger) if cache_dir else None
     res = fit_dp_bagging(X0 if X is None else X, y0 if y is None else y,
                          u0 if units is None else units,
                          Xp, config=config, salt=SALT, public_declared=True, ledger=ledger,
@@ -154,7 +154,13 @@ def test_concurrent_purchases_in_processes_label_disjoint_points(tmp_path, ledge
     labelled = [np.frombuffer(r["labels"], np.int64) for r in results]
     assert all(len(lab) == p for lab in labelled)
     files = sorted(os.listdir(cache))          # one teacher file, no torn or leftover temporary
-    assert len(files) == 1 and files[0].startswith("teachers-") and files[0].endswith(".pkl")
+    assert len(files) == 1 and files[0].startswith("teachers-") and files[0].endswith(".tink")
+    # encrypted under the one key the racing processes agreed on, kept in the ledger's database
+    from sage_tfx.bagging import cache as cache_lib
+    key = files[0][len("teachers-"):-len(cache_lib.SUFFIX)]
+    reader = TeacherCache(cache, ledger=open_ledger(url))
+    assert reader.has_key(key)
+    reader.get_or_train(key, lambda: pytest.fail("retrained"))
     assert all(not r["replayed"] for r in results)
     one_charge(ledger, grants)
 

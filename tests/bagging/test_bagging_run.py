@@ -100,8 +100,9 @@ def test_teachers_cached_per_window_and_public_cursor_advances(tmp_path):
     assert disk.trained == 0 and third.labelling.public_index[0] == 2 * q
     fit_dp_bagging(X, y, units, Xp, grant_id=grant("r4", ["b3"]), **{**kw, "cache": disk})
     assert disk.trained == 1
-    # the cache holds teachers only (the cursor is the ledger's), in files only we can read
-    assert sorted(p.name.endswith(".pkl") for p in (tmp_path / "cache").iterdir()) == [True, True]
+    # the cache holds teachers only (the cursor is the ledger's), encrypted, in files only we
+    # can read
+    assert sorted(p.name.endswith(".tink") for p in (tmp_path / "cache").iterdir()) == [True, True]
     assert all(p.stat().st_mode & 0o077 == 0 for p in (tmp_path / "cache").iterdir())
 
 

@@ -29,6 +29,14 @@ def test_beam_flow_equals_the_library_teachers(tmp_path, kind):
         label_key="label", unit_key="user", mean=np.zeros(2), std=np.ones(2), k=k, n=n,
         salt=salt, kind=kind, l2=1.0, X_vote=X_vote, scratch=str(tmp_path / "scratch"))
     assert sorted(seen) == sorted(set(units.tolist()))
+    # the scratch (teachers, privacy units, vote counts) is encrypted: no pickle there
+    import io
+    import pickle
+    scratch = sorted((tmp_path / "scratch").iterdir())
+    assert [p.name for p in scratch] == ["counts.tink", "teachers.tink", "units.tink"]
+    for p in scratch:
+        with pytest.raises(Exception):
+            pickle.Unpickler(io.BytesIO(p.read_bytes())).load()
     lib = train_teachers(X, y, chunk_assignment(units.tolist(), k=k, n=n, salt=salt), n=n,
                          kind=kind)
     if kind == "logistic":

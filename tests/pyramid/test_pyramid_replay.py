@@ -396,3 +396,36 @@ def test_kek_rotation_rewraps_the_open_hot_window(tmp_path, sqlite_url, monkeypa
     with pytest.raises(ValueError, match="does not open"):  # the old version is gone
         keys.DataKey.unwrap(keys.provider(), bytes(old[0][1]), aad)
     pd.testing.assert_frame_equal(store(sqlite_url, tmp_path / "p").hot_frame(), before)
+
+
+def test_resealing_with_other_weights_is_a_conflict_and_the_same_weights_replay(tmp_path,
+                                                                               sqlite_url):
+    """The release name leaves the weights out (one grant, one release of the window), so a
+    second seal of the window with other weights must not be handed the first release as its
+    own: ReleaseConflictError, nothing published, nothing charged. The same weights replay."""
+    from sage_tfx.errors import ReleaseConflictError
+    from sage_tfx.pyramid.sealing import read_meta
+    led = make_ledger(sqlite_url)
+    first = store(led, tmp_path / "a")
+    fill(first, 0)
+    weights = [3.0, 3.0, 1.0]
+    sealed = first.seal(weights=weights)
+    other = store(sqlite_url, tmp_path / "b", noise=NoNoise())
+    fill(other, 0, seed=1)
+    spent = led.block("obs", "w0d0").epsilon_spent
+    for bad in ([1.0, 1.0, 1.0], None, [3.0, 3.0, 1.5]):     # None: the even default split
+        with pytest.raises(ReleaseConflictError, match="ε per table"):
+            other.seal(weights=bad)
+        assert other.hot_window == 0 and not os.path.exists(other.sealed_path(0))
+    assert led.block("obs", "w0d0").epsilon_spent == spent
+    again = other.seal(weights=weights)
+    assert again.replayed and again.noise_scales == sealed.noise_scales
+    with open(first.sealed_path(0), "rb") as f, open(other.sealed_path(0), "rb") as g:
+        data = f.read()
+        assert g.read() == data
+    grant = led.grant_for_run("obs", first.run_id(0))
+    assert [r.name for r in led.releases(grant.grant_id)] == [first.release_name(0)]
+    # what the conflict compares is what was drawn: ε per table from the weights (1/w ∝ ε_i)
+    eps = read_meta(data)["epsilons"]
+    assert eps[0] == pytest.approx(eps[1]) and eps[2] == pytest.approx(3 * eps[0])
+    assert sum(eps) == pytest.approx(SPEC.epsilon)
