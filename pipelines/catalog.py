@@ -11,10 +11,18 @@ gate charges directly are runtime parameters: the gate requests its grant with t
 value, and every component downstream reads the granted cost from the grant, so what runs
 equals what was charged. A cost that is computed from ε at build time (a privacy plan split
 over components, DP bagging's ε(p), a Pyramid count spec's ε) stays a compile-time value.
+
+A user's own pipeline is named by reference, ``module:function`` (:func:`builder_of`): the
+function takes the same flat config as keyword arguments and returns the ``tfx.dsl.Pipeline``;
+it has no runtime parameters.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Mapping, Tuple
+import importlib
+import re
+from typing import Any, Callable, Dict, Mapping, Sequence, Tuple
+
+from sage_tfx.errors import InvalidRequestError
 
 KUBEFLOW, AIRFLOW, LOCAL = "kubeflow", "airflow", "local"
 
@@ -106,15 +114,82 @@ RUNTIME_PARAMETERS: Dict[str, Dict[str, type]] = {
 def runtime_parameters(name: str, config: Mapping[str, Any]) -> Dict[str, Tuple[type, Any]]:
     """``{key: (type, compile-time value)}`` of pipeline ``name``'s runtime parameters that
     ``config`` sets (a key left out of the config stays out of the compiled pipeline)."""
-    return {k: (t, t(config[k])) for k, t in RUNTIME_PARAMETERS[name].items()
+    return {k: (t, t(config[k])) for k, t in RUNTIME_PARAMETERS.get(name, {}).items()
             if config.get(k) is not None}
 
 
-def help_text() -> str:
-    """One paragraph per pipeline: what it is, its required keys and runtime parameters."""
+# --- a user's pipeline: module:function ------------------------------------------------------
+
+_REFERENCE_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)"
+                           r":([A-Za-z_][A-Za-z0-9_]*)$")
+
+
+def is_reference(name: str) -> bool:
+    """Whether ``name`` names a user's pipeline (``module:function``), not one of PIPELINES."""
+    return isinstance(name, str) and ":" in name
+
+
+def _reference(name: str) -> Tuple[str, str]:
+    m = _REFERENCE_RE.match(name)
+    if not m:
+        raise InvalidRequestError(
+            f"a pipeline reference is module:function (e.g. my_pipelines.fraud:create_pipeline), "
+            f"got {name!r}")
+    return m.group(1), m.group(2)
+
+
+def builder_of(name: str) -> Callable[[Mapping[str, Any]], Any]:
+    """The builder of a config for pipeline ``name``: one of PIPELINES, or the function a
+    reference ``module:function`` names, called with the config as keyword arguments.
+
+    Raises:
+      InvalidRequestError: unknown pipeline, a malformed reference, or one that does not import.
+    """
+    if not is_reference(name):
+        if name not in PIPELINES:
+            raise InvalidRequestError(f"unknown pipeline {name!r}; known: {sorted(PIPELINES)} "
+                                      f"or a reference module:function")
+        return PIPELINES[name][0]
+    module, function = _reference(name)
+    try:
+        fn = getattr(importlib.import_module(module), function)
+    except (ImportError, AttributeError) as exc:
+        raise InvalidRequestError(
+            f"pipeline {name}: cannot import it here ({type(exc).__name__}: {exc}); compile "
+            f"where the module is importable, as in the pods (installed in the image, or on "
+            f"$PYTHONPATH)") from None
+
+    def build(config: Mapping[str, Any]):
+        pipeline = fn(**config)
+        if not hasattr(pipeline, "components") or not hasattr(pipeline, "pipeline_info"):
+            raise InvalidRequestError(f"pipeline {name} returned {type(pipeline).__name__}, "
+                                      f"not a tfx.dsl.Pipeline")
+        return pipeline
+
+    return build
+
+
+def default_name(name: str) -> str:
+    """The pipeline name a config without ``pipeline_name`` gets: the catalog name, or a
+    reference's module (its last part, ``_`` -> ``-``)."""
+    if not is_reference(name):
+        return name
+    return _reference(name)[0].rsplit(".", 1)[-1].lower().replace("_", "-")
+
+
+def missing_keys(name: str, config: Mapping[str, Any]) -> list:
+    """The config keys pipeline ``name`` needs that ``config`` leaves unset (a reference needs
+    COMMON; its function checks the rest)."""
+    required: Sequence[str] = () if is_reference(name) else PIPELINES[name][1]
+    return [k for k in (*COMMON, *required) if config.get(k) is None]
+
+
+def help_text(spell: Callable[[str], str] = str) -> str:
+    """One paragraph per pipeline: what it is, its required keys (as ``spell`` names them, e.g.
+    by their command-line flags) and runtime parameters."""
     lines = []
     for name, (_, required, what) in PIPELINES.items():
         runtime = ", ".join(RUNTIME_PARAMETERS[name]) or "none"
-        lines.append(f"  {name}: {what}\n    needs: {', '.join(required)}\n"
+        lines.append(f"  {name}: {what}\n    needs: {', '.join(map(spell, required))}\n"
                      f"    KFP runtime parameters: {runtime}")
     return "\n".join(lines)

@@ -22,6 +22,14 @@ without a flag are ``--set KEY=VALUE``). On Kubeflow, the window and, where the 
 directly, ε are runtime parameters of the compiled pipeline, set per run by ``sage-tfx submit``.
 Compiling reads no data and needs no ledger; paths are only recorded.
 
+A user's own pipeline compiles with ``--pipeline module:function`` instead of a name: the
+function gets the same keyword arguments (``pipeline_name``, ``pipeline_root``,
+``metadata_path``, ``ledger_url``, ``stream``, ``beam_pipeline_args``, the flags given and every
+``--set``) and returns the ``tfx.dsl.Pipeline``. Compile it inside the pipeline image (with the
+module installed there), so that its import path, module files and schema paths are the ones
+the pods see; a component's ``module_file`` is compiled as its import path, so no wheel is
+built or uploaded to the pipeline root.
+
 The ledger URL defaults to ``$SAGE_LEDGER_URL``; with several pods or workers it must be a
 shared PostgreSQL ledger. It is never embedded with a password: ``--ledger`` with one is
 refused; a password-bearing ``$SAGE_LEDGER_URL`` becomes the reference ``env:SAGE_LEDGER_URL``,
@@ -52,10 +60,17 @@ def build_parser() -> argparse.ArgumentParser:
         description="Compile a sage-tfx pipeline for Kubeflow Pipelines (v2 IR JSON and the "
                     "KFP package YAML, for sage-tfx submit) or Airflow (a DAG file).",
         epilog="pipelines (options not covered by a flag: --set KEY=VALUE):\n"
-               + catalog.help_text())
+               + catalog.help_text(option_of)
+               + "\n  --pipeline module:function: your own pipeline (function(**config) -> "
+                 "tfx.dsl.Pipeline;\n    compile it inside the image: README, \"Run on "
+                 "Kubeflow / Airflow\")")
     p.add_argument("--target", choices=(catalog.KUBEFLOW, catalog.AIRFLOW),
                    required=True, help="the orchestrator")
-    p.add_argument("pipeline", choices=sorted(catalog.PIPELINES))
+    p.add_argument("pipeline", nargs="?", choices=sorted(catalog.PIPELINES),
+                   help="a pipeline of the catalog (below), or --pipeline")
+    p.add_argument("--pipeline", dest="reference", metavar="MODULE:FUNCTION",
+                   help="your own pipeline: the function of an importable module that builds "
+                        "it from the config (default name: the module's last part)")
     p.add_argument("--output-dir", default=".", help="where the JSON / DAG file is written")
     p.add_argument("--image", default="sage-tfx:latest",
                    help="kubeflow: the container image of every pod (see Dockerfile)")
@@ -98,6 +113,31 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# Config keys (catalog.PIPELINES) set by a flag of this command; the others are --set KEY=VALUE.
+OPTIONS = {"ledger_url": "--ledger (or $SAGE_LEDGER_URL)", "pipeline_root": "--pipeline-root",
+           "metadata_path": "--metadata-path", "stream": "--stream",
+           "window_last": "--window-last", "epsilon": "--epsilon", "delta": "--delta",
+           "target": "--quality-target", "serving_model_dir": "--serving-dir",
+           "serving_dir": "--serving-dir"}
+
+
+def option_of(key: str) -> str:
+    """How this command sets config key ``key``: its flag, or ``--set key=VALUE``."""
+    return OPTIONS.get(key, f"--set {key}=VALUE")
+
+
+def pipeline_of(args: argparse.Namespace) -> str:
+    """The catalog name or ``module:function`` reference the arguments name (exactly one).
+
+    Raises:
+      InvalidRequestError: both or neither.
+    """
+    if bool(args.pipeline) == bool(args.reference):
+        raise InvalidRequestError("name one pipeline: a catalog name (PIPELINE) or your own "
+                                  "with --pipeline module:function")
+    return args.pipeline or args.reference
+
+
 def parse_settings(values: Sequence[str]) -> dict:
     """``--set KEY=VALUE`` values as a dict (VALUE parsed as JSON when it is JSON).
 
@@ -128,7 +168,7 @@ def metadata_path_of(args: argparse.Namespace) -> str:
     """
     if args.metadata_path:
         return args.metadata_path
-    name = args.pipeline_name or args.pipeline
+    name = args.pipeline_name or catalog.default_name(pipeline_of(args))
     if args.target == catalog.KUBEFLOW:
         return os.path.join(os.path.abspath(args.output_dir), f"{name}.mlmd.db")
     if "://" in args.pipeline_root:
@@ -179,6 +219,7 @@ def config_from_args(args: argparse.Namespace, environ=os.environ) -> dict:
     """The :func:`orchestration.build` config of parsed arguments (unset options left out)."""
     from sage_tfx.pipelines import orchestration
 
+    name = pipeline_of(args)
     config = {
         "pipeline_name": args.pipeline_name,
         "pipeline_root": args.pipeline_root,
@@ -191,18 +232,34 @@ def config_from_args(args: argparse.Namespace, environ=os.environ) -> dict:
         "delta": args.delta,
         "beam_pipeline_args": orchestration.parse_beam_args(args.beam_arg),
     }
-    if args.pipeline in ("flights-dp", "dnd"):
+    if name in ("flights-dp", "dnd") or catalog.is_reference(name):
         config.update(target=args.quality_target, serving_model_dir=args.serving_dir)
-    if args.pipeline == "flights-dp":
+    if name == "flights-dp":
         config.update(use_transform=not args.no_transform)
-    if args.pipeline == "pyramid":
+    if name == "pyramid":
         config.update(serving_dir=args.serving_dir)
     settings = parse_settings(args.settings)
     clash = sorted(k for k in settings if config.get(k) is not None)
     if clash:
         raise InvalidRequestError(f"--set {', '.join(clash)}: given by a flag already")
     config.update(settings)
-    return {k: v for k, v in config.items() if v is not None}
+    config = {k: v for k, v in config.items() if v is not None}
+    missing = catalog.missing_keys(name, config)
+    if missing:
+        raise InvalidRequestError(f"pipeline {name} needs {', '.join(map(option_of, missing))}")
+    return config
+
+
+def _note_files(pipeline) -> None:
+    """Names on stderr the files of this machine the compiled pipeline will open in its pods."""
+    from sage_tfx.pipelines import orchestration
+
+    found = orchestration.local_files(pipeline)
+    if found:
+        print("sage-tfx compile: note: the pipeline opens these files of this machine; its pods "
+              "must find them at the same paths (compile inside the image: README):\n"
+              + "\n".join(f"  {node}.{key}: {path}" for node, key, path in found),
+              file=sys.stderr)
 
 
 def _is_tf_error(exc: BaseException) -> bool:
@@ -214,31 +271,42 @@ def _is_tf_error(exc: BaseException) -> bool:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"google\.")
+    fresh = not os.path.exists(args.output_dir)
+    code = _compile(args)
+    if code and fresh and os.path.isdir(args.output_dir) and not os.listdir(args.output_dir):
+        os.rmdir(args.output_dir)  # made by TFX's ML Metadata config for the default path
+    return code
+
+
+def _compile(args: argparse.Namespace) -> int:
+    """Compiles what the parsed arguments name; returns the exit code."""
     try:
         from sage_tfx.pipelines import orchestration
 
+        name = pipeline_of(args)
         config = config_from_args(args)
+        pipeline = orchestration.build(name, config, args.target)  # fails before any write
+        _note_files(pipeline)
         if args.target == orchestration.KUBEFLOW:
             k8s = orchestration.token_env_secret(args.token_secret)
             if args.ledger_secret:
                 k8s[orchestration.LEDGER_URL_ENV] = orchestration.parse_secret_ref(
                     args.ledger_secret)
-            path = orchestration.compile_kubeflow(
-                orchestration.build(args.pipeline, config, orchestration.KUBEFLOW),
-                args.output_dir, image=args.image, k8s_secrets=k8s)
+            path = orchestration.compile_kubeflow(pipeline, args.output_dir, image=args.image,
+                                                  k8s_secrets=k8s)
             path += "\n" + os.path.splitext(path)[0] + ".yaml"
         else:
-            orchestration.build(args.pipeline, config, orchestration.AIRFLOW)  # fails early
             os.makedirs(args.output_dir, exist_ok=True)
-            name = config.get("pipeline_name") or args.pipeline
-            path = os.path.join(args.output_dir, f"{name.replace('-', '_')}_dag.py")
+            dag = pipeline.pipeline_info.pipeline_name.replace("-", "_")
+            path = os.path.join(args.output_dir, f"{dag}_dag.py")
             with open(path, "w") as f:
-                f.write(orchestration.airflow_dag_file(args.pipeline, config))
+                f.write(orchestration.airflow_dag_file(name, config))
     except (ValueError, SageError) as exc:  # bad arguments: nothing was written
         print(f"sage-tfx compile: error: {exc}", file=sys.stderr)
         return 2
     except TypeError as exc:  # an option the pipeline does not take (--set)
-        print(f"sage-tfx compile: error: {args.pipeline}: {exc}", file=sys.stderr)
+        print(f"sage-tfx compile: error: {args.pipeline or args.reference}: {exc}",
+              file=sys.stderr)
         return 2
     except OSError as exc:
         print(f"sage-tfx compile: error: cannot write or read a file: {exc}", file=sys.stderr)

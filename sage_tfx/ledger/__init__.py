@@ -19,19 +19,24 @@ grant published), :mod:`~sage_tfx.ledger.access` (principals, roles, bindings),
 :mod:`~sage_tfx.ledger.pgroles` (PostgreSQL login roles of principals, enforced by the server),
 :mod:`~sage_tfx.ledger.leases` (leases and counters shared by processes),
 :mod:`~sage_tfx.ledger.secrets` (URLs and tokens by reference),
+:mod:`~sage_tfx.ledger.flags` and :mod:`~sage_tfx.ledger.names` (the ``--ledger`` flag, and the
+modes, roles and context names a command line parses with),
 :mod:`~sage_tfx.ledger.keys` and :mod:`~sage_tfx.ledger.blockkeys` (encrypted blocks' data keys:
 wrapped by the KEK, handed out through grants, destroyed at retirement) and
 :mod:`~sage_tfx.ledger.schema` (tables and migrations).
-"""
-from sage_tfx.ledger.accounting import BASIC, RDP
-from sage_tfx.ledger.audit import AuditEntry, AuditReport
-from sage_tfx.ledger.core import Ledger, open_ledger
-from sage_tfx.ledger.values import (ACTIVE, CANCELLED, DEFAULT_CONTEXT, RELEASED, RESERVED, RETIRED,
-                                    BlockSpec, BlockState, Decision, Grant, GrantedBlock, Stream,
-                                    Window)
 
-__all__ = [
-    "open_ledger", "Ledger", "Window", "BlockSpec", "BlockState", "Grant", "GrantedBlock",
-    "Decision", "Stream", "AuditEntry", "AuditReport", "DEFAULT_CONTEXT", "BASIC", "RDP",
-    "ACTIVE", "RETIRED", "RESERVED", "RELEASED", "CANCELLED",
-]
+The exports are loaded on first use (``sage_tfx._lazy``): importing a light module of the package
+(``flags``, ``names``, ``secrets``) does not import the ledger and dp_accounting, which keeps the
+command line's ``--help`` fast.
+"""
+from sage_tfx._lazy import lazy_exports
+
+_LAZY = {
+    **dict.fromkeys(("BASIC", "RDP", "MODES", "DEFAULT_CONTEXT"), "sage_tfx.ledger.names"),
+    **dict.fromkeys(("AuditEntry", "AuditReport"), "sage_tfx.ledger.audit"),
+    **dict.fromkeys(("Ledger", "open_ledger"), "sage_tfx.ledger.core"),
+    **dict.fromkeys(("ACTIVE", "CANCELLED", "RELEASED", "RESERVED", "RETIRED", "BlockSpec",
+                     "BlockState", "Decision", "Grant", "GrantedBlock", "Stream", "Window"),
+                    "sage_tfx.ledger.values"),
+}
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())

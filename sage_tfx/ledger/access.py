@@ -37,17 +37,12 @@ from typing import Optional, Sequence
 
 from sage_tfx.errors import AuthenticationError, InvalidRequestError, PermissionDeniedError
 from sage_tfx.ledger import pgroles, secrets
+from sage_tfx.ledger.names import (ADMIN, AUDITOR, CLIENT, PIPELINE, ROLES,  # noqa: F401
+                                   TOKEN_ENV, TOKEN_FILE_ENV)
 from sage_tfx.ledger.values import check_name, now
 
-ADMIN = "admin"
-PIPELINE = "pipeline"
-AUDITOR = "auditor"
-CLIENT = "client"
-ROLES = (ADMIN, PIPELINE, AUDITOR, CLIENT)
 ACTIVE = "active"
 DISABLED = "disabled"
-TOKEN_ENV = "SAGE_LEDGER_TOKEN"
-TOKEN_FILE_ENV = "SAGE_LEDGER_TOKEN_FILE"
 TOKEN_PREFIX = "sage_"
 
 # What each action needs. ``charge`` by a pipeline also needs a binding of its (stream, context).

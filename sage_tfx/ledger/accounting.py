@@ -49,10 +49,7 @@ from dp_accounting import dp_event as dp_event_lib
 from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 
 from sage_tfx.errors import InvalidPrivacyParameterError
-
-BASIC = "basic"
-RDP = "rdp"
-MODES = (BASIC, RDP)
+from sage_tfx.ledger.names import BASIC, MODES, RDP  # noqa: F401  (accounting modes)
 
 # Fixed order grid of RDP streams. Few enough orders that the union bound costs little
 # (ln 30 ≈ 3.4 nats of the ln(|Λ|/δ_g) term), dense enough around the orders that matter for

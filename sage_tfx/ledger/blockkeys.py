@@ -181,12 +181,13 @@ class WrappedKey:
 @dataclasses.dataclass(frozen=True)
 class ShredReport:
     """What a shred did: (stream, block) whose key it destroyed, (stream, block) retired
-    everywhere but still held by a grant, block files deleted, database wiped."""
+    everywhere but still held by a grant, block files deleted, database wiped (None: nothing
+    was destroyed, so there was nothing to wipe)."""
 
     shredded: tuple[tuple[str, str], ...]
     held: tuple[tuple[str, str], ...]
     files_removed: int
-    wiped: bool
+    wiped: Optional[bool]
 
 
 def remove_block_files(location: str) -> int:
@@ -430,12 +431,13 @@ class BlockKeyMixin:
             pending[(stream, b)] = loc
         return destroyed
 
-    def _finish_shred(self) -> tuple[bool, int]:
+    def _finish_shred(self) -> tuple[Optional[bool], int]:
         """After a commit that destroyed keys: wipes the database's copies of the deleted bytes
-        and deletes the blocks' local files; returns (wiped, files removed)."""
+        and deletes the blocks' local files; returns (wiped, files removed), wiped None when
+        nothing was destroyed."""
         pending = self.__dict__.pop("_shred_pending", {})
         if not pending:
-            return False, 0
+            return None, 0
         st = self._store
         wiped = self._wipe()
         removed = 0
@@ -545,6 +547,7 @@ def rotate_kek(ledger, kek: keys.KeyProvider, *, destroy: bool = True) -> dict:
       InvalidRequestError: a key did not open (the old versions are then kept), or the provider
         does not rotate from here.
     """
+    ledger.authorize(access.CONFIGURE)  # before the key provider changes
     resumed = kek.previous_versions() > 0
     if not resumed:
         kek.rotate()

@@ -18,13 +18,13 @@ from dp_accounting import dp_event as dp_event_lib
 
 from sage_tfx.errors import GrantStateError, InvalidRequestError
 from sage_tfx.ledger import accounting
+from sage_tfx.ledger.names import DEFAULT_CONTEXT  # noqa: F401  (defined there)
 
 ACTIVE = "active"
 RETIRED = "retired"
 RESERVED = "reserved"
 RELEASED = "released"
 CANCELLED = "cancelled"
-DEFAULT_CONTEXT = "default"
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}$")
 
 

@@ -511,3 +511,26 @@ def scheme_from_spec(spec: str) -> BlockScheme:
                 f"num_buckets must be a canonical decimal integer, got {n!r} in {spec!r}")
         return HashBucketScheme(column, int(n), salt)
     raise ValueError(f"unknown block scheme kind {kind!r} in {spec!r} (expected 'time' or 'hash')")
+
+
+def check_granularity(granularity: str, *, flag: str = "granularity") -> str:
+    """Returns a stream's ``granularity`` if the splitter can import into it: a scheme spec
+    (:func:`scheme_from_spec`) or a bare time granularity (``day``, as ``TimeWindowScheme`` has).
+
+    Args:
+      granularity: the value given.
+      flag: how the caller names it in the error (e.g. ``--granularity``).
+
+    Raises:
+      ValueError: neither; the stream would refuse every split.
+    """
+    if granularity in GRANULARITIES:
+        return granularity
+    try:
+        scheme_from_spec(granularity)
+    except ValueError as exc:
+        raise ValueError(
+            f"{flag} {granularity!r} is not a block scheme ({exc}): give e.g. "
+            f"time:timestamp:day or hash:user_id:64:SALT, or one of {', '.join(GRANULARITIES)}"
+            ) from None
+    return granularity

@@ -28,7 +28,7 @@ import sys
 from typing import Optional
 
 from sage_tfx.errors import SageError
-from sage_tfx.ledger import keys
+from sage_tfx.ledger import access, keys
 from sage_tfx.ledger.blockkeys import ShredReport
 from sage_tfx.streams import blockfiles
 from sage_tfx.streams.blocks import block_files_glob
@@ -98,12 +98,14 @@ def migrate_ledger(ledger, *, stream: Optional[str] = None, key_provider: Option
       stream: one stream, or every stream.
       key_provider: the KEK's spec (default ``$SAGE_KEY_PROVIDER`` or the local key file).
       hold: the key hold of :meth:`Ledger.shred_keys` for retired blocks.
-      verbose: progress on stderr.
+      verbose: progress on stderr (a line per 100 blocks encrypted; the summary is the
+        returned report).
 
     Raises:
       MigrationError: an encrypted file does not decrypt to its plaintext (kept).
       PermissionDeniedError: the caller is not an admin.
     """
+    ledger.authorize(access.CONFIGURE)  # before the key file is opened (or created)
     kek = keys.provider(key_provider)
     encrypted, finished, skipped = [], [], []
     names = [stream] if stream else [s.name for s in ledger.streams()]
@@ -141,7 +143,4 @@ def migrate_ledger(ledger, *, stream: Optional[str] = None, key_provider: Option
                 if len(encrypted) % 100 == 0:
                     _log(verbose, f"encrypted {len(encrypted)} blocks")
     shred = ledger.shred_keys(stream, hold=hold)
-    _log(verbose, f"encrypted {len(encrypted)} block(s), finished {len(finished)}, skipped "
-                  f"{len(skipped)}; retired blocks: {shred.files_removed} file(s) deleted, "
-                  f"{len(shred.held)} still held by a grant")
     return MigrationReport(tuple(encrypted), tuple(finished), tuple(skipped), shred)

@@ -23,6 +23,7 @@ one filesystem.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -54,13 +55,17 @@ class MalformedRecordsError(SageError, ValueError):
     """
 
     def __init__(self, count: int, examples: Sequence["MalformedRecord"], records_read: int):
-        shown = "; ".join(str(e) for e in examples)
-        super().__init__(
-            f"{count} of {records_read} records cannot be assigned to a block, e.g. {shown}. "
-            f"Nothing was written. Fix the data, or pass on_malformed='skip' to leave them out "
-            f"(they are counted and reported).")
         self.count = count
         self.examples = tuple(examples)
+        self.records_read = records_read
+        super().__init__(self.message())
+
+    def message(self, skip_with: str = "on_malformed='skip'") -> str:
+        """The error's text; ``skip_with`` spells the option that skips such records."""
+        shown = "; ".join(str(e) for e in self.examples)
+        return (f"{self.count} of {self.records_read} records cannot be assigned to a block, "
+                f"e.g. {shown}. Nothing was written. Fix the data, or pass {skip_with} to "
+                f"leave them out (they are counted and reported).")
 
 
 class BlockExistsError(SageError, ValueError):
@@ -271,7 +276,9 @@ def split_into_blocks(stream: str, source: Union[str, Sequence[str]], scheme: Bl
 
     stream_dir = os.path.join(os.path.abspath(block_root), stream)
     staging = os.path.join(stream_dir, STAGING_PREFIX + uuid.uuid4().hex)
+    created = [d for d in (stream_dir, os.path.abspath(block_root)) if not os.path.exists(d)]
     os.makedirs(staging)
+    manifests: list[BlockManifest] = []
     try:
         from sage_tfx.streams import beam  # Beam and TF are imported only when a split runs
 
@@ -297,6 +304,9 @@ def split_into_blocks(stream: str, source: Union[str, Sequence[str]], scheme: Bl
                                   existing_block_ids, not_before)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        for d in created if not manifests else ():  # a failed split leaves no directory behind
+            with contextlib.suppress(OSError):
+                os.rmdir(d)
     result = SplitResult(stream=stream, scheme=scheme.spec(), blocks=tuple(manifests),
                          records_read=records_read, malformed=malformed_count,
                          malformed_examples=examples, malformed_by_reason=reasons,
@@ -403,8 +413,9 @@ def split_and_register(ledger: Any, stream: str, source: Union[str, Sequence[str
                        scheme: BlockScheme, block_root: str, **split_kwargs: Any) -> SplitResult:
     """Splits ``source`` into blocks and registers them with the ledger in time order.
 
-    Fails before reading any data if the stream is unknown or was created with another block
-    scheme (``granularity``), since blocks of two schemes would not partition the stream. Fails
+    Fails before reading any data if the caller may not register blocks (an admin's job), the
+    stream is unknown or was created with another block scheme (``granularity``), since blocks
+    of two schemes would not partition the stream. Fails
     after splitting, before anything is written, if a block is already registered or (time
     blocks) starts before the end of the stream's newest block: blocks are appended in time
     order. Registration is one ledger transaction; if it fails, the new block directories are
@@ -421,14 +432,21 @@ def split_and_register(ledger: Any, stream: str, source: Union[str, Sequence[str
       The split result; its blocks are now in the ledger with a full budget.
 
     Raises:
+      PermissionDeniedError: the caller is not an admin (nothing was read or written).
       UnknownStreamError: the stream is not in the ledger.
       ValueError: the stream's granularity names a different scheme.
       BlockExistsError, LateBlockError: see above.
       Everything ``split_into_blocks`` and ``ledger.add_blocks`` raise.
     """
-    granularity = getattr(ledger.stream(stream), "granularity", "")
-    _check_granularity(granularity, scheme, stream)
-    states = ledger.blocks(stream)
+    authorize = getattr(ledger, "authorize", None)
+    if authorize is not None:  # only a caller who may register blocks runs the split
+        from sage_tfx.ledger import access
+        authorize(access.CONFIGURE)
+    config = ledger.stream(stream)
+    _check_granularity(getattr(config, "granularity", ""), scheme, stream)
+    # Every context lists the same blocks (each with its own budget): read the first one's.
+    contexts = getattr(config, "contexts", None)
+    states = ledger.blocks(stream, contexts[0]) if contexts else ledger.blocks(stream)
     existing = {b.block_id for b in states}
     ends = [b.end for b in states if getattr(b, "end", None)]
     newest_end = max(ends, key=parse_utc_seconds) if ends else None

@@ -3,6 +3,7 @@ the database made before the rotation (a backup) no longer opens any block."""
 import json
 import shutil
 import sqlite3
+import types
 
 import pytest
 
@@ -119,8 +120,9 @@ def test_a_provider_that_cannot_rotate_says_so():
         def aead(self):
             raise AssertionError("not used")
 
+    anyone = types.SimpleNamespace(authorize=lambda action: None)  # the caller may configure
     with pytest.raises(InvalidRequestError, match="key service"):
-        blockkeys.rotate_kek(None, Kms())
+        blockkeys.rotate_kek(anyone, Kms())
     assert Kms().kek_id == "kms:x"
     with pytest.raises(InvalidRequestError):
         Kms().destroy_previous()

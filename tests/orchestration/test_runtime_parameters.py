@@ -89,7 +89,7 @@ def test_compile_errors_are_clear_and_write_nothing(tmp_path, capsys, monkeypatc
         (_args("gate-stats", tmp_path, url) + ["--set", "epsilon=1"], "given by a flag"),
         (_args("gate-stats", tmp_path, url)[:-6] + ["--window-last", "3", "--epsilon", "-1"],
          "epsilon"),
-        (_args("ptk", tmp_path, url)[:-6], "needs ['ptk_id', 'window_index']"),
+        (_args("ptk", tmp_path, url)[:-6], "needs --set ptk_id=VALUE, --set window_index=VALUE"),
         (_args("dnd", tmp_path, url) + ["--set", "no_such_option=1"], "no_such_option"),
         (_args("dnd", tmp_path, url) + ["--delta", "1e-6"], "gaussian unit"),
         (["--target", "airflow", *_args("gate-stats", tmp_path, url)[2:]], "--metadata-path"),

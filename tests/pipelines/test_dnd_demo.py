@@ -40,3 +40,14 @@ def test_dnd_demo_refuses_bad_arguments(tmp_path, args):
     assert r.returncode == 2, r.stderr
     assert "error:" in r.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_the_long_curves_report_their_progress(capsys):
+    from sage_tfx.dnd.eval import digits
+
+    runs = dnd_demo.curves(digits.load(), dnd_demo.configs(4.0, 1e-6), 3000, every=0.0)
+    lines = [line for line in capsys.readouterr().out.splitlines() if "updates, accuracy" in line]
+    for n in (1, 2, 3):  # every curve, at its points before the last (printed when it ends)
+        mine = [line for line in lines if f"curve {n}/3: " in line]
+        assert len(mine) == len(dnd_demo.marks_up_to(3000)) - 1, lines
+    assert len(runs) == 3

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -54,11 +54,13 @@ def _clip(g: np.ndarray, cfg: ClientConfig) -> np.ndarray:
 def run_batched(spec: GLMSpec, cfg: ClientConfig, k: int, x_train: np.ndarray, y_train: np.ndarray,
                 x_test: np.ndarray, y_test: np.ndarray, *, updates: int, marks: Sequence[int],
                 clients_of: int = 10, in_flight: int = 8, seed: int = 0,
-                label: Optional[str] = None) -> BatchedCurve:
+                label: Optional[str] = None,
+                progress: Optional[Callable[[int, float], None]] = None) -> BatchedCurve:
     """Trains k instances with ``updates`` client updates; evaluates the average at ``marks``.
 
     Clients are disjoint groups of ``clients_of`` training examples, visited pass after pass in a
-    fresh random order (as :func:`~sage_tfx.dnd.eval.simulate.run_curve`).
+    fresh random order (as :func:`~sage_tfx.dnd.eval.simulate.run_curve`). ``progress(updates,
+    test accuracy)`` is called at every mark (a long curve runs for minutes).
     """
     if spec.family != "multinomial":
         raise ValueError("the batched simulation is for the multinomial model")
@@ -99,4 +101,6 @@ def run_batched(spec: GLMSpec, cfg: ClientConfig, k: int, x_train: np.ndarray, y
         curve.updates.append(done)
         curve.train_loss.append(spec.loss(avg, x_train, y_train))
         curve.test_accuracy.append(spec.accuracy(avg, x_test, y_test))
+        if progress is not None:
+            progress(done, curve.test_accuracy[-1])
     return curve
