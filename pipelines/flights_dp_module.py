@@ -15,8 +15,8 @@ Features (``custom_config["features"]``, default :data:`DEFAULT_FEATURES`: the r
 inside the model; ``{name: {}}`` feeds it as it is. The label (``custom_config["label"]``) is
 the transform's scaled delay (``arr_delay_scaled``: clipped to [-60, 300] minutes, ÷ 300) or the
 raw ``arr_delay``; the pipeline declares ``output_scale`` so that the served prediction is in
-minutes (with the raw label, ``output_multiplier`` scales the network's output to minutes
-instead: clipped per-example gradients make that scaling harmless to DP-SGD). Flights without
+minutes (with the raw label, ``label_bounds`` makes the trainer clip and scale it, and scale
+the served prediction back). Flights without
 a label (cancelled) are not trained on.
 
 No function here reads data, trains or exports: that is the executor's.
@@ -59,9 +59,8 @@ def _features(config: dict) -> dict:
     return dict(sorted(features.items()))
 
 
-def build_model(features: dict, hidden_units: list, output_multiplier: float = 1.0) -> Any:
-    """A functional Keras regression model over the named float features (module doc); its
-    output × ``output_multiplier`` (e.g. minutes, when the label is the raw delay)."""
+def build_model(features: dict, hidden_units: list) -> Any:
+    """A functional Keras regression model over the named float features (module doc)."""
     import tensorflow as tf
     inputs = {name: tf.keras.Input(shape=(), name=name, dtype=tf.float32) for name in features}
     columns = []
@@ -74,10 +73,7 @@ def build_model(features: dict, hidden_units: list, output_multiplier: float = 1
     x = tf.stack(columns, axis=1)
     for units in hidden_units:
         x = tf.keras.layers.Dense(int(units), activation="relu")(x)
-    out = tf.keras.layers.Dense(1)(x)
-    if output_multiplier != 1.0:
-        out = out * float(output_multiplier)
-    return tf.keras.Model(inputs, out)
+    return tf.keras.Model(inputs, tf.keras.layers.Dense(1)(x))
 
 
 def model_fn(fn_args: Any) -> Any:
@@ -108,9 +104,9 @@ def model_fn(fn_args: Any) -> Any:
         raise ValueError(f"algorithm must be {DPSGD!r} or {ADASSP!r}, got {algorithm!r}")
     config = {**DPSGD_DEFAULTS, **config}
     return DPSGDSpec(
-        model=build_model(features, list(config["hidden_units"]),
-                          float(config.get("output_multiplier", 1.0))), label_key=label,
+        model=build_model(features, list(config["hidden_units"])), label_key=label,
         raw_label_keys=raw_labels, loss=tf.keras.losses.MeanSquaredError(),
+        label_bounds=(tuple(config["label_bounds"]) if config.get("label_bounds") else None),
         optimizer=tf.keras.optimizers.SGD(float(config["learning_rate"])),
         batch_size=int(config["batch_size"]), epochs=float(config["epochs"]),
         l2_norm_clip=float(config["l2_norm_clip"]), accountant=config["accountant"],

@@ -257,8 +257,8 @@ def trainer_config(algorithm: str = DPSGD, overrides: Optional[Mapping[str, Any]
         config.update({"features": transformed_features(algorithm), "label": ARR_DELAY_SCALED,
                        "raw_label": LABEL_KEY,
                        "label_bounds": list(ARR_DELAY_SCALED_BOUNDS)})
-    elif algorithm == DPSGD:  # the raw label is minutes: the network's output is scaled to it
-        config["output_multiplier"] = LABEL_SCALE
+    else:  # the raw label in minutes: clipped and scaled by the trainer, served in minutes
+        config["label_bounds"] = list(LABEL_BOUNDS)
     config.update(overrides)
     if config.pop("task", "regression") != "regression":
         raise ValueError("this pipeline validates the squared error of arr_delay in minutes: "

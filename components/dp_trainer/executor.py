@@ -278,7 +278,7 @@ class _Training:
         self.report_delta, self.ledger = report_delta, ledger
 
     def run(self, staging: str) -> None:
-        from sage_tfx.components.dp_trainer import export, model_fn_runner
+        from sage_tfx.components.dp_trainer import adassp_io, export, model_fn_runner
         fn_args = self.fn_args
         args = model_fn_lib.ModelFnArgs(transform_output=fn_args.transform_graph_path,
                                         schema_path=fn_args.schema_path,
@@ -301,6 +301,8 @@ class _Training:
             if training.algorithm == model_fn_lib.DPSGD:
                 model, ran, trained, fresh = self._dpsgd(training, feature_spec, work)
                 inputs = training.architecture.inputs
+                if training.label_bounds is not None:  # trained on the scaled label
+                    scale = scale * adassp_io.label_scale(training.label_bounds)
             else:
                 model, ran, trained, scale_y = self._adassp(training, work)
                 fresh, inputs = [], {name: "float32" for name, _, _ in training.features}
@@ -373,7 +375,7 @@ class _Training:
                      run.l2_norm_clip, run.max_batch_size, run.oversize,
                      "fast (ghost norms)" if dp_loop.fast else "per-example (vectorized)")
         parser = loop.ExampleParser(feature_spec, training.architecture.inputs,
-                                    training.label_key)
+                                    training.label_key, training.label_bounds)
         seen = dp_loop.train(batches, parser, run.steps, progress=loop.log_progress)
         updates, low, high = dp_loop.record.read()
         if seen != set(range(run.steps)) or updates != run.steps:

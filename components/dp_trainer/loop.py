@@ -107,10 +107,11 @@ class ExampleParser:
         (the transform's transformed feature spec, or the schema's).
       inputs: {model input: dtype name} (``Architecture.inputs``).
       label_key: The label feature (float32 labels; None for a parser of inputs only).
+      label_bounds: Public (lo, hi): labels are clipped to them and divided by max(|lo|, |hi|).
     """
 
     def __init__(self, feature_spec: Mapping[str, Any], inputs: Mapping[str, str],
-                 label_key: Optional[str]):
+                 label_key: Optional[str], label_bounds: Optional[tuple] = None):
         names = list(inputs) + ([label_key] if label_key else [])
         missing = [n for n in names if n not in feature_spec]
         if missing:
@@ -119,14 +120,18 @@ class ExampleParser:
         self.spec = {n: feature_spec[n] for n in names}
         self.dtypes = {n: tf.as_dtype(d) for n, d in inputs.items()}
         self.label_key = label_key
+        self.label_bounds = None if label_bounds is None else tuple(map(float, label_bounds))
 
     def features(self, parsed: Mapping[str, Any]) -> dict:
         return {n: _dense_first(parsed[n], d) for n, d in self.dtypes.items()}
 
     def __call__(self, serialized: Any) -> tuple[dict, Any]:
         parsed = tf.io.parse_example(serialized, self.spec)
-        labels = _dense_first(parsed[self.label_key], tf.float32)
-        return self.features(parsed), tf.cast(labels, tf.float32)
+        labels = tf.cast(_dense_first(parsed[self.label_key], tf.float32), tf.float32)
+        if self.label_bounds is not None:
+            lo, hi = self.label_bounds
+            labels = tf.clip_by_value(labels, lo, hi) / max(abs(lo), abs(hi))
+        return self.features(parsed), labels
 
 
 class DPSGDLoop:

@@ -17,6 +17,8 @@ training; the executor reads the granted data, runs DP-SGD and writes the export
   weights from its configuration, so nothing the module's objects hold reaches the export.
 * ``loss`` / ``optimizer``: a stock Keras loss / optimizer (or a name); default: those the model
   was compiled with (SGD(0.01) if none).
+* ``label_bounds`` (optional): public (lo, hi) of the label; it is clipped to them and divided
+  by max(|lo|, |hi|) for training, and the served prediction is scaled back (as AdaSSP's).
 * ``batch_size`` (expected examples per step), ``epochs``, ``l2_norm_clip``: DP-SGD's settings
   on a basic plan part (σ is calibrated to the part's (ε, δ) by ``accountant``, PLD by
   default); an rdp part's event fixes q, σ and the steps itself.
@@ -77,6 +79,7 @@ class DPSGDSpec:
     epochs: float = 1.0
     l2_norm_clip: float = 1.0
     raw_label_keys: Sequence[str] = ()
+    label_bounds: Optional[Sequence[float]] = None
     accountant: str = dpsgd.DEFAULT_ACCOUNTANT
     oversize: Optional[str] = None
     max_batch_size: Optional[int] = None
@@ -234,6 +237,8 @@ def parse_training_spec(data: Any, *, features: Optional[Sequence[str]] = None) 
         algorithm=DPSGD, label_key=label_key, raw_label_keys=raw_labels,
         architecture=architecture, loss=objectives.check_loss(data.get("loss")),
         optimizer=objectives.check_optimizer(data.get("optimizer") or "SGD"),
+        label_bounds=(None if data.get("label_bounds") is None
+                      else _bounds(data.get("label_bounds"), "label_bounds")),
         batch_size=_count(data.get("batch_size"), "batch_size"),
         epochs=_positive(data.get("epochs"), "epochs"),
         l2_norm_clip=_positive(data.get("l2_norm_clip"), "l2_norm_clip"),
@@ -278,6 +283,8 @@ def spec_to_json(spec: Any) -> dict:
                  else getattr(model, "optimizer", None))
     return {"algorithm": DPSGD, "label_key": spec.label_key,
             "raw_label_keys": list(spec.raw_label_keys),
+            "label_bounds": (None if spec.label_bounds is None
+                             else [float(v) for v in spec.label_bounds]),
             "model": json.loads(model.to_json()), "loss": _serialize_loss(loss),
             "optimizer": _serialize_optimizer(optimizer), "batch_size": spec.batch_size,
             "epochs": spec.epochs, "l2_norm_clip": spec.l2_norm_clip,

@@ -129,7 +129,7 @@ def test_trainer_config():
 
     raw = fp.trainer_config("dpsgd", {"epochs": 1, "seed": 3}, use_transform=False)
     assert "features" not in raw and "label" not in raw  # the module's raw defaults
-    assert (raw["epochs"], raw["seed"]) == (1, 3) and raw["output_multiplier"] == 300.0
+    assert (raw["epochs"], raw["seed"]) == (1, 3) and raw["label_bounds"] == [-60.0, 300.0]
     for bad, message in [(("logistic", None), "algorithm must be"),
                          (("dpsgd", {"algorithm": "adassp"}), "sets algorithm"),
                          (("dpsgd", {"task": "classification"}), "regression")]:
