@@ -165,7 +165,8 @@ def _ragged_rows(x: tf.RaggedTensor) -> tf.Tensor:
 
 
 def _check_unsupported(kwargs: dict) -> None:
-    given = sorted(k for k in _UNSUPPORTED if kwargs.get(k) not in (None, False))
+    given = sorted(k for k in _UNSUPPORTED
+                   if kwargs.get(k) is not None and kwargs.get(k) is not False)
     if given:
         raise ValueError(f"dp_vocabulary has no DP version of {given} (weights need a bound, "
                          "labels a DP mutual information, coverage and reserved tokens are not "

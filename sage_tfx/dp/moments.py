@@ -24,28 +24,20 @@ import dataclasses
 import dp_accounting
 import numpy as np
 
-from sage_tfx.dp.mechanisms import ArrayLike, LaplaceMechanism, Value, check_bounds, split_budget
+from sage_tfx.dp.mechanisms import ArrayLike, LaplaceMechanism, Value, split_budget
 from sage_tfx.dp.noise import NoiseSource
-from sage_tfx.dp.queries import DPRelease, Query, record_values
-from sage_tfx.ledger.accounting import check_epsilon
+from sage_tfx.dp.queries import DPRelease, MeanQuery, record_values
 
 __all__ = ["MeanVarQuery", "dp_mean_and_var"]
 
 
 @dataclasses.dataclass(frozen=True)
-class MeanVarQuery(Query):
+class MeanVarQuery(MeanQuery):
     """Mean and variance of values clipped to [lower, upper], from one ε-DP release (module doc).
+
+    The fields and their checks are :class:`~sage_tfx.dp.queries.MeanQuery`'s; the aggregate,
+    the release and the event are its own.
     """
-
-    lower: float
-    upper: float
-    epsilon: float
-
-    def __post_init__(self) -> None:
-        lower, upper = check_bounds(self.lower, self.upper)
-        object.__setattr__(self, "lower", lower)
-        object.__setattr__(self, "upper", upper)
-        object.__setattr__(self, "epsilon", check_epsilon(self.epsilon))
 
     @property
     def midpoint(self) -> float:
