@@ -85,6 +85,9 @@ PUBLIC_API: dict[str, tuple[str, ...]] = {
         "table_epsilons", "noise_scales"),
     "sage_tfx.dp.count_selection": (
         "private_count_quantile", "mi_score", "mi_score_sensitivity", "private_top_k"),
+    "sage_tfx.dp.partition_selection": (
+        "PartitionSelection", "select_partitions", "threshold", "bound_contributions",
+        "bounded_counts", "order_and_filter", "recall"),
     "sage_tfx.pyramid": (
         "CountSpec", "Featurization", "PyramidStore", "SealResult", "WindowSealedError",
         "RetentionError", "BudgetDeniedError", "UnknownFeatureError", "NonCategoricalError",
