@@ -23,8 +23,9 @@ query               exact aggregate                                           L1
 =================== ======================================================== ==============
 
 (h = (upper − lower)/2.) A categorical feature without a domain gets its values from a DP
-vocabulary by partition selection (:func:`select_vocabulary`: noisy counts of the values, kept
-only above a threshold that hides any one example's values; (ε, δ)-DP, so the part needs δ > 0).
+vocabulary by partition selection (:mod:`sage_tfx.dp.partition_selection`: Laplace noise on the
+number of examples holding each value, a value kept only above a threshold that hides any one
+example's values; (ε, δ)-DP, so the part needs δ > 0; its noisy counts are the top values).
 
 Privacy. Adjacency is add/remove one example. Within a split the queries compose sequentially:
 the part's ε is split evenly over them (:func:`~sage_tfx.dp.mechanisms.split_budget`, never

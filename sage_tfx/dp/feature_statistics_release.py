@@ -20,7 +20,8 @@ from sage_tfx.dp.feature_statistics import (NUM_EXAMPLES, RANK_HISTOGRAM_BUCKETS
                                             VocabularyBudget)
 from sage_tfx.dp.histograms import occupied_range, quantiles_from_counts
 from sage_tfx.dp.mechanisms import noise_source
-from sage_tfx.dp.noise import NoiseSource
+from sage_tfx.dp.noise import SECURE, NoiseSource
+from sage_tfx.dp.partition_selection import PartitionSelection
 from sage_tfx.errors import InvalidRequestError
 
 
@@ -97,12 +98,13 @@ def select_vocabulary(counts: Mapping[bytes, int], budget: VocabularyBudget,
                       noise: NoiseSource | None = None) -> dict[bytes, float]:
     """Values of a categorical feature released by partition selection, with noisy counts.
 
-    Raises:
-      InvalidRequestError: partition selection is not available.
+    Laplace thresholding at the vocabulary's (ε, δ) with ``max_partitions_contributed`` =
+    ``max_values`` (:class:`sage_tfx.dp.partition_selection.PartitionSelection`): each example
+    counts once for each distinct value among its first ``max_values`` values
+    (``StatisticsConfig.aggregate``), so one example moves at most ``max_values`` counts by 1.
     """
-    raise InvalidRequestError(
-        f"feature {budget.feature!r} has no public domain and partition selection is not "
-        "available: declare its domain")
+    selection = PartitionSelection(budget.epsilon, budget.delta, budget.max_values)
+    return selection.release(counts, None if noise is SECURE else noise)
 
 
 def release(config: StatisticsConfig, budget: StatisticsBudget,

@@ -23,12 +23,18 @@ def mods():
     return component, executor, spec, artifacts, plan_io, privacy
 
 
-def _features():
+def _features(vocabulary=True):
+    """The declared features; ``city`` has no domain: its values come from partition
+    selection."""
     from sage_tfx.dp.feature_statistics import CategoricalFeature, NumericFeature
     return (NumericFeature("x", 0.0, 10.0, num_bins=10),
             NumericFeature("k", 0.0, 8.0, dtype="int", num_bins=8),
             NumericFeature("tags", -1.0, 1.0, max_values=3),
-            CategoricalFeature("color", domain=("red", "green", "blue", "violet")))
+            CategoricalFeature("color", domain=("red", "green", "blue", "violet")),
+            *([CategoricalFeature("city")] if vocabulary else ()))
+
+
+CITIES = ("paris", "lyon", "nice")  # each in ~1/3 of the rows; plus one row of "rare-town"
 
 
 def _rows(rng, n, *, colors=("red", "green", "blue"), p_tags=0.6):
@@ -37,10 +43,11 @@ def _rows(rng, n, *, colors=("red", "green", "blue"), p_tags=0.6):
     rows = []
     for _ in range(n):
         row = {"x": float(rng.uniform(0, 10)), "k": int(rng.integers(0, 6)),
-               "color": str(rng.choice(colors))}
+               "color": str(rng.choice(colors)), "city": str(rng.choice(CITIES))}
         if rng.uniform() < p_tags:
             row["tags"] = [float(v) for v in rng.uniform(-1, 1, int(rng.integers(1, 4)))]
         rows.append(row)
+    rows[0]["city"] = "rare-town"
     return rows
 
 
@@ -88,7 +95,7 @@ def data(tmp_path_factory):
     return root, splits
 
 
-def _plan(mods, epsilon=2.0, delta=0.0, **kw):
+def _plan(mods, epsilon=2.0, delta=1e-6, **kw):
     from sage_tfx.adaptive.plan import PlanPart, PrivacyPlan
     privacy = mods[5]
     return PrivacyPlan.of(privacy.statistics_part(_features(), epsilon, delta, **kw),
@@ -187,14 +194,21 @@ def test_statistics_are_dp_and_stock_schema_gen_and_example_validator_run_on_the
     assert sorted(b.label for b in color.string_stats.rank_histogram.buckets) == [
         "blue", "green", "red"]  # "violet" (declared, never seen) is not listed
     assert color.string_stats.unique == 3
+    city = _feature(train, "city").string_stats  # partition selection: the rare value is hidden
+    assert sorted(v.value for v in city.top_values) == sorted(CITIES)
+    assert all(abs(v.frequency - N_TRAIN / 3) < 150 for v in city.top_values)
+    with open(os.path.join(stats.uri, spec.DP_FILE_NAME)) as f:
+        budget = json.load(f)["budget_per_split"]
+    assert [v["feature"] for v in budget["vocabularies"]] == ["city"]
+    assert budget["vocabularies"][0]["delta"] == 1e-6
 
     schema_artifact, schema = _schema_gen(stats, str(tmp_path / "schema"))
     by_name = {f.name: f for f in schema.feature}
     assert by_name["x"].presence.min_fraction == 1.0 and by_name["x"].shape.dim[0].size == 1
     assert by_name["color"].presence.min_fraction == 1.0
     assert not by_name["tags"].presence.min_fraction  # optional: missing in 40 % of rows
-    [domain] = schema.string_domain
-    assert sorted(domain.value) == ["blue", "green", "red"]
+    domains = {d.name: sorted(d.value) for d in schema.string_domain}
+    assert domains == {"color": ["blue", "green", "red"], "city": sorted(CITIES)}
 
     anomalies = _example_validator(stats, schema_artifact, str(tmp_path / "anomalies"))
     assert not anomalies.anomaly_info, anomalies  # eval is drawn like train
@@ -246,9 +260,10 @@ def test_another_configuration_under_the_same_grant_is_refused(mods, tmp_path, d
 def test_rdp_part_is_the_exact_event(mods, tmp_path, data):
     from sage_tfx.adaptive.plan import PrivacyPlan
     root, _ = data
-    part = mods[5].statistics_part(_features(), 2.0, rdp=True)
+    part = mods[5].statistics_part(_features(vocabulary=False), 2.0, rdp=True)
     grant = _grant(mods, tmp_path, PrivacyPlan.of(part), mode="rdp")
-    stats = _run(mods, tmp_path, grant=grant, examples=_examples(root, grant.grant_id))
+    stats = _run(mods, tmp_path, grant=grant, examples=_examples(root, grant.grant_id),
+                 features=_features(vocabulary=False))
     assert stats.get_float_custom_property("epsilon") == 2.0
     with open(os.path.join(stats.uri, mods[2].DP_FILE_NAME)) as f:
         budget = json.load(f)["budget_per_split"]
@@ -260,6 +275,7 @@ def test_rdp_part_is_the_exact_event(mods, tmp_path, data):
     ("examples_of_another_grant", "record grant"),
     ("examples_without_grant", "record grant"),
     ("rdp_other_event", "not these statistics' dp_event"),
+    ("vocabulary_without_delta", "delta > 0"),
 ])
 def test_refusals_before_any_example_is_read(mods, tmp_path, case, match):
     import dp_accounting
@@ -272,13 +288,16 @@ def test_refusals_before_any_example_is_read(mods, tmp_path, case, match):
         mode = "rdp"
         plan = PrivacyPlan.of(PlanPart("statistics", event=dp_accounting.LaplaceDpEvent(1.0),
                                        params=(("epsilon", 1.0),)))
+    if case == "vocabulary_without_delta":
+        plan = PrivacyPlan.of(PlanPart("statistics", 2.0))
     grant = _grant(mods, tmp_path, plan, mode=mode)
     grant_id = {"examples_of_another_grant": "grant-other",
                 "examples_without_grant": None}.get(case, grant.grant_id)
     # A directory without any data: the refusal must come before anything is read.
     examples = _examples(str(tmp_path / "nothing"), grant_id)
+    features = _features(vocabulary=case == "vocabulary_without_delta")
     with pytest.raises(MissingGrantError, match=match):
-        _run(mods, tmp_path, grant=grant, examples=examples)
+        _run(mods, tmp_path, grant=grant, examples=examples, features=features)
 
 
 def test_component_spec(mods):

@@ -248,3 +248,33 @@ def test_configuration_round_trips_through_json():
     assert budget.vocabularies[0].delta == 1e-6
     assert sum(accounting.exact(q.epsilon) for q in budget.queries) + accounting.exact(
         budget.vocabularies[0].epsilon) <= Decimal(1)
+
+
+def test_vocabulary_by_partition_selection_lists_common_values_only():
+    """A categorical feature without a domain: common values are released with noisy counts
+    (the top values), a value held by a single example is not (δ bounds that), and each
+    example counts once per distinct value among its first max_values values."""
+    from sage_tfx.dp.partition_selection import PartitionSelection
+    config = fs.StatisticsConfig((fs.CategoricalFeature("city", max_values=2),))
+    budget = config.budget(2.0, 1e-6)
+    [vocab] = budget.vocabularies
+    assert (vocab.delta, vocab.max_values) == (1e-6, 2)
+    spent = accounting.exact(vocab.epsilon) + sum(accounting.exact(q.epsilon)
+                                                  for q in budget.queries)
+    assert Decimal(2) - Decimal("1e-15") < spent <= Decimal(2)
+    rows = ([{"city": [b"paris", b"paris", b"lyon"]}] * 300 + [{"city": [b"nice"]}] * 200
+            + [{"city": [b"rare"]}])
+    totals, counts = config.aggregate(rows)
+    # "lyon" is the third value of its examples: past max_values, never counted.
+    assert counts["city"] == {b"paris": 300, b"nice": 200, b"rare": 1}
+    assert list(totals["city:valency"]) == [0, 201, 300]
+    selection = PartitionSelection(vocab.epsilon, vocab.delta, 2)
+    for _ in range(20):
+        noisy = fr.release(config, budget, totals, counts)
+        assert set(noisy.vocabularies["city"]) == {b"paris", b"nice"}
+        assert all(c >= selection.threshold for c in noisy.vocabularies["city"].values())
+    summary = fr.summarize(config, budget, noisy)
+    cat = summary.features[0].categorical
+    assert [v for v, _ in cat.values] == [b"paris", b"nice"] and cat.unique == 2
+    assert cat.avg_length == pytest.approx(
+        (5 * cat.values[0][1] + 4 * cat.values[1][1]) / (cat.values[0][1] + cat.values[1][1]))
