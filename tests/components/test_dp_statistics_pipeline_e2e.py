@@ -1,12 +1,11 @@
 """End to end under LocalDagRunner: SageGate → BlockExampleGen → DPStatisticsGen → stock SchemaGen
 → stock ExampleValidator on tiny encrypted blocks, then a replay of the same grant."""
-import datetime
 import os
 
 import numpy as np
 import pytest
 
-from blockdata import make_example, write_encrypted_block
+from blockdata import make_example, write_encrypted_day_blocks
 
 pytestmark = pytest.mark.slow
 
@@ -17,20 +16,15 @@ CITIES = ("paris", "lyon", "nice")
 
 
 def _ledger(tmp_path):
-    from sage_tfx.ledger import BlockSpec, open_ledger
-    from sage_tfx.streams.blocks import block_location
+    from sage_tfx.ledger import open_ledger
     url = f"sqlite:///{tmp_path}/ledger.db"
     rng = np.random.default_rng(3)
-    specs = []
-    for day in DAYS:
-        rows = [make_example({"x": float(rng.uniform(0, 10)), "k": int(rng.integers(0, 5)),
+
+    def rows(day):
+        return [make_example({"x": float(rng.uniform(0, 10)), "k": int(rng.integers(0, 5)),
                               "city": str(rng.choice(CITIES))}) for _ in range(PER_BLOCK)]
-        loc = block_location(str(tmp_path / "blocks"), STREAM, day)
-        kek_id, wrapped = write_encrypted_block(loc, STREAM, day, [rows])
-        start = datetime.date.fromisoformat(day)
-        specs.append(BlockSpec(day, loc, f"{start}T00:00:00+00:00",
-                               f"{start + datetime.timedelta(days=1)}T00:00:00+00:00",
-                               PER_BLOCK, wrapped_key=wrapped, kek_id=kek_id))
+
+    specs = write_encrypted_day_blocks(str(tmp_path / "blocks"), STREAM, DAYS, rows)
     with open_ledger(url) as ledger:
         ledger.create_stream(STREAM, epsilon_g=10.0, delta_g=1e-5, granularity="day")
         ledger.add_blocks(STREAM, specs)
