@@ -1,5 +1,7 @@
 """The plan part DPStatisticsGen spends: built by :func:`statistics_part`, read back by
-:func:`part_budget` (which refuses a part that is not exactly what the statistics spend)."""
+:func:`part_budget` (which refuses a part that is not exactly what the statistics spend).
+
+No TFX import here: ``statistics_part`` builds plans anywhere (a notebook, a plan module)."""
 from __future__ import annotations
 
 import math
@@ -8,10 +10,12 @@ from typing import Sequence, Union
 from absl import logging
 
 from sage_tfx.adaptive import plan as plan_lib
-from sage_tfx.components.dp_statistics_gen import spec
 from sage_tfx.dp.feature_statistics import Feature, StatisticsConfig
 from sage_tfx.errors import InvalidPrivacyParameterError, InvalidRequestError, MissingGrantError
 from sage_tfx.ledger import accounting
+
+DEFAULT_PLAN_PART = "statistics"
+EPSILON_PARAM = "epsilon"  # rdp parts: the part's ε, stored in PlanPart.params
 
 
 def _config(features: Union[StatisticsConfig, Sequence[Feature]]) -> StatisticsConfig:
@@ -22,7 +26,7 @@ def _config(features: Union[StatisticsConfig, Sequence[Feature]]) -> StatisticsC
 
 def statistics_part(features: Union[StatisticsConfig, Sequence[Feature]], epsilon: float,
                     delta: float = 0.0, *, rdp: bool = False,
-                    name: str = spec.DEFAULT_PLAN_PART) -> plan_lib.PlanPart:
+                    name: str = DEFAULT_PLAN_PART) -> plan_lib.PlanPart:
     """The privacy plan part of a DPStatisticsGen over ``features`` at (ε, δ).
 
     Basic streams: ``PlanPart(name, ε, δ)`` (δ > 0 is needed, and spent, only by features
@@ -41,7 +45,7 @@ def statistics_part(features: Union[StatisticsConfig, Sequence[Feature]], epsilo
                                                f"only): delta must be 0, got {delta!r}")
         epsilon = accounting.check_epsilon(epsilon)
         return plan_lib.PlanPart(name, event=config.dp_event(epsilon),
-                                 params=((spec.EPSILON_PARAM, epsilon),))
+                                 params=((EPSILON_PARAM, epsilon),))
     config.budget(epsilon, delta)  # checks ε, δ and δ > 0 for vocabularies
     return plan_lib.PlanPart(name, epsilon, delta)
 
@@ -72,7 +76,7 @@ def part_budget(plan: plan_lib.PrivacyPlan, name: str,
                                     f"statistics: {e}") from e
         return epsilon, delta
     charged = accounting.event_to_json(part.event)
-    epsilon = part.param(spec.EPSILON_PARAM)
+    epsilon = part.param(EPSILON_PARAM)
     ok = (not isinstance(epsilon, bool) and isinstance(epsilon, (int, float))
           and math.isfinite(epsilon) and epsilon > 0)
     if ok:

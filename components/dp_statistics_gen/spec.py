@@ -4,6 +4,9 @@ from tfx.types import standard_artifacts, standard_component_specs
 from tfx.types.component_spec import ChannelParameter, ComponentSpec, ExecutionParameter
 
 from sage_tfx.components.artifacts import SageGrant
+# The part's default name and the rdp params key live with statistics_part (no TFX there).
+from sage_tfx.components.dp_statistics_gen.privacy import (  # noqa: F401
+    DEFAULT_PLAN_PART, EPSILON_PARAM)
 from sage_tfx.components.gate.spec import GRANT_KEY
 
 # Channel keys: StatisticsGen's own names, so pipelines wire it the same way.
@@ -16,9 +19,6 @@ FEATURES_JSON_KEY = "features_json"  # StatisticsConfig.to_json(): features and 
 EXCLUDE_SPLITS_KEY = standard_component_specs.EXCLUDE_SPLITS_KEY  # JSON list, as StatisticsGen
 PLAN_PART_KEY = "plan_part"  # the privacy plan part this component spends
 LEDGER_URL_KEY = "ledger_url"  # optional: the ledger to trust (default: the grant's)
-
-DEFAULT_PLAN_PART = "statistics"
-EPSILON_PARAM = "epsilon"  # rdp parts: the part's ε, stored in PlanPart.params
 
 # Output layout: StatisticsGen's, read by stock SchemaGen / ExampleValidator
 # (tfx.components.statistics_gen.stats_artifact_utils.load_statistics).

@@ -140,14 +140,17 @@ class LossDifferenceComparator:
 
     @property
     def loss_bound(self) -> float:
+        """B: per-example losses are clipped to [0, B]."""
         return self._loss_bound
 
     @property
     def eta(self) -> float:
+        """η = 1 − confidence of each bound."""
         return self._eta
 
     @property
     def tolerance(self) -> float:
+        """τ: how much worse (metric units) still counts as not worse."""
         return self._tolerance
 
     def dp_event(self, epsilon: float) -> dp_accounting.DpEvent:

@@ -134,6 +134,7 @@ class NumericFeature:
                 (f"{self.name}:squares", k * h * h, 1))
 
     def to_dict(self) -> dict:
+        """A JSON-able dict (:func:`feature_from_dict` reads it back)."""
         return {"kind": NUMERIC, **dataclasses.asdict(self)}
 
 
@@ -168,12 +169,15 @@ class CategoricalFeature:
         return self.domain is None
 
     def queries(self) -> tuple[tuple[str, float, int], ...]:
+        """(key, L1 sensitivity, cells) of each Laplace query on this feature (a vocabulary is
+        selected separately)."""
         out = [(f"{self.name}:valency", 1.0, self.max_values + 1)]
         if self.domain is not None:
             out.append((f"{self.name}:domain", float(self.max_values), len(self.domain)))
         return tuple(out)
 
     def to_dict(self) -> dict:
+        """A JSON-able dict (:func:`feature_from_dict` reads it back)."""
         return {"kind": CATEGORICAL, "name": self.name,
                 "domain": list(self.domain) if self.domain is not None else None,
                 "max_values": self.max_values}
@@ -224,6 +228,7 @@ class QueryBudget:
 
     @property
     def mechanism(self) -> LaplaceMechanism:
+        """The Laplace mechanism of this share (OpenDP's sampler at :attr:`scale`)."""
         return LaplaceMechanism(self.epsilon, self.sensitivity)
 
 
@@ -247,9 +252,11 @@ class StatisticsBudget:
     vocabularies: tuple[VocabularyBudget, ...]
 
     def query(self, key: str) -> QueryBudget:
+        """The budget of the query ``key``."""
         return next(q for q in self.queries if q.key == key)
 
     def to_dict(self) -> dict:
+        """A JSON-able description (``dp_statistics.json``)."""
         return {"epsilon": self.epsilon, "delta": self.delta,
                 "composition": "sequential within a split, parallel across splits",
                 "adjacency": "add/remove one example",
@@ -294,6 +301,7 @@ class StatisticsConfig:
 
     @property
     def vocabulary_features(self) -> tuple[CategoricalFeature, ...]:
+        """The categorical features without a domain (their values by partition selection)."""
         return tuple(f for f in self.features
                      if isinstance(f, CategoricalFeature) and f.selects_vocabulary)
 
@@ -337,15 +345,22 @@ class StatisticsConfig:
             [q.mechanism.dp_event() for q in self.budget(epsilon).queries])
 
     def to_dict(self) -> dict:
+        """A JSON-able dict (:meth:`from_dict` reads it back)."""
         return {"features": [f.to_dict() for f in self.features],
                 "failure_probability": self.failure_probability,
                 "num_quantiles": self.num_quantiles, "num_top_values": self.num_top_values}
 
     def to_json(self) -> str:
+        """Canonical JSON of :meth:`to_dict` (sorted keys)."""
         return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "StatisticsConfig":
+        """Inverse of :meth:`to_dict`.
+
+        Raises:
+          InvalidRequestError, InvalidPrivacyParameterError: a malformed configuration.
+        """
         if not isinstance(d, Mapping) or "features" not in d:
             raise InvalidRequestError(f"not a statistics configuration: {d!r}")
         extra = set(d) - {"features", "failure_probability", "num_quantiles", "num_top_values"}
@@ -356,6 +371,7 @@ class StatisticsConfig:
 
     @classmethod
     def from_json(cls, text: str) -> "StatisticsConfig":
+        """Inverse of :meth:`to_json` (InvalidRequestError on text that is not JSON)."""
         try:
             data = json.loads(text)
         except (TypeError, ValueError) as e:
