@@ -37,6 +37,7 @@ from typing import Optional, Sequence
 from tfx import v1 as tfx
 
 from sage_tfx.components import artifacts as sage_artifacts
+from sage_tfx.components import preflight
 from sage_tfx.components.block_example_gen.component import BlockExampleGen
 from sage_tfx.components.dp_trainer.component import DPTrainer
 from sage_tfx.components.dp_transform.component import DPTransform
@@ -110,7 +111,9 @@ def create_pipeline(*, pipeline_name: str, pipeline_root: str, metadata_path: st
     Raises:
       ValueError: a plan without exactly the parts this pipeline spends, both or neither of
         blocks / window_last, an unknown algorithm or metric, bad trainer_config, target,
-        loss_bound or eta (checked here, before anything runs).
+        loss_bound or eta (checked here, before anything runs); ``PreflightError``: a
+        component would refuse its configuration (``preflight.attach``: the preprocessing_fn
+        traced against the schema, the plan parts against the components).
     """
     check_plan(plan, use_transform=use_transform)
     if (blocks is None) == (window_last is None):
@@ -160,7 +163,7 @@ def create_pipeline(*, pipeline_name: str, pipeline_root: str, metadata_path: st
                 filesystem=tfx.proto.PushDestination.Filesystem(
                     base_directory=serving_model_dir)))
         downstream = [*readers, validator, pusher]
-    return tfx.dsl.Pipeline(
+    pipeline = tfx.dsl.Pipeline(
         pipeline_name=pipeline_name,
         pipeline_root=pipeline_root,
         components=[gate, *downstream],
@@ -170,6 +173,9 @@ def create_pipeline(*, pipeline_name: str, pipeline_root: str, metadata_path: st
             metadata_path),
         beam_pipeline_args=list(beam_pipeline_args or []),
     )
+    # Check before charge: what DPTransform / DPTrainer / DPModelValidator would refuse from
+    # their configuration is refused now, and re-checked by the gate before it charges.
+    return preflight.attach(pipeline)
 
 
 @dataclasses.dataclass(frozen=True)

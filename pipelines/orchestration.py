@@ -85,9 +85,20 @@ def for_orchestrator(pipeline, orchestrator: str):
       pipeline: a ``tfx.dsl.Pipeline``.
       orchestrator: ``"local"``, ``"kubeflow"`` or ``"airflow"``.
 
+    Every gate's downstream configuration is checked against its plan first
+    (``sage_tfx.components.preflight.attach``): a pipeline a component would refuse is refused
+    here, before anything can be charged, and the facts are baked into the gate, whose executor
+    re-checks them before it charges.
+
     Returns:
       The same pipeline (modified in place).
+
+    Raises:
+      PreflightError: a component that spends a gate's plan would refuse the run.
     """
+    from sage_tfx.components import preflight
+
+    preflight.attach(pipeline)  # check before charge: refuses here what a component would refuse
     value = gate_component.pipeline_run_id_for(orchestrator)
     name = pipeline.pipeline_info.pipeline_name
     for node in pipeline.components:

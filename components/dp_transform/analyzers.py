@@ -39,12 +39,15 @@ same, and that common spend is what the run costs. One budget accounts for ONE a
 fresh ``DPPreprocessingFn`` for every run (running the analysis twice releases twice, and the
 budget cannot see that; the Beam counter ``noise_draws`` in :data:`METRICS_NAMESPACE` can).
 
-Common keyword arguments of the analyzers: ``noise`` is the noise source the release draws from;
-None (the default, and the only value components and pipelines use: ``tests/test_layout.py``
-forbids seeded noise there) is OpenDP's samplers, safe from Mironov's floating-point attack. Tests
-may pass seeded noise (``sage_tfx.dp.noise``) to compare with the numpy reference (analyzers sharing
-a seed draw correlated noise, which voids the composition argument). ``name`` names the analyzer in
-the graph and in the budget's spends (made unique per trace).
+Common keyword arguments of the analyzers: ``epsilon`` is the analyzer's ε; None (the default)
+takes a share of what the analyzers with an explicit ε leave, in proportion to ``weight`` (default
+1), fixed by DPTransform's planning trace (``budget`` module doc). ``noise`` is the noise source
+the release draws from; None (the default, and the only value components and pipelines use:
+``tests/test_layout.py`` forbids seeded noise there) is OpenDP's samplers, safe from Mironov's
+floating-point attack. Tests may pass seeded noise (``sage_tfx.dp.noise``) to compare with the
+numpy reference (analyzers sharing a seed draw correlated noise, which voids the composition
+argument). ``name`` names the analyzer in the graph and in the budget's spends (made unique per
+trace).
 
 Privacy assumptions are those of ``sage_tfx.dp.mechanisms``: add-or-remove-one-record adjacency,
 one value (and key) per record, public clipping bounds, key domains and bin edges, Laplace noise.
@@ -137,6 +140,15 @@ def _check_noise(noise: Optional[NoiseSource]) -> Optional[NoiseSource]:
     return None if noise is None else mechanisms.noise_source(noise)
 
 
+def _epsilon(epsilon: Optional[float], weight: float, name: str) -> float:
+    """``epsilon`` if given, else the analyzer's share of the active budget (budget module doc).
+    """
+    if epsilon is not None:
+        return epsilon  # checked by the query
+    share, _ = active_budget().share(name, weight, False, trace=tf.compat.v1.get_default_graph())
+    return share
+
+
 def _release(query: queries.Query, inputs: Sequence[tf.Tensor], shape: Sequence[int],
              name: str, noise: Optional[NoiseSource]) -> tf.Tensor:
     """Charges the active budget, then adds the query as a ptransform analyzer (float32 output)."""
@@ -205,8 +217,8 @@ def _dense_values(values: tf.Tensor, what: str = "values") -> tf.Tensor:
 # --- analyzers --------------------------------------------------------------------------------
 
 
-def dp_count(x: TensorLike, epsilon: float, *, noise: Optional[NoiseSource] = None,
-             name: str = "dp_count") -> tf.Tensor:
+def dp_count(x: TensorLike, epsilon: Optional[float] = None, *, weight: float = 1.0,
+             noise: Optional[NoiseSource] = None, name: str = "dp_count") -> tf.Tensor:
     """DP number of records (rows of ``x``; for a SparseTensor, rows with a value).
 
     Args:
@@ -222,6 +234,7 @@ def dp_count(x: TensorLike, epsilon: float, *, noise: Optional[NoiseSource] = No
       InvalidPrivacyParameterError: bad ε; DPBudgetExceededError: ε does not fit the budget;
       MissingGrantError: no active budget.
     """
+    epsilon = _epsilon(epsilon, weight, name)
     query = queries.CountQuery(epsilon)
     if isinstance(x, tf.SparseTensor):
         present = _record_values(x, "x")
@@ -233,8 +246,9 @@ def dp_count(x: TensorLike, epsilon: float, *, noise: Optional[NoiseSource] = No
     return _release(query, [present], [], name, noise)
 
 
-def dp_sum(x: TensorLike, lower: float, upper: float, epsilon: float, *,
-           noise: Optional[NoiseSource] = None, name: str = "dp_sum") -> tf.Tensor:
+def dp_sum(x: TensorLike, lower: float, upper: float, epsilon: Optional[float] = None, *,
+           weight: float = 1.0, noise: Optional[NoiseSource] = None,
+           name: str = "dp_sum") -> tf.Tensor:
     """DP sum of ``x`` clipped to the public bounds [lower, upper] (NaN values are ignored).
 
     Laplace noise of sensitivity max(|lower|, |upper|).
@@ -245,12 +259,14 @@ def dp_sum(x: TensorLike, lower: float, upper: float, epsilon: float, *,
     Raises:
       InvalidPrivacyParameterError: bad ε or bounds; DPBudgetExceededError; MissingGrantError.
     """
+    epsilon = _epsilon(epsilon, weight, name)
     query = queries.SumQuery(lower, upper, epsilon)
     return _release(query, [_record_values(x)], [], name, noise)
 
 
-def dp_mean(x: TensorLike, lower: float, upper: float, epsilon: float, *,
-            noise: Optional[NoiseSource] = None, name: str = "dp_mean") -> tf.Tensor:
+def dp_mean(x: TensorLike, lower: float, upper: float, epsilon: Optional[float] = None, *,
+            weight: float = 1.0, noise: Optional[NoiseSource] = None,
+            name: str = "dp_mean") -> tf.Tensor:
     """DP mean of ``x`` clipped to [lower, upper]: noisy sum / noisy count (Sage List. 1).
 
     ε is split in half between the (midpoint-centered) sum and the count.
@@ -261,11 +277,13 @@ def dp_mean(x: TensorLike, lower: float, upper: float, epsilon: float, *,
     Raises:
       InvalidPrivacyParameterError: bad ε or bounds; DPBudgetExceededError; MissingGrantError.
     """
+    epsilon = _epsilon(epsilon, weight, name)
     query = queries.MeanQuery(lower, upper, epsilon)
     return _release(query, [_record_values(x)], [], name, noise)
 
 
-def dp_group_by_count(keys: tf.Tensor, key_domain: Sequence[Any], epsilon: float, *,
+def dp_group_by_count(keys: tf.Tensor, key_domain: Sequence[Any],
+                      epsilon: Optional[float] = None, *, weight: float = 1.0,
                       noise: Optional[NoiseSource] = None,
                       name: str = "dp_group_by_count") -> tf.Tensor:
     """DP number of records per key of the public ``key_domain`` (parallel composition).
@@ -283,13 +301,15 @@ def dp_group_by_count(keys: tf.Tensor, key_domain: Sequence[Any], epsilon: float
     Raises:
       InvalidPrivacyParameterError: bad ε or domain; DPBudgetExceededError; MissingGrantError.
     """
+    epsilon = _epsilon(epsilon, weight, name)
     query = queries.GroupByCountQuery(tuple(key_domain), epsilon)
     return _release(query, [_record_keys(keys, query.key_domain)], [len(query.key_domain)],
                     name, noise)
 
 
 def dp_group_by_sum(keys: tf.Tensor, values: tf.Tensor, key_domain: Sequence[Any], lower: float,
-                    upper: float, epsilon: float, *, noise: Optional[NoiseSource] = None,
+                    upper: float, epsilon: Optional[float] = None, *, weight: float = 1.0,
+                    noise: Optional[NoiseSource] = None,
                     name: str = "dp_group_by_sum") -> tf.Tensor:
     """DP sum per key of the public ``key_domain`` of values clipped to [lower, upper].
 
@@ -300,14 +320,15 @@ def dp_group_by_sum(keys: tf.Tensor, values: tf.Tensor, key_domain: Sequence[Any
       InvalidPrivacyParameterError: bad ε, bounds or domain; DPBudgetExceededError;
       MissingGrantError.
     """
+    epsilon = _epsilon(epsilon, weight, name)
     query = queries.GroupBySumQuery(tuple(key_domain), lower, upper, epsilon)
     return _release(query, [_record_keys(keys, query.key_domain), _dense_values(values)],
                     [len(query.key_domain)], name, noise)
 
 
 def dp_group_by_mean_per_key(keys: tf.Tensor, values: tf.Tensor, key_domain: Sequence[Any],
-                             lower: float, upper: float, epsilon: float, *,
-                             noise: Optional[NoiseSource] = None,
+                             lower: float, upper: float, epsilon: Optional[float] = None, *,
+                             weight: float = 1.0, noise: Optional[NoiseSource] = None,
                              name: str = "dp_group_by_mean") -> tf.Tensor:
     """DP mean per key of the public ``key_domain`` of values clipped to [lower, upper].
 
@@ -321,14 +342,16 @@ def dp_group_by_mean_per_key(keys: tf.Tensor, values: tf.Tensor, key_domain: Seq
       InvalidPrivacyParameterError: bad ε, bounds or domain; DPBudgetExceededError;
       MissingGrantError.
     """
+    epsilon = _epsilon(epsilon, weight, name)
     query = queries.GroupByMeanQuery(tuple(key_domain), lower, upper, epsilon)
     return _release(query, [_record_keys(keys, query.key_domain), _dense_values(values)],
                     [len(query.key_domain)], name, noise)
 
 
 def dp_group_by_mean(keys: tf.Tensor, values: tf.Tensor, key_domain: Sequence[Any],
-                     lower: float, upper: float, epsilon: float, *,
-                     default_value: Optional[float] = None, noise: Optional[NoiseSource] = None,
+                     lower: float, upper: float, epsilon: Optional[float] = None, *,
+                     weight: float = 1.0, default_value: Optional[float] = None,
+                     noise: Optional[NoiseSource] = None,
                      name: str = "dp_group_by_mean") -> tf.Tensor:
     """Each instance's key's DP mean value: Sage List. 1 ``dp_group_by_mean``.
 
@@ -352,6 +375,7 @@ def dp_group_by_mean(keys: tf.Tensor, values: tf.Tensor, key_domain: Sequence[An
       InvalidPrivacyParameterError: bad ε, bounds or domain; DPBudgetExceededError;
       MissingGrantError.
     """
+    epsilon = _epsilon(epsilon, weight, name)
     query = queries.GroupByMeanQuery(tuple(key_domain), lower, upper, epsilon)
     if default_value is None:
         default_value = (query.lower + query.upper) / 2.0
@@ -370,8 +394,9 @@ def dp_group_by_mean(keys: tf.Tensor, values: tf.Tensor, key_domain: Sequence[An
     return tf.reshape(per_record, tf.shape(keys_tensor))
 
 
-def dp_histogram(x: TensorLike, bin_edges: Sequence[float], epsilon: float, *,
-                 noise: Optional[NoiseSource] = None, name: str = "dp_histogram") -> tf.Tensor:
+def dp_histogram(x: TensorLike, bin_edges: Sequence[float], epsilon: Optional[float] = None, *,
+                 weight: float = 1.0, noise: Optional[NoiseSource] = None,
+                 name: str = "dp_histogram") -> tf.Tensor:
     """DP counts per public bin [e_i, e_{i+1}) (last bin closed; outside values clipped in).
 
     Returns:
@@ -380,12 +405,13 @@ def dp_histogram(x: TensorLike, bin_edges: Sequence[float], epsilon: float, *,
     Raises:
       InvalidPrivacyParameterError: bad ε or edges; DPBudgetExceededError; MissingGrantError.
     """
+    epsilon = _epsilon(epsilon, weight, name)
     query = histograms.HistogramQuery(histograms.check_bin_edges(bin_edges), epsilon)
     return _release(query, [_record_values(x)], [len(query.bin_edges) - 1], name, noise)
 
 
-def dp_min_max(x: TensorLike, lower: float, upper: float, epsilon: float, *,
-               num_bins: int = 100, failure_probability: float = 0.05,
+def dp_min_max(x: TensorLike, lower: float, upper: float, epsilon: Optional[float] = None, *,
+               weight: float = 1.0, num_bins: int = 100, failure_probability: float = 0.05,
                noise: Optional[NoiseSource] = None,
                name: str = "dp_min_max") -> tuple[tf.Tensor, tf.Tensor]:
     """DP approximate (min, max) of ``x`` clipped to [lower, upper], from a DP histogram.
@@ -400,13 +426,14 @@ def dp_min_max(x: TensorLike, lower: float, upper: float, epsilon: float, *,
       InvalidPrivacyParameterError: bad ε, bounds, num_bins or failure_probability;
       DPBudgetExceededError; MissingGrantError.
     """
+    epsilon = _epsilon(epsilon, weight, name)
     query = histograms.MinMaxQuery(lower, upper, epsilon, num_bins, failure_probability)
     both = _release(query, [_record_values(x)], [2], name, noise)
     return both[0], both[1]
 
 
-def dp_scale_to_0_1(x: TensorLike, lower: float, upper: float, epsilon: float, *,
-                    num_bins: int = 100, failure_probability: float = 0.05,
+def dp_scale_to_0_1(x: TensorLike, lower: float, upper: float, epsilon: Optional[float] = None, *,
+                    weight: float = 1.0, num_bins: int = 100, failure_probability: float = 0.05,
                     noise: Optional[NoiseSource] = None,
                     name: str = "dp_scale_to_0_1") -> TensorLike:
     """DP replacement of ``tft.scale_to_0_1``: scales ``x`` with a DP (min, max), clipping.
@@ -421,7 +448,7 @@ def dp_scale_to_0_1(x: TensorLike, lower: float, upper: float, epsilon: float, *
       InvalidPrivacyParameterError: bad ε, bounds or histogram parameters;
       DPBudgetExceededError; MissingGrantError.
     """
-    low, high = dp_min_max(x, lower, upper, epsilon, num_bins=num_bins,
+    low, high = dp_min_max(x, lower, upper, epsilon, weight=weight, num_bins=num_bins,
                            failure_probability=failure_probability, noise=noise, name=name)
 
     def scale(values: tf.Tensor) -> tf.Tensor:
@@ -434,7 +461,8 @@ def dp_scale_to_0_1(x: TensorLike, lower: float, upper: float, epsilon: float, *
 
 
 def dp_quantiles(x: TensorLike, quantiles: Sequence[float], lower: float, upper: float,
-                 epsilon: float, *, num_bins: int = 100, noise: Optional[NoiseSource] = None,
+                 epsilon: Optional[float] = None, *, weight: float = 1.0, num_bins: int = 100,
+                 noise: Optional[NoiseSource] = None,
                  name: str = "dp_quantiles") -> tf.Tensor:
     """DP quantiles of ``x`` clipped to [lower, upper], all from one DP histogram (ε once).
 
@@ -445,15 +473,32 @@ def dp_quantiles(x: TensorLike, quantiles: Sequence[float], lower: float, upper:
       InvalidPrivacyParameterError: bad ε, bounds or num_bins; ValueError: bad quantiles;
       DPBudgetExceededError; MissingGrantError.
     """
+    epsilon = _epsilon(epsilon, weight, name)
     query = histograms.QuantilesQuery(tuple(quantiles), lower, upper, epsilon, num_bins)
     return _release(query, [_record_values(x)], [len(query.quantiles)], name, noise)
 
 
-# The budget API (defined in ``budget``) is re-exported: this is the one module a
-# ``preprocessing_fn`` imports.
+# The analyzers built on these (``dropins``, ``vocabulary``) are re-exported lazily (they import
+# this module): with the budget API (defined in ``budget``), this is the one module a
+# ``preprocessing_fn`` of dp_* analyzers imports.
+_REEXPORTS = {
+    "dp_mean_and_var": "dropins", "dp_var": "dropins", "dp_scale_to_z_score": "dropins",
+    "dp_bucketize": "dropins", "dp_vocabulary": "vocabulary",
+    "dp_compute_and_apply_vocabulary": "vocabulary",
+}
+
+
+def __getattr__(name: str) -> Any:  # PEP 562
+    if name in _REEXPORTS:
+        import importlib
+        module = importlib.import_module(f"sage_tfx.components.dp_transform.{_REEXPORTS[name]}")
+        return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "DPBudget", "DPBudgetExceededError", "DPPreprocessingFn", "DPSpend", "METRICS_NAMESPACE",
     "NOISE_DRAWS_COUNTER", "active_budget", "dp_budget", "dp_count", "dp_group_by_count",
     "dp_group_by_mean", "dp_group_by_mean_per_key", "dp_group_by_sum", "dp_histogram",
-    "dp_mean", "dp_min_max", "dp_quantiles", "dp_scale_to_0_1", "dp_sum",
+    "dp_mean", "dp_min_max", "dp_quantiles", "dp_scale_to_0_1", "dp_sum", *_REEXPORTS,
 ]

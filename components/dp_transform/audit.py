@@ -46,34 +46,37 @@ import tensorflow as tf
 from tensorflow_transform import analyzer_nodes
 
 from sage_tfx.ledger import accounting
-from sage_tfx.components.dp_transform import analyzers
 from sage_tfx.components.dp_transform import budget as budget_lib
 from sage_tfx.components.dp_transform import privacy
+from sage_tfx.components.dp_transform import vocabulary
 from sage_tfx.errors import InvalidPrivacyParameterError, SageError
 
 DP = "dp"
 PUBLIC = "public"
 
-# tft API name (a name-scope component of the analyzer) -> the DP analyzer to use instead.
+# tft API name (a name-scope component of the analyzer) -> the DP analyzer to use instead. The
+# drop-ins of ``sage_tfx.components.dp_transform.tft`` carry tft's names: the stock call with the
+# privacy parameters named here.
+_TFT = "sage_tfx.components.dp_transform.tft"
 _DP_ALTERNATIVES = {
-    "mean": "dp_mean",
-    "mean_and_var": "dp_mean",
-    "var": "dp_mean / dp_sum of squares with public bounds",
-    "scale_to_z_score": "dp_mean (center) with public bounds",
-    "sum": "dp_sum",
-    "size": "dp_count",
+    "mean": "tft.mean(..., lower=, upper=) (dp_mean)",
+    "mean_and_var": "tft.var(..., lower=, upper=) (dp_mean_and_var)",
+    "var": "tft.var(..., lower=, upper=) (dp_var)",
+    "scale_to_z_score": "tft.scale_to_z_score(..., lower=, upper=) (dp_scale_to_z_score)",
+    "sum": "tft.sum(..., lower=, upper=) (dp_sum)",
+    "size": "tft.size(...) (dp_count)",
     "count_per_key": "dp_group_by_count",
-    "min": "dp_min_max",
-    "max": "dp_min_max",
+    "min": "tft.min(..., lower=, upper=) (dp_min_max)",
+    "max": "tft.max(..., lower=, upper=) (dp_min_max)",
     "min_and_max": "dp_min_max",
-    "scale_to_0_1": "dp_scale_to_0_1",
+    "scale_to_0_1": "tft.scale_to_0_1(..., lower=, upper=) (dp_scale_to_0_1)",
     "scale_by_min_max": "dp_scale_to_0_1",
-    "quantiles": "dp_quantiles",
-    "bucketize": "dp_quantiles + tft.apply_buckets",
+    "quantiles": "tft.quantiles(..., lower=, upper=) (dp_quantiles)",
+    "bucketize": "tft.bucketize(..., lower=, upper=) (dp_bucketize)",
     "histogram": "dp_histogram",
-    "vocabulary": "a public key domain with dp_group_by_count / dp_group_by_mean",
-    "compute_and_apply_vocabulary": "a public key domain with dp_group_by_count / "
-                                    "dp_group_by_mean",
+    "vocabulary": "tft.vocabulary(...) (dp_vocabulary: DP partition selection)",
+    "compute_and_apply_vocabulary": "tft.compute_and_apply_vocabulary(...) "
+                                    "(dp_compute_and_apply_vocabulary: DP partition selection)",
 }
 
 
@@ -99,16 +102,21 @@ class AnalyzerUse:
                 "operations": list(self.operations)}
 
 
-def bind_epsilon(preprocessing_fn: Callable[..., Any], epsilon: float) -> Callable[..., Any]:
-    """Binds ``epsilon`` if the function takes it (List. 1: ``preprocessing_fn(inputs, epsilon)``).
+def bind_epsilon(preprocessing_fn: Callable[..., Any], epsilon: float,
+                 delta: Optional[float] = None) -> Callable[..., Any]:
+    """Binds ``epsilon`` (and ``delta``) if the function takes them (List. 1:
+    ``preprocessing_fn(inputs, epsilon)``; a function with DP vocabularies may take ``delta``).
     """
     try:
         parameters = inspect.signature(preprocessing_fn).parameters
     except (TypeError, ValueError):
         return preprocessing_fn
+    bound = {}
     if "epsilon" in parameters:
-        return functools.partial(preprocessing_fn, epsilon=epsilon)
-    return preprocessing_fn
+        bound["epsilon"] = epsilon
+    if "delta" in parameters and delta is not None:
+        bound["delta"] = delta
+    return functools.partial(preprocessing_fn, **bound) if bound else preprocessing_fn
 
 
 def _label_scope(label: str) -> str:
@@ -173,9 +181,8 @@ def _operation_nodes(value_node: Any) -> list:
 def _dp_release(sink: Any, nodes: Sequence[Any]) -> Optional[Any]:
     """The DP analyzers' release PTransform if the sink is exactly one (TensorSource -> it)."""
     head = sink.future.parent_operation.operation_def
-    release_type = analyzers._DPRelease  # pylint: disable=protected-access
     if not (isinstance(head, analyzer_nodes.PTransform)
-            and isinstance(head.ptransform, release_type)):
+            and isinstance(head.ptransform, vocabulary.DP_RELEASE_TYPES)):
         return None
     for node in nodes:
         if node.operation_def is not head and not isinstance(node.operation_def,
@@ -254,11 +261,15 @@ def audit_sinks(sinks: Sequence[Any], sources: Mapping[Any, set], public_feature
             f"DPTransform refuses {len(refused)} non-DP tf.Transform analyzer(s):\n"
             + "\n".join(lines)
             + "\nA stock tf.Transform analyzer bakes its exact result into the transform graph, "
-            "which is not differentially private. Fix: compute the statistic with a DP analyzer "
-            "of sage_tfx.components.dp_transform.analyzers (dp_mean, dp_sum, dp_count, "
-            "dp_min_max, dp_scale_to_0_1, dp_quantiles, dp_histogram, dp_group_by_*), which "
-            "spends the grant's transform epsilon; or, only if the feature's values may be "
-            f"released exactly, declare it public: DPTransform(..., public_features={needed}).")
+            "which is not differentially private. Fix: compute the statistic with a DP analyzer, "
+            f"which spends the grant's transform epsilon: `from {_TFT.rsplit('.', 1)[0]} import "
+            "tft` in place of `import tensorflow_transform as tft` gives tft's analyzers DP "
+            "versions under their own names (with the parameters above), and "
+            "sage_tfx.components.dp_transform.analyzers has the dp_* analyzers (dp_mean, dp_sum, "
+            "dp_count, dp_min_max, dp_scale_to_0_1, dp_quantiles, dp_histogram, "
+            "dp_group_by_*, dp_vocabulary, dp_scale_to_z_score, dp_bucketize); or, only if the "
+            "feature's values may be released exactly, declare it public: "
+            f"DPTransform(..., public_features={needed}).")
     _check_releases_charged(releases, spends)
     return tuple(uses.values())
 
@@ -276,13 +287,16 @@ def _check_releases_charged(releases: Mapping[str, Any],
     for name, release in releases.items():
         query = release._query  # pylint: disable=protected-access
         spend = charged[name]
+        runs_delta = getattr(query, "delta", 0.0)
         if (accounting.exact(query.epsilon) != accounting.exact(spend.epsilon)
+                or accounting.exact(runs_delta) != accounting.exact(spend.delta)
                 or accounting.event_to_json(query.dp_event())
                 != accounting.event_to_json(spend.event)):
             raise NonDPAnalyzerError(
-                f"DP release {name!r} runs epsilon={query.epsilon!r} "
+                f"DP release {name!r} runs epsilon={query.epsilon!r}, delta={runs_delta!r} "
                 f"({accounting.event_to_json(query.dp_event())}) but charged "
-                f"epsilon={spend.epsilon!r} ({accounting.event_to_json(spend.event)})")
+                f"epsilon={spend.epsilon!r}, delta={spend.delta!r} "
+                f"({accounting.event_to_json(spend.event)})")
 
 
 class AuditedPreprocessingFn:

@@ -5,6 +5,18 @@ Every analyzer of :mod:`sage_tfx.components.dp_transform.analyzers` charges its 
 does not fit. :class:`DPPreprocessingFn` carries a budget with the user's ``preprocessing_fn``
 wherever tf.Transform pickles and traces it; ``with dp_budget(epsilon):`` activates one for the
 enclosed code only. Spends are accounted per trace graph (see the analyzers' module docstring).
+
+A budget holds ε and δ. The Laplace analyzers spend ε only; DP partition selection (the DP
+vocabularies) spends ε and δ, so a plan part that pays for one has a δ, which the analyzers must
+spend exactly too (an unspent δ was charged for nothing).
+
+**Shares.** An analyzer is given its ε explicitly (``epsilon=0.1``, as before), or called with
+``epsilon=None`` (the drop-ins of ``sage_tfx.components.dp_transform.tft``) and an optional
+``weight``: it then takes a share of what the explicit ones leave, in proportion to its weight,
+and the analyzers that need δ share δ the same way. The shares are fixed before the run by a
+planning trace (:class:`Allocation`, computed by ``tracing.plan_shares``), which counts the
+requests; the budget of the run hands every request its share by position in the trace, so every
+trace of one run sees the same shares. A request with no allocation fails (no guessed ε).
 """
 from __future__ import annotations
 
@@ -12,6 +24,7 @@ import contextlib
 import contextvars
 import dataclasses
 import itertools
+import math
 import weakref
 from decimal import Decimal
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
@@ -19,8 +32,9 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 import dp_accounting
 import tensorflow as tf
 
+from sage_tfx.dp import mechanisms
 from sage_tfx.errors import InvalidPrivacyParameterError, MissingGrantError
-from sage_tfx.ledger.accounting import check_epsilon, exact
+from sage_tfx.ledger.accounting import check_delta, check_epsilon, check_positive, exact
 
 # Under-spending is safe, so "fully spent" tolerates float rounding of a user's split; over-
 # spending is never tolerated (exact decimal comparison, as the ledger does).
@@ -28,16 +42,83 @@ _FULL_SPEND_RELATIVE_TOLERANCE = 1e-9
 
 
 class DPBudgetExceededError(InvalidPrivacyParameterError):
-    """DP analyzers asked for more ε than the preprocessing_fn was granted."""
+    """DP analyzers asked for more ε (or δ) than the preprocessing_fn was granted."""
 
 
 @dataclasses.dataclass(frozen=True)
 class DPSpend:
-    """One DP analyzer's charge: its name in the trace, its ε and its dp_accounting event."""
+    """One DP analyzer's charge: its name in the trace, its ε, its dp_accounting event and its δ
+    (0 for the Laplace analyzers)."""
 
     name: str
     epsilon: float
     event: dp_accounting.DpEvent
+    delta: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ShareRequest:
+    """An analyzer called without an explicit ε: its name, weight and whether it spends δ."""
+
+    name: str
+    weight: float
+    needs_delta: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Allocation:
+    """The (ε, δ) of every share request of a trace, in trace order (``tracing.plan_shares``).
+
+    Attributes:
+      requests: the requests the planning trace made.
+      shares: ``(epsilon, delta)`` per request; their sum plus the explicit spends is at most the
+        budget, in exact decimals (the last share takes the remainder, as ``split_budget``).
+    """
+
+    requests: tuple[ShareRequest, ...]
+    shares: tuple[tuple[float, float], ...]
+
+
+def _float_at_most(value: Decimal) -> float:
+    out = float(value)
+    while out > 0 and exact(out) > value:
+        out = math.nextafter(out, 0.0)
+    return out
+
+
+def allocate(requests: Sequence[ShareRequest], epsilon: float, delta: float,
+             spent_epsilon: Decimal, spent_delta: Decimal) -> Allocation:
+    """Splits what the explicit spends leave of (ε, δ) among ``requests`` by weight; δ only
+    among those that need it.
+
+    Raises:
+      DPBudgetExceededError: the explicit spends leave no ε for the requests, or no δ for the
+        ones that need it.
+    """
+    if not requests:
+        return Allocation((), ())
+    left_eps = exact(epsilon) - spent_epsilon
+    left_delta = exact(delta) - spent_delta
+    names = [r.name for r in requests]
+    if left_eps <= 0:
+        raise DPBudgetExceededError(
+            f"DP analyzers {names} take a share of epsilon, but the analyzers with an explicit "
+            f"epsilon spend all of epsilon={epsilon!r} (spent {spent_epsilon})")
+    eps_shares = [s.epsilon for s in mechanisms.split_budget(
+        _float_at_most(left_eps), 0.0, [r.weight for r in requests])]
+    delta_users = [i for i, r in enumerate(requests) if r.needs_delta]
+    delta_shares = [0.0] * len(requests)
+    if delta_users:
+        if left_delta <= 0:
+            raise DPBudgetExceededError(
+                f"DP analyzer(s) {[names[i] for i in delta_users]} (DP partition selection) "
+                f"spend delta, but the budget has delta={delta!r} (spent {spent_delta}): give "
+                "the plan's transform part a delta, e.g. PlanPart('transform', epsilon, 1e-6)")
+        split = mechanisms.split_budget(1.0, _float_at_most(left_delta),
+                                        [requests[i].weight for i in delta_users])
+        for i, share in zip(delta_users, split):
+            delta_shares[i] = share.delta
+    return Allocation(tuple(requests), tuple(zip(eps_shares, delta_shares)))
 
 
 class DPBudget:
@@ -47,23 +128,37 @@ class DPBudget:
     every trace must fit the grant, and all traces must spend the same.
     """
 
-    def __init__(self, epsilon: float, *, require_full_spend: bool = True) -> None:
+    def __init__(self, epsilon: float, *, delta: float = 0.0, require_full_spend: bool = True,
+                 allocation: Optional[Allocation] = None, planning: bool = False) -> None:
         """Creates an empty budget.
 
         Args:
           epsilon: the ε the run may spend (e.g. the ledger grant's epsilon), finite and > 0.
+          delta: the δ it may spend (DP partition selection), in [0, 1).
           require_full_spend: if True, :meth:`check_fully_spent` (called at the end of
             ``dp_budget`` and of each ``DPPreprocessingFn`` call) fails on an under-spend too:
             an unspent share usually means an analyzer was forgotten.
+          allocation: the shares of the analyzers called without an explicit ε.
+          planning: a planning trace (``tracing.plan_shares``): share requests are recorded
+            and get the whole (ε, δ) as a provisional share (valid parameters for any analyzer;
+            the over-spend check counts the explicit spends only); nothing is checked for a
+            full spend.
 
         Raises:
-          InvalidPrivacyParameterError: bad ε.
+          InvalidPrivacyParameterError: bad ε or δ.
         """
         self.epsilon = check_epsilon(epsilon)
-        self.require_full_spend = require_full_spend
+        self.delta = check_delta(delta)
+        self.require_full_spend = require_full_spend and not planning
+        self.allocation = allocation
+        self.planning = planning
         # Trace graphs are only weakly referenced (and not pickled): their spends outlive them.
         self._trace_ids: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
         self._traces: dict[int, list[DPSpend]] = {}
+        self._requests: dict[int, list[ShareRequest]] = {}
+        # planning: names whose spend is a provisional share (requested, not yet spent / spent)
+        self._pending: dict[int, list[str]] = {}
+        self._provisional: dict[int, set] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         # tf.Transform pickles the preprocessing_fn (and with it this budget) to trace it again
@@ -85,8 +180,51 @@ class DPBudget:
     def _total(spends: Sequence[DPSpend]) -> Decimal:
         return sum((exact(s.epsilon) for s in spends), Decimal(0))
 
+    @staticmethod
+    def _total_delta(spends: Sequence[DPSpend]) -> Decimal:
+        return sum((exact(s.delta) for s in spends), Decimal(0))
+
+    def share(self, name: str, weight: float, needs_delta: bool, trace: Any
+              ) -> tuple[float, float]:
+        """The (ε, δ) of an analyzer called without an explicit ε (see module doc).
+
+        Raises:
+          InvalidPrivacyParameterError: a bad weight; a request the allocation does not hold (a
+            preprocessing_fn that traces differently from its planning trace).
+          DPBudgetExceededError: (planning) δ is needed but the budget has none.
+          MissingGrantError: no allocation (the budget was not planned).
+        """
+        weight = check_positive(weight, f"{name} weight")
+        self._trace(trace)
+        requests = self._requests.setdefault(self._trace_ids[trace], [])
+        request = ShareRequest(name, weight, bool(needs_delta))
+        index = len(requests)
+        requests.append(request)
+        if self.planning:
+            if needs_delta and not self.delta > 0:
+                raise DPBudgetExceededError(
+                    f"DP analyzer {name!r} (DP partition selection) spends delta, but the "
+                    "preprocessing_fn's budget has delta=0: give the plan's transform part a "
+                    "delta, e.g. PlanPart('transform', epsilon, 1e-6) (basic mode only: "
+                    "partition selection has no RDP curve)")
+            # provisional shares: this trace only counts the requests; the analyzer's spend (next,
+            # under the same name) is not checked against the budget
+            self._pending.setdefault(self._trace_ids[trace], []).append(name)
+            return self.epsilon, (self.delta if needs_delta else 0.0)
+        if self.allocation is None:
+            raise MissingGrantError(
+                f"DP analyzer {name!r} has no explicit epsilon and the budget no allocation of "
+                "shares: run the preprocessing_fn in DPTransform (or plan it with "
+                "sage_tfx.components.dp_transform.tracing.plan_shares), or give epsilon=...")
+        if index >= len(self.allocation.requests) or self.allocation.requests[index] != request:
+            raise InvalidPrivacyParameterError(
+                f"DP analyzer {name!r} is share request #{index} of this trace, but the planning "
+                f"trace made {list(self.allocation.requests)}: the preprocessing_fn must trace "
+                "the same way every time")
+        return self.allocation.shares[index]
+
     def spend(self, name: str, epsilon: float, event: dp_accounting.DpEvent,
-              trace: Any) -> DPSpend:
+              trace: Any, *, delta: float = 0.0) -> DPSpend:
         """Charges one analyzer's ε to the budget of ``trace`` (the graph being traced).
 
         Args:
@@ -94,18 +232,35 @@ class DPBudget:
           epsilon: ε the analyzer's release is DP for.
           event: its dp_accounting DpEvent.
           trace: the object identifying the trace, normally ``tf.compat.v1.get_default_graph()``.
+          delta: δ the release spends (DP partition selection), default 0.
 
         Returns:
           The recorded spend.
 
         Raises:
-          InvalidPrivacyParameterError: bad ε.
-          DPBudgetExceededError: the trace's spends plus ``epsilon`` exceed the grant.
+          InvalidPrivacyParameterError: bad ε or δ.
+          DPBudgetExceededError: the trace's spends plus ``epsilon`` (or ``delta``) exceed the
+            grant.
         """
         epsilon = check_epsilon(epsilon)
+        delta = check_delta(delta)
         spends = self._trace(trace)
-        spent = self._total(spends)
-        if spent + exact(epsilon) > exact(self.epsilon):
+        trace_id = self._trace_ids[trace]
+        pending = self._pending.get(trace_id, [])
+        provisional = self.planning and name in pending
+        if provisional:
+            pending.remove(name)
+        explicit = self.explicit_spends(trace)
+        spent_delta = self._total_delta(explicit)
+        if not provisional and spent_delta + exact(delta) > exact(self.delta):
+            hint = "" if self.delta else (": give the plan's transform part a delta (DP "
+                                          "partition selection spends delta)")
+            raise DPBudgetExceededError(
+                f"DP analyzer {name!r} requests delta={delta!r} but only "
+                f"{exact(self.delta) - spent_delta} of the preprocessing_fn's "
+                f"delta={self.delta!r} remains{hint}")
+        spent = self._total(explicit)
+        if not provisional and spent + exact(epsilon) > exact(self.epsilon):
             remaining = exact(self.epsilon) - spent
             raise DPBudgetExceededError(
                 f"DP analyzer {name!r} requests epsilon={epsilon!r} but only {remaining} of the "
@@ -118,9 +273,29 @@ class DPBudget:
             if unique not in taken:
                 break
             unique = f"{name}_{n}"
-        record = DPSpend(unique, epsilon, event)
+        record = DPSpend(unique, epsilon, event, delta)
         spends.append(record)
+        if provisional:
+            self._provisional.setdefault(trace_id, set()).add(unique)
         return record
+
+    def explicit_spends(self, trace: Any = None) -> tuple[DPSpend, ...]:
+        """The spends of ``trace`` (default: of every trace, which must agree) that are not
+        provisional shares of a planning trace."""
+        if trace is not None:
+            ids = [self._trace_ids[trace]] if trace in self._trace_ids else []
+        else:
+            ids = list(self._traces)
+        distinct: list[tuple[DPSpend, ...]] = []
+        for i in ids:
+            spends = tuple(s for s in self._traces.get(i, ())
+                           if s.name not in self._provisional.get(i, set()))
+            if spends not in distinct:
+                distinct.append(spends)
+        if len(distinct) > 1:
+            raise InvalidPrivacyParameterError(
+                f"the preprocessing_fn spent differently in different traces: {distinct}")
+        return distinct[0] if distinct else ()
 
     def trace_spends(self, trace: Any) -> tuple[DPSpend, ...]:
         """The spends recorded so far in ``trace`` (the graph being traced), in order."""
@@ -140,6 +315,13 @@ class DPBudget:
                     f"the preprocessing_fn spent epsilon={spent!r} of its grant "
                     f"epsilon={self.epsilon!r} ({[s.name for s in spends]}); spend the whole grant "
                     f"or pass require_full_spend=False")
+            spent_delta = float(self._total_delta(spends))
+            if spent_delta < self.delta * (1.0 - _FULL_SPEND_RELATIVE_TOLERANCE):
+                raise InvalidPrivacyParameterError(
+                    f"the preprocessing_fn spent delta={spent_delta!r} of its grant "
+                    f"delta={self.delta!r} ({[s.name for s in spends]}): only DP partition "
+                    "selection (dp_vocabulary) spends delta; plan the transform part with the "
+                    "delta its analyzers spend (delta=0 without a DP vocabulary)")
 
     @property
     def spends(self) -> tuple[DPSpend, ...]:
@@ -162,6 +344,30 @@ class DPBudget:
     def spent(self) -> float:
         """Total ε of :attr:`spends` (basic composition)."""
         return float(self._total(self.spends))
+
+    @property
+    def spent_delta(self) -> float:
+        """Total δ of :attr:`spends`."""
+        return float(self._total_delta(self.spends))
+
+    @property
+    def requests(self) -> tuple[ShareRequest, ...]:
+        """The share requests of the run: those of its traces, which must all agree.
+
+        Raises:
+          InvalidPrivacyParameterError: two traces requested differently.
+        """
+        distinct = {tuple(r) for r in self._requests.values()}
+        if len(distinct) > 1:
+            raise InvalidPrivacyParameterError(
+                f"the preprocessing_fn requested shares differently in different traces: "
+                f"{distinct}")
+        return distinct.pop() if distinct else ()
+
+    def trace_requests(self, trace: Any) -> tuple[ShareRequest, ...]:
+        """The share requests made so far in ``trace``, in order."""
+        self._trace(trace)
+        return tuple(self._requests.get(self._trace_ids[trace], ()))
 
     @property
     def remaining(self) -> float:
@@ -208,7 +414,8 @@ def active_budget() -> DPBudget:
 
 
 @contextlib.contextmanager
-def dp_budget(epsilon: float, *, require_full_spend: bool = True) -> Iterator[DPBudget]:
+def dp_budget(epsilon: float, *, delta: float = 0.0, require_full_spend: bool = True,
+              allocation: Optional[Allocation] = None) -> Iterator[DPBudget]:
     """Runs the enclosed code under a fresh :class:`DPBudget` (this thread only; see module doc).
 
     For a Transform run prefer :class:`DPPreprocessingFn`, whose budget travels with the
@@ -217,7 +424,9 @@ def dp_budget(epsilon: float, *, require_full_spend: bool = True) -> Iterator[DP
 
     Args:
       epsilon: ε granted to the run.
+      delta: δ granted to the run (DP partition selection).
       require_full_spend: see :class:`DPBudget`.
+      allocation: the shares of analyzers called without ε (:class:`DPBudget`).
 
     Yields:
       The budget; read ``budget.spends`` / ``budget.dp_event()`` after the block.
@@ -226,7 +435,8 @@ def dp_budget(epsilon: float, *, require_full_spend: bool = True) -> Iterator[DP
       InvalidPrivacyParameterError: bad ε, a nested budget, inconsistent traces or an
         under-spend (with ``require_full_spend``).
     """
-    budget = DPBudget(epsilon, require_full_spend=require_full_spend)
+    budget = DPBudget(epsilon, delta=delta, require_full_spend=require_full_spend,
+                      allocation=allocation)
     with _activate(budget):
         yield budget
     _ = budget.spends  # raises on inconsistent traces
@@ -243,19 +453,22 @@ class DPPreprocessingFn:
     """
 
     def __init__(self, preprocessing_fn: Callable[[Mapping[str, Any]], Mapping[str, Any]],
-                 epsilon: float, *, require_full_spend: bool = True) -> None:
+                 epsilon: float, *, delta: float = 0.0, require_full_spend: bool = True,
+                 allocation: Optional[Allocation] = None, planning: bool = False) -> None:
         """Wraps ``preprocessing_fn``.
 
         Args:
           preprocessing_fn: the user's function of the Transform inputs.
           epsilon: ε granted to one analysis run.
-          require_full_spend: see :class:`DPBudget`.
+          delta: δ granted to it (DP partition selection).
+          require_full_spend, allocation, planning: see :class:`DPBudget`.
 
         Raises:
-          InvalidPrivacyParameterError: bad ε.
+          InvalidPrivacyParameterError: bad ε or δ.
         """
         self.preprocessing_fn = preprocessing_fn
-        self.budget = DPBudget(epsilon, require_full_spend=require_full_spend)
+        self.budget = DPBudget(epsilon, delta=delta, require_full_spend=require_full_spend,
+                               allocation=allocation, planning=planning)
 
     def __call__(self, inputs: Mapping[str, Any]) -> Mapping[str, Any]:
         with _activate(self.budget):

@@ -67,6 +67,7 @@ from sage_tfx.components.dp_transform import audit
 from sage_tfx.components.dp_transform import materialize
 from sage_tfx.components.dp_transform import privacy
 from sage_tfx.components.dp_transform import spec
+from sage_tfx.components.dp_transform import tracing
 from sage_tfx.errors import MissingGrantError
 from sage_tfx.ledger import open_ledger, releases
 
@@ -142,6 +143,8 @@ class Executor(transform_executor.Executor):
         self._budget: Optional[privacy.TransformBudget] = None
         self._public_features: tuple[str, ...] = ()
         self._dp_fn: Optional[budget_lib.DPPreprocessingFn] = None
+        self._feature_spec: dict = {}
+        self._force_tf_compat_v1 = False
 
     def _GetPreprocessingFn(self, inputs: Mapping[str, Any],
                             unused_outputs: Mapping[str, Any]) -> Callable[..., Any]:
@@ -151,11 +154,19 @@ class Executor(transform_executor.Executor):
                 "DPTransform resolves its preprocessing_fn only inside Do(), after reading the "
                 "grant's privacy plan")
         user_fn = super()._GetPreprocessingFn(inputs, unused_outputs)
+        budget = self._budget
+        # The shares of analyzers called without ε, fixed by a planning trace (no data read);
+        # it also audits the function and checks the full spend before Beam runs anything.
+        plan = tracing.plan_shares(user_fn, self._feature_spec, budget.epsilon, budget.delta,
+                                   public_features=self._public_features,
+                                   planned_event_json=budget.event_json,
+                                   force_tf_compat_v1=self._force_tf_compat_v1)
         audited = audit.AuditedPreprocessingFn(
-            audit.bind_epsilon(user_fn, self._budget.epsilon),
+            audit.bind_epsilon(user_fn, budget.epsilon, budget.delta),
             public_features=self._public_features,
-            planned_event_json=self._budget.event_json)
-        self._dp_fn = budget_lib.DPPreprocessingFn(audited, self._budget.epsilon)
+            planned_event_json=budget.event_json)
+        self._dp_fn = budget_lib.DPPreprocessingFn(audited, budget.epsilon, delta=budget.delta,
+                                                   allocation=plan.allocation)
         return self._dp_fn
 
     def Do(self, input_dict: Dict[str, List[types.Artifact]],
@@ -220,7 +231,7 @@ class Executor(transform_executor.Executor):
         graph.set_string_custom_property(spec.GRANT_ID_PROPERTY, grant.grant_id)
         graph.set_string_custom_property(spec.PLAN_PART_PROPERTY, plan_lib.TRANSFORM)
         for key, prop in _RECORD_PROPERTIES:
-            value = record[key]
+            value = record.get(key, 0.0)  # graphs released before δ was recorded spent none
             if isinstance(value, float):
                 graph.set_float_custom_property(prop, value)
             else:
@@ -238,6 +249,9 @@ class Executor(transform_executor.Executor):
         (plus :data:`PRIVACY_FILE_NAME`, what it spent) into ``staging``: the noise is drawn here,
         and only when the ledger has no release of this grant's transform graph."""
         self._budget, self._public_features, self._dp_fn = budget, public, None
+        self._feature_spec = tracing.feature_spec_from_schema_file(io_utils.get_only_uri_in_dir(
+            artifact_utils.get_single_uri(input_dict[spec.SCHEMA_KEY])))
+        self._force_tf_compat_v1 = bool(exec_properties.get(spec.FORCE_TF_COMPAT_V1_KEY))
         props = dict(exec_properties)
         props[standard_component_specs.DISABLE_STATISTICS_KEY] = 1
         props.pop(standard_component_specs.STATS_OPTIONS_UPDATER_FN_KEY, None)
@@ -252,15 +266,17 @@ class Executor(transform_executor.Executor):
                 raise MissingGrantError("the stock Transform never resolved the preprocessing_fn")
             spends = dp_fn.budget.spends  # raises if traces spent differently
             spent_event = dp_fn.budget.dp_event()
-            privacy.check_spent(budget, dp_fn.budget.spent, spent_event)
+            privacy.check_spent(budget, dp_fn.budget.spent, spent_event,
+                                dp_fn.budget.spent_delta)
         finally:
             self._budget = None
         uses = dp_fn.preprocessing_fn.analyzer_uses
         record = {
             "accounting_mode": budget.mode,
             "epsilon_spent": float(dp_fn.budget.spent),
+            "delta_spent": float(dp_fn.budget.spent_delta),
             "dp_event": accounting.event_to_json(spent_event),
-            "spends": [{"name": s.name, "epsilon": s.epsilon,
+            "spends": [{"name": s.name, "epsilon": s.epsilon, "delta": s.delta,
                         "event": accounting.event_to_dict(s.event)} for s in spends],
             "public_features": list(public),
             "public_analyzers": json.loads(audit.uses_to_json(
@@ -274,6 +290,7 @@ class Executor(transform_executor.Executor):
 _RECORD_PROPERTIES = (
     ("accounting_mode", spec.ACCOUNTING_MODE_PROPERTY),
     ("epsilon_spent", spec.EPSILON_SPENT_PROPERTY),
+    ("delta_spent", spec.DELTA_SPENT_PROPERTY),
     ("dp_event", spec.DP_EVENT_PROPERTY),
     ("spends", spec.SPENDS_PROPERTY),
     ("public_features", spec.PUBLIC_FEATURES_PROPERTY),
@@ -307,7 +324,7 @@ def release_request(input_dict: Dict[str, List[types.Artifact]],
         input_dict[spec.EXAMPLES_KEY])
     schema_file = io_utils.get_only_uri_in_dir(
         artifact_utils.get_single_uri(input_dict[spec.SCHEMA_KEY]))
-    return {
+    request = {
         "component": "DPTransform",
         "plan_part": plan_lib.TRANSFORM,
         "accounting_mode": budget.mode,
@@ -323,3 +340,6 @@ def release_request(input_dict: Dict[str, List[types.Artifact]],
         "public_features": list(public),
         "schema_sha256": release_io.file_digest(schema_file),
     }
+    if budget.delta:  # only then: requests recorded before δ existed keep their bytes
+        request["delta"] = budget.delta
+    return request

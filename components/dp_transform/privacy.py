@@ -5,8 +5,9 @@ once; ``DPTransform`` spends exactly the plan's ``transform`` part with the DP a
 :mod:`sage_tfx.components.dp_transform.analyzers`, which are pure ε-DP Laplace releases.
 
 * ``basic`` plans: the part is ``(epsilon, delta)``; the analyzers share ``epsilon`` (basic
-  composition) and ``delta`` must be 0 — a Laplace analyzer spends no δ, so a δ share could only
-  be wasted budget the ledger already charged.
+  composition) and spend ``delta`` exactly: only DP partition selection (the DP vocabularies)
+  spends δ, so a part with δ > 0 needs one, and one without δ can pay for none (an unspent δ
+  would be budget the ledger charged for nothing).
 * ``rdp`` plans: the part is a dp_accounting ``DpEvent`` that must be a composition
   (``ComposedDpEvent`` / ``SelfComposedDpEvent``, any nesting) of ``LaplaceDpEvent`` s, and the
   run must produce *the same Laplace mechanisms*: the multiset of Laplace noise multipliers of
@@ -48,11 +49,13 @@ class TransformBudget:
         ``epsilon``).
       mode: ``basic`` or ``rdp``.
       event: rdp mode: the plan part's DpEvent the run must reproduce; None in basic mode.
+      delta: basic mode: the part's δ, which the DP vocabularies spend (0 without one).
     """
 
     epsilon: float
     mode: str
     event: Optional[dp_accounting.DpEvent] = None
+    delta: float = 0.0
 
     @property
     def event_json(self) -> Optional[str]:
@@ -125,17 +128,13 @@ def transform_budget(part: PlanPart) -> TransformBudget:
     """The DP Transform's budget from the plan's ``transform`` part.
 
     Raises:
-      InvalidPrivacyParameterError: a basic part with δ > 0 (the Laplace analyzers cannot spend
-        δ), or an unusable event.
+      InvalidPrivacyParameterError: an unusable event (a basic part's δ is checked against what
+        the analyzers spend, :func:`check_spent`).
       AccountingModeError: an rdp part that is not a composition of Laplace events.
     """
     if part.event is None:
-        if part.delta:
-            raise InvalidPrivacyParameterError(
-                f"the plan's {part.name!r} part has delta={part.delta!r}, but DP Transform "
-                "analyzers are pure epsilon-DP (Laplace) and can never spend delta; plan it as "
-                f"PlanPart({part.name!r}, epsilon={part.epsilon!r}) with delta 0")
-        return TransformBudget(accounting.check_epsilon(part.epsilon), accounting.BASIC)
+        return TransformBudget(accounting.check_epsilon(part.epsilon), accounting.BASIC,
+                               delta=accounting.check_delta(part.delta or 0.0))
     accounting.check_event(part.event)
     derived = laplace_epsilon(part.event)
     declared = part.param(EPSILON_PARAM)
@@ -153,20 +152,27 @@ def transform_budget(part: PlanPart) -> TransformBudget:
 
 def transform_plan_part(preprocessing_fn: Callable[..., Mapping[str, Any]],
                         feature_spec: Mapping[str, Any], epsilon: float, *, mode: str,
-                        name: str = "transform",
+                        name: str = "transform", delta: float = 0.0,
                         force_tf_compat_v1: bool = False) -> PlanPart:
     """The plan part that pays for running ``preprocessing_fn`` with ``epsilon`` in DPTransform.
 
-    basic: ``PlanPart(name, epsilon)``. rdp: ``PlanPart(name, event=<the Laplace composition the
-    function's DP analyzers run>, params=(("epsilon", epsilon),))``, traced without data.
+    basic: ``PlanPart(name, epsilon, delta)`` (δ for DP vocabularies). rdp: ``PlanPart(name,
+    event=<the Laplace composition the function's DP analyzers run>, params=(("epsilon",
+    epsilon),))``, traced without data (no δ: partition selection has no RDP curve).
 
     Raises:
-      InvalidPrivacyParameterError: bad ε, or the function over- / under-spends it.
+      InvalidPrivacyParameterError: bad ε or δ, δ in rdp mode, or the function over- /
+        under-spends it.
       AccountingModeError: unknown mode.
     """
     epsilon = accounting.check_epsilon(epsilon)
+    delta = accounting.check_delta(delta)
     if mode == accounting.BASIC:
-        return PlanPart(name, epsilon)
+        return PlanPart(name, epsilon, delta)
+    if delta:
+        raise InvalidPrivacyParameterError(
+            "an rdp transform part is a composition of Laplace events and spends no delta: DP "
+            "vocabularies (partition selection) need a basic stream")
     if mode != accounting.RDP:
         raise AccountingModeError(f"mode must be one of {accounting.MODES}, got {mode!r}")
     event = trace_dp_event(preprocessing_fn, feature_spec, epsilon,
@@ -175,16 +181,24 @@ def transform_plan_part(preprocessing_fn: Callable[..., Mapping[str, Any]],
 
 
 def check_spent(budget: TransformBudget, spent_epsilon: float,
-                spent_event: dp_accounting.DpEvent) -> None:
+                spent_event: dp_accounting.DpEvent, spent_delta: float = 0.0) -> None:
     """Raises unless the analyzers spent exactly the budget.
 
-    basic: ``spent_epsilon`` equals ``budget.epsilon`` (an under-spend within the float rounding
-    of a split, relative 1e-9, is accepted; any over-spend is refused, in exact decimals).
-    rdp: ``spent_event`` is the planned Laplace composition (:func:`events_match`).
+    basic: ``spent_epsilon`` equals ``budget.epsilon`` and ``spent_delta`` ``budget.delta`` (an
+    under-spend within the float rounding of a split, relative 1e-9, is accepted; any over-spend
+    is refused, in exact decimals). rdp: ``spent_event`` is the planned Laplace composition
+    (:func:`events_match`).
 
     Raises:
       InvalidPrivacyParameterError: under- or over-spent, or other mechanisms than planned.
     """
+    dlt, got_delta = accounting.exact(budget.delta), accounting.exact(spent_delta)
+    if got_delta > dlt or float(got_delta) < budget.delta * (1.0 - 1e-9):
+        raise InvalidPrivacyParameterError(
+            f"the preprocessing_fn's DP analyzers spent delta={spent_delta!r}, but the plan's "
+            f"transform part (charged by the ledger) is delta={budget.delta!r}: only DP "
+            "partition selection (dp_vocabulary) spends delta, and the analyzers must spend "
+            "exactly the transform part")
     eps = accounting.exact(budget.epsilon)
     got = accounting.exact(spent_epsilon)
     if got > eps or float(got) < budget.epsilon * (1.0 - 1e-9):
@@ -207,9 +221,10 @@ def trace_dp_event(preprocessing_fn: Callable[..., Mapping[str, Any]],
                    force_tf_compat_v1: bool = False) -> dp_accounting.DpEvent:
     """The DpEvent a DP ``preprocessing_fn`` spends with budget ``epsilon``, without any data.
 
-    Traces the function once (as tf.Transform would) under a fresh budget; use the result as the
-    ``transform`` part of an rdp plan: ``PlanPart("transform", event=trace_dp_event(...))``. A
-    function with an ``epsilon`` parameter gets ``epsilon`` bound, as in ``DPTransform``.
+    Traces the function as DPTransform does (``tracing.plan_shares``: shares planned, then a
+    full-spend trace); use the result as the ``transform`` part of an rdp plan:
+    ``PlanPart("transform", event=trace_dp_event(...))``. A function with an ``epsilon``
+    parameter gets ``epsilon`` bound, as in ``DPTransform``.
 
     Args:
       preprocessing_fn: the user's function.
@@ -218,15 +233,12 @@ def trace_dp_event(preprocessing_fn: Callable[..., Mapping[str, Any]],
       force_tf_compat_v1: trace in TF1 graph mode.
 
     Raises:
-      InvalidPrivacyParameterError: bad ε, over- or (with ``require_full_spend``) under-spend.
+      InvalidPrivacyParameterError: bad ε, over- or under-spend.
     """
-    import tensorflow_transform as tft
-    from tensorflow_transform import impl_helper
+    from sage_tfx.components.dp_transform import tracing
 
-    from sage_tfx.components.dp_transform import budget as budget_lib
-    from sage_tfx.components.dp_transform.audit import bind_epsilon
+    epsilon = accounting.check_epsilon(epsilon)
+    return tracing.plan_shares(preprocessing_fn, feature_spec, epsilon,
+                               audit_analyzers=False,
+                               force_tf_compat_v1=force_tf_compat_v1).event
 
-    fn = budget_lib.DPPreprocessingFn(bind_epsilon(preprocessing_fn, epsilon), epsilon)
-    specs = impl_helper.get_type_specs_from_feature_specs(dict(feature_spec))
-    tft.get_analyze_input_columns(fn, specs, force_tf_compat_v1=force_tf_compat_v1)
-    return fn.budget.dp_event()

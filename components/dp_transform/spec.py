@@ -28,6 +28,7 @@ GRANT_ID_PROPERTY = "grant_id"
 PLAN_PART_PROPERTY = "plan_part"              # "transform"
 ACCOUNTING_MODE_PROPERTY = "accounting_mode"  # "basic" | "rdp"
 EPSILON_SPENT_PROPERTY = "dp_epsilon_spent"   # float: Σ ε of the DP analyzers
+DELTA_SPENT_PROPERTY = "dp_delta_spent"       # float: Σ δ (DP partition selection)
 DP_EVENT_PROPERTY = "dp_event_json"           # composed DpEvent of the run, event_to_json
 SPENDS_PROPERTY = "dp_spends"                 # JSON [{"name", "epsilon", "event"}], per analyzer
 PUBLIC_FEATURES_PROPERTY = "public_features"  # JSON list, as declared

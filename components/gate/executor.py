@@ -312,6 +312,10 @@ class Executor(base_executor.BaseExecutor):
                        accounting.event_to_json(request["event"]) if request.get("event") else None)
             if charged != (cost["epsilon"], cost["delta"], cost["event_json"]):
                 raise ValueError(f"the request's cost {charged} is not the plan's cost {cost}")
+            # Check before charge: whatever a component spending the plan would refuse from its
+            # configuration is refused here, before the ledger is asked (components/preflight).
+            from sage_tfx.components import preflight
+            preflight.check_before_charge(_get(exec_properties, spec.PREFLIGHT_JSON_KEY), plan)
         run_id = self._run_id(exec_properties)
         grant_artifact = artifact_utils.get_single_instance(output_dict[spec.GRANT_KEY])
 

@@ -32,6 +32,9 @@ EVENT_JSON_KEY = "event_json"
 # the plan
 # is stored beside the grant for the DP components (components/plan_io.py).
 PLAN_JSON_KEY = "plan_json"
+# What the components that spend the plan were configured with, baked in when the pipeline is
+# built (components/preflight.py, ``attach``): the executor re-checks it before it charges.
+PREFLIGHT_JSON_KEY = "preflight_json"
 
 # Output channel key.
 GRANT_KEY = "grant"
@@ -56,6 +59,7 @@ class SageGateSpec(ComponentSpec):
         DELTA_KEY: ExecutionParameter(type=float, optional=True),
         EVENT_JSON_KEY: ExecutionParameter(type=str, optional=True),
         PLAN_JSON_KEY: ExecutionParameter(type=str, optional=True),
+        PREFLIGHT_JSON_KEY: ExecutionParameter(type=str, optional=True),
     }
     INPUTS = {}
     OUTPUTS = {

@@ -69,7 +69,7 @@ REFUSED = {
     "vocabulary_of_private": (
         'return {"k_id": tft.compute_and_apply_vocabulary(inputs["k"]), "m": x_mean + 0.0 * '
         'inputs["x"]}',
-        ["p"], "compute_and_apply_vocabulary/vocabulary", "dp_group_by_count"),
+        ["p"], "compute_and_apply_vocabulary/vocabulary", "dp_compute_and_apply_vocabulary"),
     "scale_to_0_1_of_private": (
         'return {"x01": tft.scale_to_0_1(inputs["x"]) + x_mean}',
         [], "scale_to_0_1", "dp_scale_to_0_1"),
@@ -567,15 +567,19 @@ def test_rdp_transform_part_must_be_laplace(tfx_modules, tmp_path, rdp_run):
     run.assert_nothing_written()
 
 
-def test_basic_transform_part_with_delta_is_refused(tfx_modules, tmp_path, ledger_url):
+def test_basic_transform_part_with_unspent_delta_is_refused(tfx_modules, tmp_path, ledger_url):
+    """Only DP partition selection spends δ: a part with δ and no DP vocabulary would leave
+    charged δ unspent."""
     from sage_tfx.adaptive.plan import PlanPart, PrivacyPlan
     m = tfx_modules
     url = ledger_url
     art, grant = write_granted(m, tmp_path / "grant", url,
                                PrivacyPlan.of(PlanPart("transform", 0.5, 1e-6)))
-    run = Run(m, tmp_path, art, grant.grant_id, write_module(tmp_path, "m", DP_MODULE))
-    with pytest.raises(InvalidPrivacyParameterError, match="can never spend delta"):
+    run = Run(m, tmp_path, art, grant.grant_id, write_module(tmp_path, "m", DP_MODULE),
+              public_features=["p"])
+    with pytest.raises(InvalidPrivacyParameterError, match="spent delta=0.0 of its grant"):
         run.do()
+    run.assert_nothing_written()
 
 
 # --- component ------------------------------------------------------------------------------
