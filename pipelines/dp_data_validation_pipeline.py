@@ -4,7 +4,8 @@ on DP statistics.
 The gate charges the plan's ``statistics`` part (``statistics_part(features, ε, δ)``) to a window
 of blocks before any data is read; DPStatisticsGen releases DP statistics of the declared
 features once per grant; stock SchemaGen infers a schema from them (a post-processing of DP
-statistics, hence DP) and stock ExampleValidator checks every split against it. As in
+statistics, hence DP) and stock ExampleValidator checks every split against it. The pipeline is
+checked before any charge (``preflight.attach``: the plan part pays for the features). As in
 ``gate_stats_pipeline``, a denial skips the readers (``tfx.dsl.Cond`` on the grant).
 
 Run locally::
@@ -26,6 +27,7 @@ from typing import Optional, Sequence
 from tfx import v1 as tfx
 
 from sage_tfx.adaptive.plan import PrivacyPlan
+from sage_tfx.components import preflight
 from sage_tfx.components.block_example_gen.component import BlockExampleGen
 from sage_tfx.components.dp_statistics_gen.component import DPStatisticsGen
 from sage_tfx.components.dp_statistics_gen.privacy import statistics_part
@@ -64,7 +66,7 @@ def create_pipeline(pipeline_name: str, pipeline_root: str, metadata_path: str,
         schema_gen = tfx.components.SchemaGen(statistics=statistics_gen.outputs["statistics"])
         example_validator = tfx.components.ExampleValidator(
             statistics=statistics_gen.outputs["statistics"], schema=schema_gen.outputs["schema"])
-    return tfx.dsl.Pipeline(
+    return preflight.attach(tfx.dsl.Pipeline(  # check before charge
         pipeline_name=pipeline_name,
         pipeline_root=pipeline_root,
         components=[gate, example_gen, statistics_gen, schema_gen, example_validator],
@@ -72,4 +74,4 @@ def create_pipeline(pipeline_name: str, pipeline_root: str, metadata_path: str,
         metadata_connection_config=tfx.orchestration.metadata.sqlite_metadata_connection_config(
             metadata_path),
         beam_pipeline_args=list(beam_pipeline_args or []),
-    )
+    ))

@@ -91,3 +91,4 @@ def part_budget(plan: plan_lib.PrivacyPlan, name: str,
             "spend a budget that was not charged. Build the part with statistics_part(features, "
             "epsilon, rdp=True)")
     return float(epsilon), 0.0
+

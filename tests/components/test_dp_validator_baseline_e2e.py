@@ -37,7 +37,7 @@ def _pipeline(tmp_path, url, b):
     from tfx import v1 as tfx
     from fixed_model_trainer import FixedModelTrainer
     from sage_tfx.adaptive.plan import PlanPart, PrivacyPlan
-    from sage_tfx.components import BlockExampleGen, DPModelValidator, SageGate
+    from sage_tfx.components import BlockExampleGen, DPModelValidator, SageGate, preflight
 
     plan = PrivacyPlan.of(PlanPart("validate", 1.0), PlanPart("baseline", 1.0))
     gate = SageGate(ledger_url=url, stream=STREAM, window_last=3, plan=plan)
@@ -58,11 +58,11 @@ def _pipeline(tmp_path, url, b):
         push_destination=tfx.proto.PushDestination(
             filesystem=tfx.proto.PushDestination.Filesystem(
                 base_directory=str(tmp_path / "serving"))))
-    return tfx.dsl.Pipeline(
+    return preflight.attach(tfx.dsl.Pipeline(
         pipeline_name="baseline-e2e", pipeline_root=str(tmp_path / "root"),
         components=[gate, example_gen, trainer, resolver, validator, pusher],
         metadata_connection_config=tfx.orchestration.metadata.sqlite_metadata_connection_config(
-            str(tmp_path / "mlmd.db")))
+            str(tmp_path / "mlmd.db"))))
 
 
 def test_latest_blessed_model_is_the_baseline_a_better_model_is_pushed_a_worse_one_is_not(
