@@ -13,6 +13,7 @@ _LAZY = {
     "BlockExampleGen": "sage_tfx.components.block_example_gen.component",
     "SageGrant": "sage_tfx.components.artifacts",
     "DPModelValidator": "sage_tfx.components.dp_validator.component",
+    "DPStatisticsGen": "sage_tfx.components.dp_statistics_gen.component",
     "DPTrainer": "sage_tfx.components.dp_trainer.component",
     "DPTransform": "sage_tfx.components.dp_transform.component",
     "PTKTrainer": "sage_tfx.components.ptk_trainer.component",

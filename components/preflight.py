@@ -77,6 +77,8 @@ class Entry:
       isolated: the check runs the user's (untrusted) module: at the gate it runs in a
         subprocess without the ledger's credentials.
       facts: ``facts(node, pipeline) -> dict`` of extra JSON-able facts (files and digests).
+      parts_of: ``parts_of(exec_properties) -> parts`` where the parts depend on the
+        configuration (a configurable part name, an optional second part); else ``parts``.
     """
 
     component_type: str
@@ -85,6 +87,7 @@ class Entry:
     takes_plan: bool = False
     isolated: bool = False
     facts: Optional[Callable[[Any, Any], dict]] = None
+    parts_of: Optional[Callable[[Mapping[str, Any]], tuple[str, ...]]] = None
 
 
 _REGISTRY: dict[str, Entry] = {}
@@ -137,7 +140,8 @@ def component_facts(node: Any, pipeline: Any) -> dict:
     """The facts of one grant consumer: type, node id, parts, exec properties, files."""
     entry = registered(type(node).__name__)
     facts = {"type": type(node).__name__, "id": node.id,
-             "parts": list(entry.parts) if entry else [],
+             "parts": (list(entry.parts_of(node.exec_properties) if entry.parts_of
+                            else entry.parts) if entry else []),
              "exec_properties": {k: _jsonable(v) for k, v in sorted(node.exec_properties.items())}}
     if entry is not None and entry.facts is not None:
         facts.update(entry.facts(node, pipeline))
@@ -367,7 +371,14 @@ register(Entry("DPTrainer", (plan_lib.TRAIN,),
                check="sage_tfx.components.dp_trainer.preflight:check", isolated=True))
 register(Entry("DnDTrainer", (plan_lib.TRAIN,)))
 register(Entry("DPBaggingTrainer", (plan_lib.TRAIN,)))
-register(Entry("DPModelValidator", (plan_lib.VALIDATE,)))
+# (Exec property names and part names of dp_validator/spec.py and dp_statistics_gen/spec.py,
+# spelled out here: this module imports no component spec, hence no TFX.)
+register(Entry("DPModelValidator", (plan_lib.VALIDATE,),
+               parts_of=lambda props: ((plan_lib.VALIDATE, "baseline")
+                                       if props.get("compare_baseline") else (plan_lib.VALIDATE,))))
+register(Entry("DPStatisticsGen", ("statistics",),
+               parts_of=lambda props: (props.get("plan_part") or "statistics",),
+               check="sage_tfx.components.dp_statistics_gen.preflight:check", takes_plan=True))
 
 
 if __name__ == "__main__":

@@ -58,6 +58,9 @@ PUBLIC_API: dict[str, tuple[str, ...]] = {
         "DPRelease", "dp_count", "dp_sum", "dp_mean", "dp_group_by_count", "dp_group_by_sum",
         "dp_group_by_mean"),
     "sage_tfx.dp.histograms": ("dp_histogram", "dp_min_max", "dp_quantiles"),
+    "sage_tfx.dp.feature_statistics": ("NumericFeature", "CategoricalFeature",
+                                       "StatisticsConfig"),
+    "sage_tfx.components.dp_statistics_gen": ("DPStatisticsGen", "statistics_part"),
     "sage_tfx.dp.dpsgd": (
         "dpsgd_event", "dpsgd_epsilon", "calibrate_noise_multiplier", "dpsgd_guarantee",
         "DPGuarantee"),
@@ -111,7 +114,8 @@ PUBLIC_API: dict[str, tuple[str, ...]] = {
     "sage_tfx.cli": ("main",),
     "sage_tfx.components": (
         "SageGate", "BlockExampleGen", "DPTransform", "DPTrainer", "DPModelValidator",
-        "SageGrant", "PTKTrainer", "PTKFeaturizer", "PTKState", "DnDTrainer", "DnDExporter",
+        "DPStatisticsGen", "SageGrant", "PTKTrainer", "PTKFeaturizer", "PTKState", "DnDTrainer",
+        "DnDExporter",
         "DPBaggingTrainer", "PyramidCountTable", "PyramidSnapshot", "PyramidTransform",
         "PyramidWindowTable", "PyramidFeaturization"),
     "sage_tfx.components.dp_transform.analyzers": (

@@ -30,7 +30,7 @@ from tfx.dsl.components.base import base_component, executor_spec
 from tfx.dsl.placeholder import placeholder as ph
 from tfx.types import standard_artifacts
 
-from sage_tfx.components.dp_validator import executor
+from sage_tfx.components.dp_validator import baseline, executor
 from sage_tfx.components.dp_validator import spec
 from sage_tfx.components.gate.executor import check_ledger_url
 
@@ -59,7 +59,14 @@ class DPModelValidator(base_component.BaseComponent):
             ``grant_id``, ``current_model``, ``current_model_id``, ``replayed`` (1 if this
             execution replayed the validation recorded for its grant: see the executor),
             ``release_name``, ``release_digest``. A non-finite bound (no evidence) is left out
-            of the properties, as MLMD cannot store ±inf.
+            of the properties, as MLMD cannot store ±inf. With a ``baseline_model`` channel
+            also ``baseline_outcome`` (NOT_WORSE / WORSE / INCONCLUSIVE / NO_BASELINE),
+            ``baseline_dp_difference``, ``baseline_upper_bound``, ``baseline_lower_bound``,
+            ``baseline_n_test_dp``, ``baseline_epsilon``, ``baseline_eta``,
+            ``baseline_tolerance``, ``baseline_model``, ``baseline_model_id``,
+            ``baseline_replayed``, ``baseline_release_name``, ``baseline_release_digest``, and
+            ``validation.json["baseline_comparison"]``; ``blessed`` is 1 iff ACCEPT and
+            NOT_WORSE (or NO_BASELINE).
     """
 
     SPEC_CLASS = spec.DPModelValidatorSpec
@@ -67,6 +74,9 @@ class DPModelValidator(base_component.BaseComponent):
 
     def __init__(self, *, examples: types.BaseChannel, model: types.BaseChannel,
                  grant: types.BaseChannel, label_key: str, target: float,
+                 baseline_model: Optional[types.BaseChannel] = None,
+                 baseline_tolerance: float = spec.DEFAULT_BASELINE_TOLERANCE,
+                 baseline_eta: Optional[float] = None,
                  metric: str = spec.LOSS, loss_fn: Optional[str] = None,
                  loss_bound: Optional[float] = None, eta: float = spec.DEFAULT_ETA,
                  prediction_key: Optional[str] = None,
@@ -97,11 +107,23 @@ class DPModelValidator(base_component.BaseComponent):
           batch_size: examples per model call.
           ledger_url: the ledger the validation is released in (and the grant verified
             against); default the one named in the grant artifact.
+          baseline_model: a Model channel to compare with, as the Evaluator's (e.g. the
+            ``model`` output of a ``tfx.dsl.Resolver`` with
+            ``tfx.dsl.experimental.LatestBlessedModelStrategy``). Then the plan needs a
+            ``baseline`` part, and the blessing also requires that the model is not worse than
+            the baseline (``baseline_tolerance``, at confidence 1 − ``baseline_eta``) on the same
+            eval examples. A channel that resolves no model compares nothing
+            (``baseline_outcome`` = NO_BASELINE).
+          baseline_tolerance: τ ≥ 0, in the metric's units: "not worse" means
+            E[loss(model) − loss(baseline)] ≤ τ (accuracy: E[acc(model) − acc(baseline)] ≥ −τ).
+            With τ = 0 the model must be shown better; a retrained model of equal quality needs
+            τ > 0.
+          baseline_eta: 1 − confidence of the comparison (default ``eta``).
 
         Raises:
           ValueError: an unknown metric or loss_fn, a missing or invalid loss_bound, target,
             eta or batch_size, an empty label_key / split / signature name, a malformed
-            ledger_url.
+            ledger_url, a negative or non-finite baseline_tolerance, a bad baseline_eta.
         """
         values = (metric, loss_fn, target, loss_bound, eta, label_key, prediction_key,
                   eval_split, signature_name, batch_size)
@@ -112,6 +134,10 @@ class DPModelValidator(base_component.BaseComponent):
                 signature_name=signature_name, batch_size=batch_size)
             loss_fn, target, loss_bound, eta = (config.loss_fn, config.target,
                                                 config.loss_bound, config.eta)
+            if baseline_model is not None and not any(
+                    _dynamic(v) for v in (baseline_tolerance, baseline_eta)):
+                baseline.comparator(config, baseline.BaselineConfig(  # checks τ and η
+                    baseline_tolerance, eta if baseline_eta is None else baseline_eta))
         if ledger_url is not None and not _dynamic(ledger_url):
             check_ledger_url(ledger_url)
         super().__init__(spec=spec.DPModelValidatorSpec(
@@ -126,8 +152,12 @@ class DPModelValidator(base_component.BaseComponent):
             signature_name=signature_name,
             batch_size=batch_size,
             ledger_url=ledger_url,
+            compare_baseline=1 if baseline_model is not None else None,
+            baseline_tolerance=baseline_tolerance if baseline_model is not None else None,
+            baseline_eta=baseline_eta if baseline_model is not None else None,
             examples=examples,
             model=model,
             grant=grant,
+            baseline_model=baseline_model,
             blessing=types.Channel(type=standard_artifacts.ModelBlessing),
         ))

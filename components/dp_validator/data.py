@@ -84,7 +84,8 @@ def label_values(serialized: Sequence[bytes], label_key: str) -> np.ndarray:
 # Reading the eval split and running the model.
 
 
-def eval_files(examples: types.Artifact, split: str) -> List[str]:
+def eval_files(examples: types.Artifact, split: str,
+               component: str = "DPModelValidator") -> List[str]:
     """The data files of one split of an Examples artifact (gzip TFRecords of tf.Example).
 
     Raises:
@@ -97,11 +98,11 @@ def eval_files(examples: types.Artifact, split: str) -> List[str]:
                          f"{names}); set eval_split")
     payload = examples_utils.get_payload_format(examples)
     if payload != example_gen_pb2.FORMAT_TF_EXAMPLE:
-        raise ValueError(f"DPModelValidator reads tf.Example records, got payload format "
+        raise ValueError(f"{component} reads tf.Example records, got payload format "
                          f"{example_gen_pb2.PayloadFormat.Name(payload)}")
     file_format = examples_utils.get_file_format(examples)
     if file_format != _GZIP_FILE_FORMAT:
-        raise ValueError(f"DPModelValidator reads {_GZIP_FILE_FORMAT} files, got {file_format!r}")
+        raise ValueError(f"{component} reads {_GZIP_FILE_FORMAT} files, got {file_format!r}")
     [pattern] = examples_utils.get_split_file_patterns([examples], split)
     if not names and not fileio.exists(os.path.dirname(pattern)):
         raise ValueError(f"the Examples artifact {examples.uri} has no split {split!r}")

@@ -29,6 +29,11 @@ model, reading an example or drawing noise; validating another model or with ano
 configuration under the same grant is refused (``ReleaseConflictError``, recorded as the
 blessing's ``reason``; NOT_BLESSED). The blessing carries ``replayed`` = 0/1.
 
+Baseline comparison (optional ``baseline_model``, e.g. from a ``LatestBlessedModelStrategy``
+resolver): a second DP release on the same eval examples, spending the plan's ``baseline`` part,
+under ``baseline/comparison``; the model is blessed only if it is also "not worse" than the
+baseline at the configured confidence (``components/dp_validator/baseline.py``).
+
 Assumptions, beyond those of ``sage_tfx.dp.validation``: the eval split was not used in training,
 and its records come from the granted blocks (an Examples artifact that records a ``grant_id``,
 as BlockExampleGen's do, must name this grant). Only a model its Sage trainer recorded as
@@ -41,7 +46,7 @@ import dataclasses
 import json
 import math
 import os
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from absl import logging
 from dp_accounting import dp_event as dp_event_lib
@@ -54,12 +59,13 @@ from tfx.utils import path_utils
 from sage_tfx.ledger import accounting
 from sage_tfx.adaptive import plan as plan_lib
 from sage_tfx.dp import validation
+from sage_tfx.dp.comparison import ComparisonResult
 from sage_tfx.components import artifacts, plan_io, release_io
 from sage_tfx.components.block_example_gen.executor import verify_grant
 from sage_tfx.components.block_example_gen.spec import GRANT_ID_PROPERTY as EXAMPLES_GRANT_ID
 from sage_tfx.components.dp_trainer import guarantee as trainer_guarantee
 from sage_tfx.components.dp_trainer.guarantee import MEMBERSHIP_FILE_NAME
-from sage_tfx.components.dp_validator import spec
+from sage_tfx.components.dp_validator import baseline, spec
 from sage_tfx.components.dp_validator.data import (ServingModel, eval_files, label_values,  # noqa: F401
                                                    labels_and_predictions, per_example_values)
 from sage_tfx.errors import MissingGrantError, ReleaseConflictError
@@ -191,27 +197,31 @@ def _epsilon_of_event(event: dp_event_lib.DpEvent) -> Optional[float]:
     return 2.0 / float(multiplier)
 
 
-def validation_epsilon(plan: plan_lib.PrivacyPlan, validator: Any) -> float:
-    """The ε the validator may spend: exactly the plan's ``validate`` part.
+def validation_epsilon(plan: plan_lib.PrivacyPlan, validator: Any,
+                       part_name: str = plan_lib.VALIDATE) -> float:
+    """The ε the validator may spend: exactly the plan's ``validate`` part (or ``part_name``:
+    the baseline comparison spends the ``baseline`` part the same way).
 
     Args:
       plan: the run's privacy plan, already verified against the charged grant.
-      validator: the validator that will spend it (its ``dp_event(ε)`` is what it consumes).
+      validator: the validator (or comparator) that will spend it (its ``dp_event(ε)`` is what
+        it consumes).
+      part_name: the plan part.
 
     Returns:
       ε (finite, > 0). In basic mode the part's ε; in rdp mode the ε whose
       ``validator.dp_event(ε)`` is the part's event (compared as canonical JSON).
 
     Raises:
-      MissingGrantError: no ``validate`` part, or an rdp part whose event is not
+      MissingGrantError: no such part, or an rdp part whose event is not
         ``validator.dp_event(ε)`` for any ε (the validator would spend something not charged).
     """
-    part = plan.part(plan_lib.VALIDATE)
+    part = plan.part(part_name)
     if part.event is None:
-        epsilon = accounting.check_epsilon(part.epsilon, "validate.epsilon")
+        epsilon = accounting.check_epsilon(part.epsilon, f"{part_name}.epsilon")
         if part.delta:
-            logging.warning("DPModelValidator: the plan's validate part charged delta=%s; "
-                            "validation is (epsilon, 0)-DP and spends none of it", part.delta)
+            logging.warning("DPModelValidator: the plan's %s part charged delta=%s; it is "
+                            "(epsilon, 0)-DP and spends none of it", part_name, part.delta)
         return epsilon
     charged = accounting.event_to_json(part.event)
     epsilon = _epsilon_of_event(part.event)
@@ -219,10 +229,11 @@ def validation_epsilon(plan: plan_lib.PrivacyPlan, validator: Any) -> float:
         if accounting.event_to_json(validator.dp_event(epsilon)) == charged:
             return epsilon
     raise MissingGrantError(
-        f"the plan's validate part charged the DpEvent {charged}, which is not this validator's "
-        "dp_event(epsilon) (a ComposedDpEvent of two LaplaceDpEvent(noise_multiplier=2/epsilon): "
-        "the DP count and the DP sum); refusing to spend a budget that was not charged. Build "
-        "the part as PlanPart('validate', event=validator.dp_event(epsilon))")
+        f"the plan's {part_name} part charged the DpEvent {charged}, which is not this "
+        "validator's dp_event(epsilon) (a ComposedDpEvent of two "
+        "LaplaceDpEvent(noise_multiplier=2/epsilon): the DP count and the DP sum); refusing to "
+        f"spend a budget that was not charged. Build the part as PlanPart('{part_name}', "
+        "event=validator.dp_event(epsilon))")
 
 
 def check_examples_grant(examples: types.Artifact, grant_id: str) -> None:
@@ -319,15 +330,17 @@ def read_membership_audit(model: types.Artifact) -> Optional[dict]:
 
 def write_decision(blessing: types.Artifact, result: validation.ValidationResult, *,
                    loss_bound: float, grant_id: str, model: types.Artifact,
-                   membership: Optional[dict] = None) -> None:
-    """Writes a validation result as a ModelBlessing: blessed iff the outcome is ACCEPT.
+                   membership: Optional[dict] = None, not_worse: bool = True,
+                   baseline_comparison: Optional[dict] = None) -> None:
+    """Writes a validation result as a ModelBlessing: blessed iff the outcome is ACCEPT (and,
+    with a baseline comparison, ``not_worse``; its record goes to ``validation.json``).
 
     Only the DP quantities of ``result`` are recorded (custom properties, and the full
     ``result.to_dict()`` in ``validation.json``), plus the trainer's membership-inference audit
     of the model if it wrote one (``membership_auc`` / ``membership_advantage`` properties and
     ``validation.json["membership_inference"]``; an audit, not a DP quantity).
     """
-    _write_marker(blessing, result.outcome == validation.Outcome.ACCEPT)
+    _write_marker(blessing, result.outcome == validation.Outcome.ACCEPT and not_worse)
     blessing.set_string_custom_property(spec.OUTCOME_PROPERTY, result.outcome.value)
     blessing.set_string_custom_property(spec.METRIC_NAME_PROPERTY, result.metric_name)
     for key in spec.RESULT_FLOAT_PROPERTIES:
@@ -339,6 +352,8 @@ def write_decision(blessing: types.Artifact, result: validation.ValidationResult
     blessing.set_string_custom_property(spec.CURRENT_MODEL_PROPERTY, model.uri)
     blessing.set_int_custom_property(spec.CURRENT_MODEL_ID_PROPERTY, model.id)
     record = result.to_dict()
+    if baseline_comparison is not None:
+        record[spec.BASELINE_COMPARISON_FIELD] = baseline_comparison
     if membership is not None:
         record["membership_inference"] = membership
         blessing.set_float_custom_property(spec.MEMBERSHIP_AUC_PROPERTY, float(membership["auc"]))
@@ -348,12 +363,10 @@ def write_decision(blessing: types.Artifact, result: validation.ValidationResult
         f.write(json.dumps(record, sort_keys=True, indent=2))
 
 
-def validate_model(config: ValidatorConfig, validator: Any, epsilon: float,
-                   examples: types.Artifact, model_artifact: types.Artifact
-                   ) -> validation.ValidationResult:
-    """Runs the model on the eval split and draws the DP validation (OpenDP noise, never
-    seeded): what a DPModelValidator releases, called only when the ledger has no release of
-    this grant's validation."""
+def model_values(config: ValidatorConfig, examples: types.Artifact,
+                 model_artifact: types.Artifact) -> Any:
+    """The model's per-example values (losses or correctness) on the eval split, in file order
+    (so two models' values are aligned example by example). Never published."""
     files = eval_files(examples, config.eval_split)
     model = ServingModel(
         path_utils.serving_model_path(model_artifact.uri,
@@ -361,9 +374,19 @@ def validate_model(config: ValidatorConfig, validator: Any, epsilon: float,
         signature_name=config.signature_name, prediction_key=config.prediction_key)
     labels, predictions = labels_and_predictions(
         files, model, label_key=config.label_key, batch_size=config.batch_size)
-    values = per_example_values(config.metric, config.loss_fn, labels, predictions)
-    del labels, predictions
-    return validator.validate(values, epsilon=epsilon)
+    return per_example_values(config.metric, config.loss_fn, labels, predictions)
+
+
+def validate_model(config: ValidatorConfig, validator: Any, epsilon: float,
+                   examples: types.Artifact, model_artifact: types.Artifact,
+                   values: Optional[Callable[[], Any]] = None) -> validation.ValidationResult:
+    """Runs the model on the eval split and draws the DP validation (OpenDP noise, never
+    seeded): what a DPModelValidator releases, called only when the ledger has no release of
+    this grant's validation. ``values``: the model's per-example values, if already computed."""
+    if values is None:
+        return validator.validate(model_values(config, examples, model_artifact),
+                                  epsilon=epsilon)
+    return validator.validate(values(), epsilon=epsilon)
 
 
 def release_request(config: ValidatorConfig, epsilon: float,
@@ -375,6 +398,22 @@ def release_request(config: ValidatorConfig, epsilon: float,
     fields.pop("batch_size")  # how many examples per model call: no bearing on the result
     return {"component": "DPModelValidator", "plan_part": plan_lib.VALIDATE, **fields,
             "epsilon": epsilon, "model_sha256": release_io.tree_digest(model_artifact.uri)}
+
+
+def _baseline_model(input_dict: Dict[str, List[types.Artifact]],
+                    compare: Optional["baseline.BaselineConfig"]) -> Optional[types.Artifact]:
+    """The resolved baseline model, or None (no channel, or a resolver that found none).
+
+    Raises:
+      ValueError: a baseline without ``compare_baseline``, or more than one.
+    """
+    models = list(input_dict.get(spec.BASELINE_MODEL_KEY) or [])
+    if models and compare is None:
+        raise ValueError(f"a {spec.BASELINE_MODEL_KEY} was given but {spec.COMPARE_BASELINE_KEY} "
+                         "is not set: build the validator with baseline_model=...")
+    if len(models) > 1:
+        raise ValueError(f"expected at most one {spec.BASELINE_MODEL_KEY}, got {len(models)}")
+    return models[0] if models else None
 
 
 class Executor(base_executor.BaseExecutor):
@@ -390,18 +429,20 @@ class Executor(base_executor.BaseExecutor):
 
         Args:
           input_dict: ``examples`` (Examples), ``model`` (Model), ``grant`` (SageGrant); one
-            artifact each.
+            artifact each; optionally ``baseline_model`` (none or one Model: what a
+            LatestBlessedModelStrategy resolver found), compared if ``compare_baseline``.
           output_dict: ``blessing``: a list of one ModelBlessing artifact.
           exec_properties: the keys of ``sage_tfx.components.dp_validator.spec``.
 
         Raises:
           MissingGrantError: no grant, a denial, no privacy plan, no ``validate`` part, an rdp
             part that is not this validator's event, eval Examples of another grant, or a grant
-            the ledger does not confirm. Raised before the model or any example is read.
+            the ledger does not confirm; with ``compare_baseline``, the same for the ``baseline``
+            part. Raised before the model or any example is read.
           UnverifiedTrainingError: a model without its trainer's verified record of this grant
             (``check_trained_model``); also raised before anything is read.
-          ReleaseConflictError: the grant already released a validation for another model or
-            configuration.
+          ReleaseConflictError: the grant already released a validation (or a comparison) for
+            another model, baseline or configuration.
           ValueError, FileNotFoundError: bad configuration, split, model or signature.
         """
         self._log_startup(input_dict, output_dict, exec_properties)
@@ -415,10 +456,15 @@ class Executor(base_executor.BaseExecutor):
         examples = artifact_utils.get_single_instance(input_dict[spec.EXAMPLES_KEY])
         model_artifact = artifact_utils.get_single_instance(input_dict[spec.MODEL_KEY])
         grant_artifact = artifact_utils.get_single_instance(input_dict[spec.GRANT_INPUT_KEY])
+        compare = baseline.baseline_config(exec_properties, config.eta)
+        baseline_model = _baseline_model(input_dict, compare)
+        comparator = baseline.comparator(config, compare) if compare is not None else None
         try:
             plan = plan_io.read_plan(grant_artifact)
             grant = artifacts.read_grant(grant_artifact)
             epsilon = validation_epsilon(plan, validator)
+            if comparator is not None:
+                baseline_epsilon = validation_epsilon(plan, comparator, spec.BASELINE_PART)
             check_examples_grant(examples, grant.grant_id)
             url = release_io.ledger_url_for(
                 grant_artifact, exec_properties.get(spec.LEDGER_URL_KEY),
@@ -435,23 +481,50 @@ class Executor(base_executor.BaseExecutor):
             raise
 
         request = release_request(config, epsilon, model_artifact)
+        cache: list = []
+
+        def candidate_values():  # the candidate's values, computed once for both releases
+            if not cache:
+                cache.append(model_values(config, examples, model_artifact))
+            return cache[0]
+
+        compared = None
         with open_ledger(url) as ledger:
             try:
                 grant = verify_grant(grant, ledger, ledger.redacted_url)
                 released = release_io.release_json_once(
                     ledger, grant.grant_id, RELEASE_NAME,
                     lambda: validate_model(config, validator, epsilon, examples,
-                                           model_artifact).to_dict(),
+                                           model_artifact, candidate_values).to_dict(),
                     request=request, component=COMPONENT, artifacts=[blessing],
                     part=plan_lib.VALIDATE)
+                if baseline_model is not None:
+                    compared = baseline.compare_once(
+                        ledger, grant.grant_id, comparator, baseline_epsilon, candidate_values,
+                        lambda: model_values(config, examples, baseline_model),
+                        baseline.release_request(config, compare, baseline_epsilon,
+                                                 model_artifact, baseline_model))
             except (MissingGrantError, ReleaseConflictError) as e:
                 blessing.set_string_custom_property(spec.REASON_PROPERTY, str(e))
                 raise
         result = validation.ValidationResult.from_dict(released.value)
+        comparison = (ComparisonResult.from_dict(compared.value) if compared is not None
+                      else None)
+        record = (baseline.write_properties(blessing, compare, comparison, compared,
+                                            baseline_model) if compare is not None else None)
 
         membership = read_membership_audit(model_artifact)
         write_decision(blessing, result, loss_bound=config.loss_bound,
-                       grant_id=grant.grant_id, model=model_artifact, membership=membership)
+                       grant_id=grant.grant_id, model=model_artifact, membership=membership,
+                       not_worse=baseline.not_worse(compare, comparison),
+                       baseline_comparison=record)
+        if comparison is not None:
+            logging.info("DPModelValidator: against the baseline %s: %s (DP difference %.6g, "
+                         "bounds [%.6g, %.6g], tolerance %s, eta %s, epsilon %s)",
+                         baseline_model.uri, comparison.outcome.value,
+                         comparison.dp_difference, comparison.lower_bound,
+                         comparison.upper_bound, comparison.tolerance, comparison.eta,
+                         comparison.epsilon)
         if membership is not None:
             logging.info("DPModelValidator: trainer's membership-inference audit of the model "
                          "(not DP): AUC %.3f, attacker advantage %.3f", membership["auc"],

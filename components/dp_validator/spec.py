@@ -11,6 +11,8 @@ EXAMPLES_KEY = standard_component_specs.EXAMPLES_KEY  # "examples"
 MODEL_KEY = standard_component_specs.MODEL_KEY  # "model"
 GRANT_INPUT_KEY = GRANT_KEY  # "grant"
 BLESSING_KEY = standard_component_specs.BLESSING_KEY  # "blessing"
+# Optional: the model to compare with (e.g. a LatestBlessedModelStrategy resolver's "model").
+BASELINE_MODEL_KEY = standard_component_specs.BASELINE_MODEL_KEY  # "baseline_model"
 
 # Exec-property keys.
 METRIC_KEY = "metric"
@@ -24,6 +26,12 @@ EVAL_SPLIT_KEY = "eval_split"
 SIGNATURE_NAME_KEY = "signature_name"
 BATCH_SIZE_KEY = "batch_size"
 LEDGER_URL_KEY = "ledger_url"  # optional: the ledger to trust (default: the grant's)
+# The baseline comparison (components/dp_validator/baseline.py). ``compare_baseline`` = 1 when
+# the component was given a baseline_model channel: the plan must then have a baseline part even
+# when the channel resolves no model (the first run), so the plan never depends on history.
+COMPARE_BASELINE_KEY = "compare_baseline"
+BASELINE_TOLERANCE_KEY = "baseline_tolerance"
+BASELINE_ETA_KEY = "baseline_eta"  # default: eta
 
 # Exec-property values and defaults.
 LOSS = "loss"
@@ -38,6 +46,8 @@ DEFAULT_ETA = 0.05  # List. 1 line 30: confidence 0.95
 DEFAULT_EVAL_SPLIT = "eval"
 DEFAULT_SIGNATURE_NAME = "serving_default"
 DEFAULT_BATCH_SIZE = 256
+BASELINE_PART = "baseline"  # the plan part the comparison spends
+DEFAULT_BASELINE_TOLERANCE = 0.0
 
 # Blessing layout: the Evaluator's own names, so stock Pusher and tfx.dsl.Cond read the decision.
 BLESSED_FILE_NAME = evaluator_constants.BLESSED_FILE_NAME  # "BLESSED"
@@ -73,6 +83,19 @@ REASON_PROPERTY = "reason"  # why validation was refused (no usable grant); refu
 # int 1 on a Model trained without a DP guarantee under an explicit opt-in (DP bagging's paper
 # mode): such a model is never blessed, and the blessing carries the same int 1 and a reason.
 NOT_DP_PROPERTY = "not_differentially_private"
+# The baseline comparison, on blessings of a validator given a baseline_model channel.
+BASELINE_OUTCOME_PROPERTY = "baseline_outcome"  # NOT_WORSE | WORSE | INCONCLUSIVE | NO_BASELINE
+NO_BASELINE = "NO_BASELINE"  # the channel resolved no model (e.g. nothing blessed yet)
+BASELINE_MODEL_PROPERTY = "baseline_model"  # its uri
+BASELINE_MODEL_ID_PROPERTY = "baseline_model_id"
+BASELINE_REPLAYED_PROPERTY = "baseline_replayed"
+BASELINE_RELEASE_NAME_PROPERTY = "baseline_release_name"
+BASELINE_RELEASE_DIGEST_PROPERTY = "baseline_release_digest"
+BASELINE_COMPARISON_FIELD = "baseline_comparison"  # in validation.json
+# Float properties "baseline_<field>" holding the ComparisonResult field (finite values only).
+BASELINE_FLOAT_FIELDS = ("dp_difference", "upper_bound", "lower_bound", "n_test_dp", "epsilon")
+BASELINE_TOLERANCE_PROPERTY = "baseline_tolerance"
+BASELINE_ETA_PROPERTY = "baseline_eta"
 # Float properties holding the ValidationResult field of the same name. MLMD cannot store
 # ±inf / NaN (its SQL breaks), so a non-finite value (e.g. an upper bound of inf when the DP
 # count is too small for any evidence) is left out here; validation.json always has it.
@@ -96,11 +119,15 @@ class DPModelValidatorSpec(ComponentSpec):
         SIGNATURE_NAME_KEY: ExecutionParameter(type=str),
         BATCH_SIZE_KEY: ExecutionParameter(type=int),
         LEDGER_URL_KEY: ExecutionParameter(type=str, optional=True),
+        COMPARE_BASELINE_KEY: ExecutionParameter(type=int, optional=True),
+        BASELINE_TOLERANCE_KEY: ExecutionParameter(type=float, optional=True),
+        BASELINE_ETA_KEY: ExecutionParameter(type=float, optional=True),
     }
     INPUTS = {
         EXAMPLES_KEY: ChannelParameter(type=standard_artifacts.Examples),
         MODEL_KEY: ChannelParameter(type=standard_artifacts.Model),
         GRANT_INPUT_KEY: ChannelParameter(type=SageGrant),
+        BASELINE_MODEL_KEY: ChannelParameter(type=standard_artifacts.Model, optional=True),
     }
     OUTPUTS = {
         BLESSING_KEY: ChannelParameter(type=standard_artifacts.ModelBlessing),

@@ -43,6 +43,43 @@ def _bin_counts(x: np.ndarray, edges: tuple[float, ...]) -> np.ndarray:
     return np.bincount(idx, minlength=len(edges) - 1).astype(np.float64)
 
 
+def occupied_range(noisy_counts: ArrayLike, bin_edges: Sequence[float],
+                   threshold: float) -> np.ndarray:
+    """[min, max] read off noisy bin counts (post-processing): the left edge of the first and the
+    right edge of the last bin whose noisy count exceeds ``threshold``; (first edge, last edge) if
+    none does."""
+    edges = np.asarray(bin_edges, dtype=np.float64)
+    occupied = np.flatnonzero(np.asarray(noisy_counts, dtype=np.float64) > threshold)
+    if occupied.size == 0:
+        return np.array([edges[0], edges[-1]])
+    return np.array([edges[occupied[0]], edges[occupied[-1] + 1]])
+
+
+def quantiles_from_counts(noisy_counts: ArrayLike, bin_edges: Sequence[float],
+                          quantiles: Sequence[float]) -> np.ndarray:
+    """Quantiles interpolated in a noisy cumulative histogram (post-processing).
+
+    Negative noisy counts are set to 0 and the distribution is taken as uniform within a bin;
+    with no positive count, the quantiles of a uniform distribution over the edges' range.
+    Non-decreasing in the quantile, always within [first edge, last edge].
+    """
+    edges = np.asarray(bin_edges, dtype=np.float64)
+    counts = np.maximum(np.asarray(noisy_counts, dtype=np.float64), 0.0)
+    qs = np.asarray(quantiles, dtype=np.float64)
+    lower, upper = edges[0], edges[-1]
+    mass = counts.sum()
+    if mass <= 0:
+        return lower + qs * (upper - lower)
+    cumulative = np.cumsum(counts)
+    targets = qs * mass
+    bins = np.minimum(np.searchsorted(cumulative, targets, side="left"), counts.size - 1)
+    before = cumulative[bins] - counts[bins]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        fraction = np.where(counts[bins] > 0, (targets - before) / counts[bins], 0.0)
+    width = edges[bins + 1] - edges[bins]
+    return np.clip(edges[bins] + np.clip(fraction, 0.0, 1.0) * width, lower, upper)
+
+
 @dataclasses.dataclass(frozen=True)
 class HistogramQuery(Query):
     """Counts per public bin [e_i, e_{i+1}) (last bin closed); Laplace noise, L1 sensitivity 1.
@@ -134,11 +171,7 @@ class MinMaxQuery(Query):
     def release(self, total: np.ndarray, noise: NoiseSource | None = None) -> Value:
         """[min, max]: edges of the first and last bins whose noisy count passes the threshold."""
         noisy = np.asarray(LaplaceMechanism(self.epsilon, 1.0).add_noise(total, noise))
-        occupied = np.flatnonzero(noisy > self.threshold)
-        if occupied.size == 0:
-            return np.array([self.lower, self.upper])
-        edges = self.bin_edges
-        return np.array([edges[occupied[0]], edges[occupied[-1] + 1]])
+        return occupied_range(noisy, self.bin_edges, self.threshold)
 
     def dp_event(self) -> dp_accounting.DpEvent:
         """The Laplace DpEvent the release spends."""
@@ -187,20 +220,7 @@ class QuantilesQuery(Query):
     def release(self, total: np.ndarray, noise: NoiseSource | None = None) -> Value:
         """The quantiles, interpolated in the noisy cumulative histogram."""
         noisy = np.asarray(LaplaceMechanism(self.epsilon, 1.0).add_noise(total, noise))
-        counts = np.maximum(noisy, 0.0)
-        qs = np.asarray(self.quantiles)
-        mass = counts.sum()
-        if mass <= 0:
-            return self.lower + qs * (self.upper - self.lower)
-        cumulative = np.cumsum(counts)
-        targets = qs * mass
-        bins = np.minimum(np.searchsorted(cumulative, targets, side="left"), self.num_bins - 1)
-        before = cumulative[bins] - counts[bins]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            fraction = np.where(counts[bins] > 0, (targets - before) / counts[bins], 0.0)
-        edges = np.asarray(self.bin_edges)
-        width = edges[1] - edges[0]
-        return np.clip(edges[bins] + np.clip(fraction, 0.0, 1.0) * width, self.lower, self.upper)
+        return quantiles_from_counts(noisy, self.bin_edges, self.quantiles)
 
     def dp_event(self) -> dp_accounting.DpEvent:
         """The Laplace DpEvent the release spends."""

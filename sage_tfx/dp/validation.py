@@ -113,9 +113,7 @@ class ValidationResult:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (the outcome as its string value)."""
-        out = dataclasses.asdict(self)
-        out["outcome"] = self.outcome.value
-        return out
+        return result_to_dict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ValidationResult":
@@ -124,12 +122,28 @@ class ValidationResult:
         Raises:
           ValueError: missing or unknown fields, or an unknown outcome.
         """
-        names = {f.name for f in dataclasses.fields(cls)}
-        if not isinstance(data, dict) or not set(data) <= names or \
-                not names - {"details"} <= set(data):
-            raise ValueError(
-                f"not a ValidationResult: {sorted(data) if isinstance(data, dict) else data!r}")
-        return cls(**{**data, "outcome": Outcome(data["outcome"])})
+        return result_from_dict(cls, data, Outcome)
+
+
+def result_to_dict(result: Any) -> dict[str, Any]:
+    """A result dataclass with an enum ``outcome`` as a JSON-ready dict."""
+    out = dataclasses.asdict(result)
+    out["outcome"] = result.outcome.value
+    return out
+
+
+def result_from_dict(cls: type, data: Any, outcome_type: type) -> Any:
+    """The ``cls`` instance :func:`result_to_dict` wrote (every field but ``details`` needed).
+
+    Raises:
+      ValueError: missing or unknown fields, or an unknown outcome.
+    """
+    names = {f.name for f in dataclasses.fields(cls)}
+    if not isinstance(data, dict) or not set(data) <= names or \
+            not names - {"details"} <= set(data):
+        raise ValueError(
+            f"not a {cls.__name__}: {sorted(data) if isinstance(data, dict) else data!r}")
+    return cls(**{**data, "outcome": outcome_type(data["outcome"])})
 
 
 # ---------------------------------------------------------------------------------------------

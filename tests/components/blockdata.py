@@ -125,3 +125,19 @@ def write_taxi_month_blocks(block_root, stream, months):
                                f"{end}-01T00:00:00+00:00", len(exs), wrapped_key=wrapped,
                                kek_id=kek_id))
     return specs
+
+
+def write_encrypted_day_blocks(block_root, stream, days, rows_of_day):
+    """Encrypted day blocks of ``rows_of_day(day)`` (a list of tf.train.Examples each), one part
+    file per block; returns their BlockSpecs (wrapped keys included)."""
+    from sage_tfx.ledger import BlockSpec
+    specs = []
+    for day in days:
+        rows = rows_of_day(day)
+        loc = block_location(block_root, stream, day)
+        kek_id, wrapped = write_encrypted_block(loc, stream, day, [rows])
+        start = datetime.date.fromisoformat(day)
+        specs.append(BlockSpec(day, loc, f"{start}T00:00:00+00:00",
+                               f"{start + datetime.timedelta(days=1)}T00:00:00+00:00",
+                               len(rows), wrapped_key=wrapped, kek_id=kek_id))
+    return specs
