@@ -15,7 +15,7 @@ It also prints the number of records per key at which each releases a key with p
 1/2 and 0.99, the figure the paper's comparison is made of.
 
 Then it diffs the TFX taxi ``preprocessing_fn`` (the wheel's ``taxi_utils_native_keras.py``)
-against the converted ``pipelines/taxi_dp_preprocessing.py`` and classifies every changed line.
+against the converted ``pipelines/taxi_utils_dp.py`` and classifies every changed line.
 Writes ``dp_vocabulary.csv`` and ``dp_vocabulary.md`` into ``--out``.
 """
 from __future__ import annotations
@@ -146,15 +146,18 @@ def conversion_diff() -> dict:
     """Changed lines of the taxi preprocessing half: original vs converted, by kind."""
     with open(os.path.join(taxi_root(), "taxi_utils_native_keras.py")) as f:
         original = f.read()
-    with open(os.path.join(ROOT, "pipelines", "taxi_dp_preprocessing.py")) as f:
+    with open(os.path.join(ROOT, "pipelines", "taxi_utils_dp.py")) as f:
         converted = f.read()
     start = "# Categorical features"
     orig = (["import tensorflow as tf", "import tensorflow_transform as tft"]
             + _code_lines(original, start, "def _get_tf_examples_serving_signature")
             + _code_lines(original, "# TFX Transform will call this function.",
                           "# TFX Trainer will call this function."))
-    conv = ([ln for ln in converted.splitlines() if ln.startswith(("import ", "from "))]
-            + _code_lines(converted, start, "\x00"))
+    conv = ([ln for ln in converted.splitlines() if ln.startswith(("import ", "from "))
+             and not any(k in ln for k in ("dp_trainer", "fn_args_utils", "typing", "absl"))]
+            + _code_lines(converted, start, "def _build_keras_model")
+            + _code_lines(converted, "# TFX Transform will call this function.",
+                          "# TFX DPTrainer will call this function."))
     removed, added = [], []
     for line in difflib.ndiff(orig, conv):
         if line.startswith("- ") and line[2:].strip():

@@ -249,11 +249,11 @@ def taxi_rows(env, feature_spec, limit):
 def test_taxi_preprocessing_fn_converted_by_import_and_bounds(env):
     """The TFX wheel's taxi preprocessing_fn is refused as it is (9 stock analyzers, each named
     with its feature and its DP replacement); the converted module (pipelines/
-    taxi_dp_preprocessing.py: import and bounds) runs DP, spending ε and δ exactly."""
+    taxi_utils_dp.py: import and bounds) runs DP, spending ε and δ exactly."""
     import importlib
     original = importlib.import_module(
         "tfx.examples.chicago_taxi_pipeline.taxi_utils_native_keras")
-    from sage_tfx.pipelines import taxi_dp_preprocessing as converted
+    from sage_tfx.pipelines import taxi_utils_dp as converted
     schema = os.path.join(env.taxi_root, "data", "user_provided_schema", "schema.pbtxt")
     spec = env.tracing.feature_spec_from_schema_file(schema)
     with pytest.raises(env.audit.NonDPAnalyzerError) as refused:
