@@ -59,6 +59,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--updates", type=int, default=1_000_000)
     p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--first-seed", type=int, default=0)
     p.add_argument("--datasets", nargs="+", default=["digits", "leaf"])
     p.add_argument("--in-flight", type=int, default=16)
     p.add_argument("--csv", default="steprule.csv", help="file name under " + OUT)
@@ -79,7 +80,7 @@ def main() -> None:
         print(f"{name}: d={spec.dim}, m={m:.4f}, rule eta={eta:.3g}, {clients} clients, "
               f"{passes} passes each: per-client eps {eps_client:.0f} at delta={DELTA} (RDP; "
               f"per update {EPSILON})", flush=True)
-        for seed in range(a.seeds):
+        for seed in range(a.first_seed, a.first_seed + a.seeds):
             for label, gamma, clip in _configs(spec.dim, m, a.updates,
                                                 seed == 0 and a.grid == "seed0"):
                 private = label != "no noise"

@@ -10,7 +10,8 @@ A run in which every client sends at most ``passes`` updates costs each block
 * ``passes × ε_update`` (basic streams), ε_update = :meth:`ClientConfig.update_epsilon`, and
   ``passes × δ_update`` for the gaussian unit (basic composition), or
 * ``SelfComposedDpEvent(e, passes)`` (rdp streams) with e = ``LaplaceDpEvent(b / Δ₁)`` or, for the
-  gaussian unit, ``GaussianDpEvent(m)`` (:meth:`ClientConfig.update_event`),
+  gaussian unit, ``GaussianDpEvent(m)`` (:meth:`ClientConfig.update_event`; the RDP of the exact
+  discrete-Gaussian sampler that runs, :mod:`sage_tfx.dnd.noise`),
 
 charged *before* the server accepts its first update (:func:`request_run`). The server then admits
 a draw only through :class:`RunBudget`: the client's blocks must be in the grant and still usable,

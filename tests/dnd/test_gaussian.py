@@ -224,7 +224,7 @@ def test_a_served_gaussian_run_states_its_charge_and_passes_honest_updates(sqlit
     app = create_app(service, services.Authenticator(p.url, token=p.server, cache_seconds=0))
     rng = np.random.default_rng(0)
     accepted = []
-    with serving(app) as base, httpx.Client(base_url=base) as c:
+    with serving(app) as base, httpx.Client(base_url=base, timeout=60) as c:
         doc = c.get("/v1/spec", headers=bearer(p.client("c0"))).json()
         assert doc["update_epsilon"] == 8.0 and doc["update_delta"] == 1e-7
         assert doc["client"]["unit"] == "gaussian"

@@ -4,10 +4,12 @@ The image's filesystem is assembled from the Dockerfile's final stage in a tempo
 pipeline virtualenv (a real one, with pip) where ``COPY --from=build`` puts it, owned as its
 ``--chown`` says (root without one), the Beam directory root-owned, and the environment its
 ``ENV`` lines set. Then, as the ``USER`` the image runs as (``setpriv``, uid 1000), the two
-environment steps Beam's SDK boot program takes before it starts the worker (Beam 2.56
-``sdks/python/container/boot.go``): unless ``RUN_PYTHON_SDK_IN_DEFAULT_ENVIRONMENT`` is set it
-creates a virtualenv under ``/opt/apache/beam-venv`` (``python -m venv --system-site-packages``),
-and it pip-installs the staged files (here a TFX module wheel) with the ``python`` on ``PATH``.
+environment steps Beam's SDK boot program takes before it starts the worker
+(``sdks/python/container/boot.go``: since Beam 2.44 it creates a virtualenv under
+``/opt/apache/beam-venv`` for the worker, since 2.48 not when
+``RUN_PYTHON_SDK_IN_DEFAULT_ENVIRONMENT`` is set; then it pip-installs the staged files, here a
+TFX module wheel, with the ``python`` of that environment). The worker virtualenv step is checked
+as creating its directory, where it fails for uid 1000.
 The same steps in the layout the Dockerfile had before (no variable, a root-owned virtualenv)
 fail: the checks can fail. Not run: the boot binary itself (it is not on PyPI or in this repo).
 """
