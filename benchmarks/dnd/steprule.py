@@ -60,6 +60,7 @@ def main() -> None:
     p.add_argument("--updates", type=int, default=1_000_000)
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--first-seed", type=int, default=0)
+    p.add_argument("--only", nargs="+", help="run only the configurations with these labels")
     p.add_argument("--datasets", nargs="+", default=["digits", "leaf"])
     p.add_argument("--in-flight", type=int, default=16)
     p.add_argument("--csv", default="steprule.csv", help="file name under " + OUT)
@@ -83,6 +84,8 @@ def main() -> None:
         for seed in range(a.first_seed, a.first_seed + a.seeds):
             for label, gamma, clip in _configs(spec.dim, m, a.updates,
                                                 seed == 0 and a.grid == "seed0"):
+                if a.only and label not in a.only:
+                    continue
                 private = label != "no noise"
                 cfg = ClientConfig(gamma, epsilon=EPSILON if private else None, unit="gaussian",
                                    delta=DELTA if private else None, l2_norm_clip=clip)

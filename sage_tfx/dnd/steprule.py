@@ -20,8 +20,9 @@ sized for steps 1.7× longer than the ones sent). So:
       γ·C₂ = η = D / √((T/k)·(1 + 4m²d))
 
   with D = :data:`STEP_DISTANCE`, the one constant, fitted on digits (the best η of a grid at
-  10⁶ updates) and checked on a second data set with 4× the weights
-  (``benchmarks/results/dnd/REPORT.md``, "Choosing γ and C₂").
+  10⁶ updates) and checked on a second data set with 4× the weights, leaf shapes, where the rule
+  sits at the lower edge of the best range (1–4× its η; ``benchmarks/results/dnd/REPORT.md``,
+  "Choosing γ and C₂").
 
 Everything the rule reads is public and fixed before the first update: d, m (from ε, δ), k and the
 run's planned number of updates T (what the grant pays for: passes × clients). Nothing here is a
