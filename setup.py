@@ -22,7 +22,7 @@ setuptools.setup(
         + ["sage_tfx.pipelines"]
         + ["sage_tfx.pipelines." + p for p in setuptools.find_packages("pipelines")]
     ),
-    package_data={"sage_tfx.pipelines": ["flights_schema/*.pbtxt"]},
+    package_data={"sage_tfx.pipelines": ["flights_schema/*.pbtxt", "taxi_schema/*.pbtxt"]},
     install_requires=[
         "dp-accounting==0.4.3",
         "numpy",

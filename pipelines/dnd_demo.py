@@ -37,9 +37,9 @@ import numpy as np
 from sage_tfx.pipelines.demo_cli import log as _log
 from sage_tfx.pipelines.demo_cli import fresh_out, parser, save_figure, timed_main
 
-GAMMA = 0.002      # learning rate γ: small, so the noise the instances carry (∝ γ) averages out
-L2_CLIP = 2.0      # C₂ of the gaussian unit (digits' gradients at w = 0: L2 ≈ 1.3)
-L1_CLIP = 10.0     # C₁ of the Laplace model unit (their L1 ≈ 20)
+GAMMA = 0.002      # learning rate γ of the Laplace unit: small, so the noise the instances carry
+                   # (∝ γ) averages out; the gaussian unit's γ and C₂ come from its step rule
+L1_CLIP = 10.0     # C₁ of the Laplace model unit (digits' gradients at w = 0: L1 ≈ 20)
 K = 10             # model instances on the server
 CLIENT_ROWS = 10   # N_c: examples per client
 BLOCKS = 8
@@ -52,17 +52,21 @@ def marks_up_to(updates: int, points: int = 24) -> list[int]:
     return sorted({int(round(v)) for v in np.geomspace(1000, updates, points)})
 
 
-def configs(epsilon: float, delta: float) -> dict:
-    """The three client configurations compared: the gaussian unit at (ε, δ) per update, the
-    Laplace model unit at ε per update, and no noise (not private, a reference only)."""
+def configs(epsilon: float, delta: float, updates: int) -> dict:
+    """The three client configurations compared: the gaussian unit at (ε, δ) per update (γ, C₂
+    by :mod:`sage_tfx.dnd.steprule` for ``updates``), the Laplace model unit at ε per update,
+    and no noise at the gaussian unit's γ, C₂ (not private, a reference only)."""
     from sage_tfx.dnd import ClientConfig
-    return {f"gaussian unit, eps={epsilon:g}, delta={delta:g}":
-            ClientConfig(GAMMA, epsilon=epsilon, unit="gaussian", delta=delta,
-                         l2_norm_clip=L2_CLIP),
+    from sage_tfx.dnd.eval import digits
+    from sage_tfx.dnd.steprule import gaussian_config
+    gauss = gaussian_config(epsilon=epsilon, delta=delta, dim=digits.SPEC.dim, k=K,
+                            updates=updates)
+    return {f"gaussian unit, eps={epsilon:g}, delta={delta:g}": gauss,
             f"Laplace model unit, eps={epsilon:g}":
             ClientConfig(GAMMA, l1_norm_clip=L1_CLIP, epsilon=epsilon),
             "no noise (not private)":
-            ClientConfig(GAMMA, epsilon=None, unit="gaussian", l2_norm_clip=L2_CLIP)}
+            ClientConfig(gauss.gamma, epsilon=None, unit="gaussian",
+                         l2_norm_clip=gauss.l2_norm_clip)}
 
 
 def served_run(url: str, cfg, data, *, clients: int, run_id: str = "digits-1") -> dict:
@@ -138,7 +142,7 @@ def run(out: str, *, served: int = 2000, updates: int = 1_000_000, epsilon: floa
 
     if served < 1 or updates < 1000:
         raise ValueError(f"need served >= 1 and updates >= 1000, got {served}, {updates}")
-    cfgs = configs(epsilon, delta)  # refuses a bad ε or δ before anything is written
+    cfgs = configs(epsilon, delta, updates)  # refuses a bad ε or δ before anything is written
     gauss = next(iter(cfgs.values()))
     budget_eps, budget_delta = 1.5 * epsilon, 1.5 * delta
     out = fresh_out(out)
@@ -153,7 +157,8 @@ def run(out: str, *, served: int = 2000, updates: int = 1_000_000, epsilon: floa
     ledger.add_blocks("clients", [BlockSpec(f"bucket-{i}", os.path.join(out, "clients", str(i)))
                                   for i in range(BLOCKS)])
     _log(f"[2/5] served run: gaussian unit, (epsilon, delta) = ({epsilon:g}, {delta:g}) per "
-         f"update, one update per client, k = {K}, gamma = {GAMMA}, L2 clip {L2_CLIP}; noise "
+         f"update, one update per client, k = {K}, gamma = {gauss.gamma:.4g}, L2 clip "
+         f"{gauss.l2_norm_clip:g} (step rule for {updates:,} updates); noise "
          f"std {gauss.sampler_std(digits.SPEC.dim):.4f} per weight")
     t = time.time()
     first = served_run(url, gauss, data, clients=served)
@@ -164,6 +169,12 @@ def run(out: str, *, served: int = 2000, updates: int = 1_000_000, epsilon: floa
     second = served_run(url, gauss, data, clients=1, run_id="digits-2")
     _log(f"      second run granted: {second['granted']}")
     _log(f"[4/5] the long curve, in process, up to {updates:,} updates (fresh noise)")
+    from sage_tfx.dnd.budget import client_epsilon
+    passes = -(-updates // (len(data[1]) // CLIENT_ROWS))
+    per_client = client_epsilon(gauss, digits.SPEC.dim, passes, delta)
+    _log(f"      {updates:,} updates over {len(data[1]) // CLIENT_ROWS} clients = {passes:,} "
+         f"passes each: per-client epsilon {per_client:,.0f}"
+         f" at delta = {delta:g} (RDP, dp_accounting), beside epsilon = {epsilon:g} per update")
     runs = curves(data, cfgs, updates)
     charged = {b: {k: round(v, 12) for k, v in ledger.remaining("clients", b).items()}
                for b in (f"bucket-{i}" for i in range(BLOCKS))}

@@ -10,7 +10,8 @@ A run in which every client sends at most ``passes`` updates costs each block
 * ``passes × ε_update`` (basic streams), ε_update = :meth:`ClientConfig.update_epsilon`, and
   ``passes × δ_update`` for the gaussian unit (basic composition), or
 * ``SelfComposedDpEvent(e, passes)`` (rdp streams) with e = ``LaplaceDpEvent(b / Δ₁)`` or, for the
-  gaussian unit, ``GaussianDpEvent(m)`` (:meth:`ClientConfig.update_event`),
+  gaussian unit, ``GaussianDpEvent(m)`` (:meth:`ClientConfig.update_event`; the RDP of the exact
+  discrete-Gaussian sampler that runs, :mod:`sage_tfx.dnd.noise`),
 
 charged *before* the server accepts its first update (:func:`request_run`). The server then admits
 a draw only through :class:`RunBudget`: the client's blocks must be in the grant and still usable,
@@ -54,6 +55,20 @@ def run_epsilon(config: ClientConfig, dim: int, passes: int) -> float:
 def run_delta(config: ClientConfig, dim: int, passes: int) -> float:
     """The basic-mode δ of a run: ``passes × δ_update`` (0 for the pure Laplace units)."""
     return _check_passes(passes) * config.update_delta(dim)
+
+
+def client_epsilon(config: ClientConfig, dim: int, passes: int, delta: float) -> float:
+    """The privacy loss of one client over a whole run: ε at ``delta`` of ``passes`` composed
+    updates (:func:`run_event`) by dp_accounting's RDP accountant (its default orders; the
+    Laplace units' pure ε composes to at most ``passes × ε_update``, which is returned if
+    smaller). What a run of T updates over n clients implies per client, beside the per-update ε:
+    passes = ⌈T/n⌉ (10⁶ updates over 400 clients at ε = 8, δ = 10⁻⁶ per update: ≈ 3,360)."""
+    from dp_accounting.rdp import rdp_privacy_accountant
+    dlt = accounting.check_delta(delta, allow_zero=False)
+    acc = rdp_privacy_accountant.RdpAccountant()
+    acc.compose(run_event(config, dim, passes))
+    eps = float(acc.get_epsilon(dlt))
+    return eps if config.gaussian else min(eps, run_epsilon(config, dim, passes))
 
 
 def request_run(ledger: Ledger, stream: str, *, run_id: str, config: ClientConfig, dim: int,

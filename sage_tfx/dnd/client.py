@@ -20,7 +20,10 @@ model of d weights, so the whole update is (d·ε)-DP. Here:
   L1/Laplace unit's at the same ε. Charged: (ε, δ) per update (basic streams) or
   ``GaussianDpEvent(m)`` (rdp streams). m is the analytic Gaussian's (Balle & Wang 2018) at
   ε − SAMPLER_EPSILON and δ·(1 − SAMPLER_DELTA_SHARE), checked with dp_accounting's PLD accountant;
-  the remainder covers the float-safe sampler (:mod:`sage_tfx.dnd.noise`).
+  the ε remainder covers the discrete Gaussian's (ε, δ) term. The sampler
+  (:mod:`sage_tfx.dnd.noise`) draws the discrete Gaussian exactly, full support, so its Rényi
+  divergence is ``GaussianDpEvent(m)``'s at every order: the rdp charge is proved for it. γ and
+  C₂ may come from the step rule (:mod:`sage_tfx.dnd.steprule`).
 
 The adjacency is one client's whole local data set (its N_c examples may all change): local DP
 against the channel listener (adversary I). The per-weight noise variance is 2·(2γC/ε)² = 8γ²C²/ε²

@@ -157,7 +157,8 @@ def create_app(service: DnDService, auth: services.Authenticator, *,
         passes: int
         ticket_ttl: float
         granted: bool
-        noise_scale: Optional[float] = None
+        noise_scale: Optional[float] = None  # the sampler's σ (gaussian) or Laplace b per weight
+        noise_std: Optional[float] = None  # the std the sampler adds per weight
         update_epsilon: Optional[float] = None
         update_delta: Optional[float] = None
         update_event: Optional[dict] = None  # the dp_accounting event charged per update
@@ -419,12 +420,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--features", type=int, required=True)
     p.add_argument("--classes", type=int, default=1)
     p.add_argument("--k", type=int, default=20)
-    p.add_argument("--gamma", type=float, required=True)
+    p.add_argument("--gamma", type=float,
+                   help="step size (gaussian unit: default from --planned-updates by the step "
+                        "rule, sage_tfx.dnd.steprule)")
     p.add_argument("--l1-norm-clip", type=float, default=1.0)
     p.add_argument("--epsilon", type=float, required=True, help="epsilon per unit")
     p.add_argument("--unit", choices=("model", "feature", "gaussian"), default="model")
     p.add_argument("--delta", type=float, help="delta per update (gaussian unit)")
-    p.add_argument("--l2-norm-clip", type=float, help="L2 clip of the gradient (gaussian unit)")
+    p.add_argument("--l2-norm-clip", type=float,
+                   help="L2 clip of the gradient (gaussian unit; default: the step rule's)")
+    p.add_argument("--planned-updates", type=int,
+                   help="updates the run is planned for (passes x clients): the gaussian "
+                        "unit's step rule needs it when --gamma or --l2-norm-clip is not given")
     p.add_argument("--passes", type=int, default=1, help="updates per client in this run")
     p.add_argument("--no-spam-check", action="store_true")
     p.add_argument("--no-norm-bound", action="store_true",
@@ -445,15 +452,32 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _config_of(a, dim: int) -> ClientConfig:
+    """The clients' configuration; the gaussian unit's γ / C₂ not given come from the step rule
+    (``--planned-updates``), anything else needs ``--gamma``."""
+    if a.unit == "gaussian" and (a.gamma is None or a.l2_norm_clip is None):
+        if a.planned_updates is None:
+            raise InvalidRequestError("the gaussian unit needs --gamma and --l2-norm-clip, or "
+                                      "--planned-updates for the step rule")
+        if a.delta is None:
+            raise InvalidRequestError("the gaussian unit needs --delta")
+        from sage_tfx.dnd.steprule import gaussian_config
+        return gaussian_config(epsilon=a.epsilon, delta=a.delta, dim=dim, k=a.k,
+                               updates=a.planned_updates, gamma=a.gamma,
+                               l2_norm_clip=a.l2_norm_clip)
+    if a.gamma is None:
+        raise InvalidRequestError("--gamma is required (the step rule is the gaussian unit's)")
+    return ClientConfig(a.gamma, a.l1_norm_clip, a.epsilon, a.unit, a.delta, a.l2_norm_clip)
+
+
 def _service_of(a) -> DnDService:
     scheme = None
     if a.bucket_scheme:
         from sage_tfx.streams import scheme_from_spec
         scheme = scheme_from_spec(a.bucket_scheme)
-    return build_service(ledger_url=a.ledger, stream=a.stream, run_id=a.run_id,
-                         spec=GLMSpec(a.family, a.features, a.classes),
-                         config=ClientConfig(a.gamma, a.l1_norm_clip, a.epsilon, a.unit,
-                                             a.delta, a.l2_norm_clip),
+    spec = GLMSpec(a.family, a.features, a.classes)
+    return build_service(ledger_url=a.ledger, stream=a.stream, run_id=a.run_id, spec=spec,
+                         config=_config_of(a, spec.dim),
                          k=a.k, passes=a.passes, window_last=a.window_last, context=a.context,
                          block_scheme=scheme, spam_check=not a.no_spam_check,
                          ticket_ttl=a.ticket_ttl, refresh=a.refresh_seconds > 0,

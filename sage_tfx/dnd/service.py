@@ -166,7 +166,11 @@ class DnDService:
                "dim": self.spec.dim, "k": self.k, "passes": self.passes,
                "ticket_ttl": self.ticket_ttl, "granted": self.budget is not None}
         if self.config.private:
-            out["noise_scale"] = self.config.noise_scale
+            # what the samplers add per weight: the Gaussian's σ is the sampler's (m against the
+            # rounded sensitivity, ≤ 1.6 % above m·Δ₂); the Laplace units state b and the std
+            std = self.config.sampler_std(self.spec.dim)
+            out["noise_scale"] = std if self.config.gaussian else self.config.noise_scale
+            out["noise_std"] = std
             out["update_epsilon"] = self.config.update_epsilon(self.spec.dim)
             out["update_delta"] = self.config.update_delta(self.spec.dim)
             out["update_event"] = accounting.event_to_dict(self.config.update_event(self.spec.dim))

@@ -1,12 +1,12 @@
 """The Dockerfile, checked without a Docker daemon: parsed with BuildKit's own parser
 (``dockerfile``) and linted with hadolint (both pinned in the lock).
 
-What a build would find out late is checked here: base images pinned and the Beam SDK stage of
-the locked apache-beam on the image's Python; a C/C++ toolchain in the stage that installs the
-lock (pyfarmhash 0.3.2 ships no wheel) and none in the runtime image; the lock installed and the
-virtualenv copied; Beam's boot program copied from the Beam stage and used as the entrypoint;
-a non-root user; every COPY source present and not excluded by .dockerignore; the modules the
-build's import check names importable from the lock.
+What a build would find out late is checked here: base images pinned by digest and the Beam SDK
+stage of the locked apache-beam on the image's Python; a C/C++ toolchain in the stage that installs
+the lock (pyfarmhash 0.3.2 ships no wheel) and none in the runtime image; the lock installed and
+the virtualenv copied; Beam's boot program copied from the Beam stage and used as the entrypoint; a
+non-root user; every COPY source present and not excluded by .dockerignore; the modules the build's
+import check names importable from the lock.
 """
 import fnmatch
 import importlib.util
@@ -42,8 +42,9 @@ def _stages():
             value = list(c.value)
             name = value[2] if len(value) == 3 and value[1].upper() == "AS" else None
             stages.append((name, value[0], []))
+        elif not stages:
+            assert c.cmd == "ARG", "only global ARGs before the first FROM"
         else:
-            assert stages, "an instruction before the first FROM"
             stages[-1][2].append(c)
     return stages
 
@@ -52,19 +53,40 @@ def _runs(commands):
     return [" ".join(c.value) for c in commands if c.cmd == "RUN"]
 
 
-def test_base_images_are_pinned_and_beam_matches_the_lock():
+def _global_args():
+    """ARGs declared before the first FROM: name -> default (None without one)."""
+    out = {}
+    for c in dockerfile.parse_file(os.path.join(ROOT, "Dockerfile")):
+        if c.cmd == "FROM":
+            break
+        if c.cmd == "ARG":
+            name, _, default = c.value[0].partition("=")
+            out[name] = default or None
+    return out
+
+
+def test_base_images_are_pinned_by_digest_and_beam_matches_the_lock():
+    """Every external base image is NAME:VERSION@${ARG}, the ARG a global build argument with no
+    default (a build without the digest fails) that scripts/pin-base-images.sh resolves."""
     stages = _stages()
     pins = _lock()
+    args = _global_args()
     py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    with open(os.path.join(ROOT, "scripts", "pin-base-images.sh")) as f:
+        script = f.read()
     for name, image, _ in stages:
         if image in {n for n, _, _ in stages if n}:
             continue  # FROM an earlier stage
-        repo, sep, tag = image.partition(":")
-        assert sep and tag != "latest" and re.match(r"^\d+\.\d+", tag), (
-            f"{image}: pin a version tag (or a digest)")
-    beam = [image for _, image, _ in stages if image.startswith("apache/beam_python")]
+        m = re.fullmatch(r"([^:@]+):([^@]+)@\$\{([A-Z_]+)\}", image)
+        assert m, f"{image}: pin NAME:TAG by digest, @${{ARG}}"
+        _, tag, arg = m.groups()
+        assert tag != "latest" and re.match(r"^\d+\.\d+", tag), f"{image}: a version tag"
+        assert arg in args and args[arg] is None, f"{arg}: a build argument without a default"
+    assert "imagetools inspect" in script and "sha256:[0-9a-f]{64}" in script
+    beam = [image.split("@")[0] for _, image, _ in stages
+            if image.startswith("apache/beam_python")]
     assert beam == [f"apache/beam_python{py}_sdk:{pins['apache-beam']}"]
-    pythons = {image for _, image, _ in stages if image.startswith("python:")}
+    pythons = {image.split("@")[0] for _, image, _ in stages if image.startswith("python:")}
     assert pythons and all(image.startswith(f"python:{py}.") for image in pythons), pythons
 
 
@@ -88,7 +110,7 @@ def test_the_lock_is_installed_where_a_compiler_is():
     # The runtime image has no compiler, and takes the built virtualenv.
     _, _, final = stages[-1]
     assert not any("build-essential" in r or "gcc" in r for r in _runs(final))
-    assert any(c.cmd == "COPY" and c.flags == (f"--from={build_name}",) for c in final)
+    assert any(c.cmd == "COPY" and f"--from={build_name}" in c.flags for c in final)
 
 
 def _setup_uv():

@@ -31,6 +31,7 @@ class BatchedCurve:
     train_loss: list
     test_accuracy: list
     noise_std: float
+    average: Optional[np.ndarray] = None  # the average of the k instances at the last mark
 
 
 def _grads(w: np.ndarray, x: np.ndarray, y1h: np.ndarray) -> np.ndarray:
@@ -101,6 +102,7 @@ def run_batched(spec: GLMSpec, cfg: ClientConfig, k: int, x_train: np.ndarray, y
         curve.updates.append(done)
         curve.train_loss.append(spec.loss(avg, x_train, y_train))
         curve.test_accuracy.append(spec.accuracy(avg, x_test, y_test))
+        curve.average = avg
         if progress is not None:
             progress(done, curve.test_accuracy[-1])
     return curve
