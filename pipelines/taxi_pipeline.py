@@ -83,7 +83,8 @@ def make_plan(*, statistics_epsilon: float = 0.5, transform_epsilon: float = 1.0
 def create_pipeline(*, pipeline_name: str, pipeline_root: str, metadata_path: str,
                     ledger_url: str, stream: str, window_last: int, serving_model_dir: str,
                     plan: Optional[PrivacyPlan] = None, module_file: str = MODULE_FILE,
-                    trainer_config: Optional[dict] = None, target: float = DEFAULT_TARGET,
+                    trainer_config: Optional[dict] = None,
+                    transform_config: Optional[dict] = None, target: float = DEFAULT_TARGET,
                     eta: float = 0.05, baseline_tolerance: float = 0.02,
                     run_id: Optional[str] = None,
                     beam_pipeline_args: Optional[Sequence[str]] = None) -> tfx.dsl.Pipeline:
@@ -96,6 +97,7 @@ def create_pipeline(*, pipeline_name: str, pipeline_root: str, metadata_path: st
       plan: the run's plan (default :func:`make_plan`).
       module_file: the DPTransform / DPTrainer module.
       trainer_config: the DPTrainer's custom_config (``epochs``, ``batch_size``, ...).
+      transform_config: the DPTransform's custom_config (for a preprocessing_fn taking one).
       target, eta: DPModelValidator's accuracy target and 1 − confidence.
       baseline_tolerance: how much worse than the last blessed model still blesses.
       beam_pipeline_args: Beam options of the Beam-backed components.
@@ -119,7 +121,7 @@ def create_pipeline(*, pipeline_name: str, pipeline_root: str, metadata_path: st
         transform = DPTransform(examples=example_gen.outputs["examples"],
                                 schema=schema_import.outputs["schema"],
                                 grant=gate.outputs["grant"], module_file=module_file,
-                                ledger_url=ledger_url)
+                                custom_config=transform_config, ledger_url=ledger_url)
         trainer = DPTrainer(module_file=module_file,
                             examples=transform.outputs["transformed_examples"],
                             transform_graph=transform.outputs["transform_graph"],

@@ -50,7 +50,7 @@ def user_package(tmp_path, monkeypatch):
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
     (pkg / "fraud.py").write_text(textwrap.dedent(PIPELINE))
-    (pkg / "fraud_trainer.py").write_text("def run_fn(fn_args):\n    raise NotImplementedError\n")
+    (pkg / "fraud_trainer.py").write_text("def model_fn(fn_args):\n    raise NotImplementedError\n")
     shutil.copy(flights_plan.SCHEMA_PATH, pkg / "schema.pbtxt")
     monkeypatch.syspath_prepend(str(tmp_path / "src"))
     for name in [n for n in sys.modules if n.split(".")[0] == "userpipes"]:
@@ -116,7 +116,7 @@ def test_a_bad_reference_is_refused_and_writes_nothing(user_package, tmp_path, c
 def test_a_module_file_the_pods_could_not_import_is_refused(user_package, tmp_path, capsys):
     loose = tmp_path / "loose"
     loose.mkdir()
-    (loose / "trainer.py").write_text("def run_fn(fn_args):\n    pass\n")
+    (loose / "trainer.py").write_text("def model_fn(fn_args):\n    pass\n")
     code = _compile(tmp_path, "kubeflow", "--pipeline", "userpipes.fraud:create_pipeline",
                     "--pipeline-root", "gs://b/tfx", "--set", f"module_file={loose}/trainer.py")
     err = capsys.readouterr().err
