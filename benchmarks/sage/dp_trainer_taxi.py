@@ -436,6 +436,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="one ε, one round, 2 epochs, x2 data")
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "sage"))
     ap.add_argument("--work", default=None, help="working directory (default: a temp dir)")
+    ap.add_argument("--parts", default="utility,speed,memory",
+                    help="which measurements to run (the others are read from --out's CSVs)")
     args = ap.parse_args(argv)
     if args.quick:
         args.epsilons, args.epochs, args.rounds, args.scale = "3", 2, 1, 2
@@ -451,6 +453,43 @@ def main(argv=None) -> int:
     taxi = _taxi_module()
     labels = _labels(info)
     raw_eval = _raw_eval(info)
+    parts = set(args.parts.split(","))
+    results, speed, mem = _previous(args.out)
+    if "utility" in parts:
+        results = utility(info, work, taxi, labels, raw_eval, args, t0)
+    if "speed" in parts:
+        speed = speed_rounds(info, work, taxi, args, t0)
+    if "memory" in parts:
+        print(f"[{time.time() - t0:6.0f}s] memory (1x and {args.scale}x data)", flush=True)
+        mem = memory(info, work, args.scale, args.batch)
+    _write(args.out, results, speed, mem, args)
+    print(f"[{time.time() - t0:6.0f}s] done; results in {args.out}/dp_trainer_taxi.*",
+          flush=True)
+    if args.work is None:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def _previous(out: str) -> tuple:
+    """The results, speed and memory rows of an earlier run in ``out`` (empty if none)."""
+    def rows(name):
+        path = os.path.join(out, name)
+        if not os.path.exists(path):
+            return []
+        with open(path) as f:
+            return list(csv.DictReader(f))
+    num = lambda r: {k: (float(v) if k not in ("model", "training", "isolation", "data",  # noqa
+                                               "phase") and v not in ("", None) else v)
+                     for k, v in r.items()}
+    results = [num(r) for r in rows("dp_trainer_taxi.csv")]
+    speed = [num(r) for r in rows("dp_trainer_taxi_speed.csv")]
+    mem = [(r["data"], int(float(r["rows"])), r["phase"], float(r["peak_mb"]))
+           for r in rows("dp_trainer_taxi_memory.csv")]
+    return results, speed, mem
+
+
+def utility(info, work, taxi, labels, raw_eval, args, t0) -> list:
+    """The non-DP baseline and the DPTrainer at each ε (module doc, 1)."""
     results = []
     print(f"[{time.time() - t0:6.0f}s] non-DP baseline (Keras fit, {args.epochs} epochs)",
           flush=True)
@@ -471,6 +510,11 @@ def main(argv=None) -> int:
                         "isolation": props.get("dp_model_fn_isolation"),
                         "executor_seconds": round(seconds, 1)})
         print(f"  {results[-1]}", flush=True)
+    return results
+
+
+def speed_rounds(info, work, taxi, args, t0) -> list:
+    """Seconds per epoch, DP-SGD loop vs Keras fit, for both models (module doc, 2)."""
     speed = []
     models = {"wide-and-deep": lambda: taxi._build_keras_model([100, 70, 49, 34]),
               "MLP 256-256": lambda: mlp(taxi)}
@@ -487,14 +531,7 @@ def main(argv=None) -> int:
                           "non_dp_cpu_s_per_epoch": statistics.median(c for _, c in steady),
                           "dp_cpu_s_per_epoch": dp_cpu})
             print(f"  {speed[-1]}", flush=True)
-    print(f"[{time.time() - t0:6.0f}s] memory (1x and {args.scale}x data)", flush=True)
-    mem = memory(info, work, args.scale, args.batch)
-    _write(args.out, results, speed, mem, args)
-    print(f"[{time.time() - t0:6.0f}s] done; results in {args.out}/dp_trainer_taxi.*",
-          flush=True)
-    if args.work is None:
-        shutil.rmtree(work, ignore_errors=True)
-    return 0
+    return speed
 
 
 def _write(out: str, results: list, speed: list, mem: list, args) -> None:

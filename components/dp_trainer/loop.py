@@ -7,7 +7,10 @@ N(0, (σC)²) per coordinate added, the sum divided by the *expected* batch size
 realised size, which would leak it), then one optimizer update. Gradients of weight
 regularizers (data-independent) are added without noise.
 
-Per-example gradient norms come from TensorFlow Privacy's fast ("ghost") clipping
+When every trainable layer is a Dense layer on rank-2 inputs (MLPs, wide-and-deep models over
+feature columns), the clipped sum takes one forward and one backward pass ("book-keeping",
+Bu et al. 2023: :meth:`DPSGDLoop._one_pass_sum`). Otherwise per-example gradient norms come
+from TensorFlow Privacy's fast ("ghost") clipping
 (``clip_grads.compute_gradient_norms``) when every trainable layer is in the layer registry —
 TF Privacy's registry functions for Dense, Embedding, EinsumDense, LayerNormalization and
 MultiHeadAttention — and otherwise from vectorised per-example gradients (``tape.jacobian``
@@ -65,6 +68,23 @@ def _clip_grads():
         if not had:
             del sys.skip_tf_privacy_import  # type: ignore[attr-defined]
     return clip_grads, gradient_clipping_utils
+
+
+def one_pass_layers(model: Any) -> bool:
+    """Whether every trainable layer of ``model`` is a Dense layer on a rank-2 input (and
+    nothing trainable hides in a nested model): the one-pass clipped sum applies."""
+    found = False
+    for layer in model.layers:
+        if not layer.trainable_variables:
+            continue
+        if type(layer) is not tf.keras.layers.Dense or getattr(layer, "_inbound_nodes", None) \
+                is None or len(layer._inbound_nodes) != 1:  # pylint: disable=protected-access
+            return False
+        shape = layer.input_shape
+        if not (isinstance(shape, tuple) and len(shape) == 2):
+            return False
+        found = True
+    return found
 
 
 class NoiseRecord(tf.Module):
@@ -160,7 +180,9 @@ class DPSGDLoop:
         self.registry = layer_registry()
         clip_grads, utils = _clip_grads()
         self._clip_grads = clip_grads
+        self._utils = utils
         self.fast = utils.all_trainable_layers_are_registered(model, self.registry)
+        self.one_pass = one_pass_layers(model)
         self.record = NoiseRecord()
         self._noise = tf.random.Generator.from_non_deterministic_state()
         self._vars = list(model.trainable_variables)
@@ -195,6 +217,8 @@ class DPSGDLoop:
 
     def _clipped_sum(self, x: Any, y: Any) -> list:
         """Σ over the rows of their gradients, each clipped to norm C."""
+        if self.one_pass:
+            return self._one_pass_sum(x, y)
         norms = self._norms(x, y)
         weights = tf.stop_gradient(self.clip / tf.maximum(self.clip, norms))
         with tf.GradientTape() as tape:
@@ -203,6 +227,47 @@ class DPSGDLoop:
         grads = tape.gradient(total, self._vars,
                               unconnected_gradients=tf.UnconnectedGradients.ZERO)
         return [tf.convert_to_tensor(g) for g in grads]
+
+    def _one_pass_sum(self, x: Any, y: Any) -> list:
+        """The clipped sum from one forward and one backward pass (all trainable layers Dense
+        on rank-2 inputs; Bu et al., "Differentially private optimization on large model at
+        small cost", ICML 2023, "book-keeping"): with aᵢ a Dense layer's input row and gᵢ the
+        gradient of ℓᵢ at its pre-activation output, example i's kernel gradient is aᵢgᵢᵀ, so
+        ‖∇ᵢ‖² = Σ_layers ‖aᵢ‖²‖gᵢ‖² (+ ‖gᵢ‖² for the bias), and Σᵢ cᵢ∇ᵢ = Aᵀ(c ⊙ G) — the
+        clipped sum without the second backward pass of ghost clipping."""
+        records: list = []
+        tape = tf.GradientTape(watch_accessed_variables=False)
+
+        def forward(layer, args, kwargs):
+            if not layer.trainable_variables:
+                return layer(*args, **kwargs), None
+            a = tf.cast(args[0], layer.kernel.dtype)
+            z = tf.matmul(a, layer.kernel)
+            tape.watch(z)
+            out = z + layer.bias if layer.use_bias else z
+            records.append((layer, a, z))
+            return layer.activation(out), None
+
+        with tape:
+            outputs, _ = self._utils.model_forward_pass(self.model, x, generator_fn=forward)
+            total = tf.reduce_sum(self._losses(y, outputs))
+        grads_z = tape.gradient(total, [z for _, _, z in records],
+                                unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        squares = []
+        for (layer, a, _), g in zip(records, grads_z):
+            g2 = tf.reduce_sum(tf.square(g), axis=1)
+            squares.append(tf.reduce_sum(tf.square(a), axis=1) * g2)
+            if layer.use_bias:
+                squares.append(g2)
+        norms = tf.sqrt(tf.add_n(squares))
+        c = tf.stop_gradient(self.clip / tf.maximum(self.clip, norms))
+        by_var = {}
+        for (layer, a, _), g in zip(records, grads_z):
+            cg = g * c[:, None]
+            by_var[layer.kernel.ref()] = tf.matmul(a, cg, transpose_a=True)
+            if layer.use_bias:
+                by_var[layer.bias.ref()] = tf.reduce_sum(cg, axis=0)
+        return [by_var.get(v.ref(), tf.zeros_like(v)) for v in self._vars]
 
     def _noisy_update(self, summed: list) -> None:
         std = tf.constant(self.clip * self.sigma, summed[0].dtype)
