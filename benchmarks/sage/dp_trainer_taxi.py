@@ -13,12 +13,15 @@ What it measures (the DP Trainer issue's benchmark; numbers printed and written 
    benchmark isolates the trainer (the DP transform's own cost is the DP Transform benchmark's),
    and records that graph in the ledger as the grant's transform release, which only a
    DPTransform does in a pipeline.
-2. **Speed.** Seconds per epoch of the DP-SGD loop (Poisson batches from disk, ghost clipping,
-   noise) against Keras ``fit`` (batches from disk) for the wide-and-deep model and for a
-   256-256 MLP on the same features; steady state (the first step / epoch, which traces, left
-   out), rounds alternated, medians.
+2. **Speed.** Seconds per epoch of the DP-SGD loop (Poisson batches from disk, the one-pass
+   clipped sum both models' all-Dense layers take, noise) against Keras ``fit`` (batches from
+   disk) for the wide-and-deep model and for a 256-256 MLP on the same features; steady state
+   (the first step / epoch, which traces, left out), rounds alternated, medians.
 3. **Memory.** Peak resident memory of the Beam job that builds the batches and of the DP-SGD
    loop, each in its own process, on the training split and on 10 copies of it.
+4. **The conversion.** Non-blank lines of the training half of TFX's module (its imports,
+   signature builders, ``_input_fn``, model builders and ``run_fn``) removed and added in
+   ``pipelines/taxi_utils_dp.py``, by function (no training; always printed).
 
 Usage: python benchmarks/sage/dp_trainer_taxi.py [--epsilons 1,3,8] [--epochs 10]
            [--rounds 2] [--scale 10] [--quick] [--out benchmarks/results/sage]
@@ -26,7 +29,9 @@ Usage: python benchmarks/sage/dp_trainer_taxi.py [--epsilons 1,3,8] [--epochs 10
 from __future__ import annotations
 
 import argparse
+import collections
 import csv
+import difflib
 import json
 import os
 import shutil
@@ -425,6 +430,56 @@ def _fresh_peak(code: str) -> float:
 # --- main ---------------------------------------------------------------------------------------
 
 
+def _halves(text: str, trainer_def: str) -> list[tuple[str, str]]:
+    """(function, line) for the training half of a taxi module: the trainer imports, every
+    top-level def after ``_fill_in_missing`` except ``preprocessing_fn``."""
+    out, where = [], None
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        if line.startswith(("import ", "from ")):
+            if any(k in line for k in ("fn_args_utils", "tfxio", "dp_trainer")):
+                out.append(("imports", line))
+            continue
+        if line.startswith("def "):
+            where = line[4:].split("(")[0]
+        elif line.startswith("# TFX"):
+            where = trainer_def
+        if where and where not in ("_transformed_name", "_transformed_names",
+                                   "_fill_in_missing", "preprocessing_fn") and \
+                not line.startswith("# TFX Transform"):
+            out.append((where, line))
+    return out
+
+
+def conversion_diff() -> dict:
+    """Changed non-blank lines of the taxi training half, original vs converted (module doc, 4)."""
+    with open(os.path.join(os.path.dirname(_taxi_module().__file__),
+                           "taxi_utils_native_keras.py")) as f:
+        original = _halves(f.read(), "run_fn")
+    with open(MODULE) as f:
+        converted = _halves(f.read(), "model_fn")
+    removed: collections.Counter = collections.Counter()
+    added: collections.Counter = collections.Counter()
+    orig_lines = [line for _, line in original]
+    conv_lines = [line for _, line in converted]
+    where_o = [w for w, _ in original]
+    where_c = [w for w, _ in converted]
+    matcher = difflib.SequenceMatcher(a=orig_lines, b=conv_lines, autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag in ("replace", "delete"):
+            removed.update(where_o[i1:i2])
+        if tag in ("replace", "insert"):
+            added.update(where_c[j1:j2])
+    result = {"original_lines": len(orig_lines), "converted_lines": len(conv_lines),
+              "removed": sum(removed.values()), "added": sum(added.values()),
+              "removed_by_function": dict(removed), "added_by_function": dict(added)}
+    print(f"taxi training half: {result['original_lines']} non-blank lines -> "
+          f"{result['converted_lines']}; {result['removed']} removed {dict(removed)}, "
+          f"{result['added']} added {dict(added)}", flush=True)
+    return result
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--epsilons", default="1,3,8")
@@ -446,15 +501,24 @@ def main(argv=None) -> int:
     os.makedirs(work, exist_ok=True)
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
-    print(f"[{time.time() - t0:6.0f}s] preparing the taxi data (stock transform) in {work}",
-          flush=True)
-    info = prepare(work)
-    print(f"  rows: {info['rows']}", flush=True)
-    taxi = _taxi_module()
-    labels = _labels(info)
-    raw_eval = _raw_eval(info)
-    parts = set(args.parts.split(","))
+    diff = conversion_diff()
+    parts = set(p for p in args.parts.split(",") if p)
+    unknown = parts - {"utility", "speed", "memory"}
+    if unknown:
+        ap.error(f"unknown --parts {sorted(unknown)}: choose from utility, speed, memory")
     results, speed, mem = _previous(args.out)
+    if parts:
+        print(f"[{time.time() - t0:6.0f}s] preparing the taxi data (stock transform) in {work}",
+              flush=True)
+        info = prepare(work)
+        print(f"  rows: {info['rows']}", flush=True)
+        taxi = _taxi_module()
+        labels = _labels(info)
+        raw_eval = _raw_eval(info)
+    missing = [name for name, rows in (("utility", results), ("speed", speed), ("memory", mem))
+               if name not in parts and not rows]
+    if missing:
+        ap.error(f"no earlier {missing} results in {args.out}: add them to --parts")
     if "utility" in parts:
         results = utility(info, work, taxi, labels, raw_eval, args, t0)
     if "speed" in parts:
@@ -462,7 +526,7 @@ def main(argv=None) -> int:
     if "memory" in parts:
         print(f"[{time.time() - t0:6.0f}s] memory (1x and {args.scale}x data)", flush=True)
         mem = memory(info, work, args.scale, args.batch)
-    _write(args.out, results, speed, mem, args)
+    _write(args.out, results, speed, mem, diff, args)
     print(f"[{time.time() - t0:6.0f}s] done; results in {args.out}/dp_trainer_taxi.*",
           flush=True)
     if args.work is None:
@@ -478,9 +542,14 @@ def _previous(out: str) -> tuple:
             return []
         with open(path) as f:
             return list(csv.DictReader(f))
-    num = lambda r: {k: (float(v) if k not in ("model", "training", "isolation", "data",  # noqa
-                                               "phase") and v not in ("", None) else v)
-                     for k, v in r.items()}
+    def num(r: dict) -> dict:
+        out = {}
+        for k, v in r.items():
+            if k in ("model", "training", "isolation", "data", "phase") or v in ("", None):
+                out[k] = v
+            else:
+                out[k] = int(v) if k == "round" else float(v)
+        return out
     results = [num(r) for r in rows("dp_trainer_taxi.csv")]
     speed = [num(r) for r in rows("dp_trainer_taxi_speed.csv")]
     mem = [(r["data"], int(float(r["rows"])), r["phase"], float(r["peak_mb"]))
@@ -534,7 +603,7 @@ def speed_rounds(info, work, taxi, args, t0) -> list:
     return speed
 
 
-def _write(out: str, results: list, speed: list, mem: list, args) -> None:
+def _write(out: str, results: list, speed: list, mem: list, diff: dict, args) -> None:
     with open(os.path.join(out, "dp_trainer_taxi.csv"), "w", newline="") as f:
         keys = sorted({k for r in results for k in r})
         w = csv.DictWriter(f, fieldnames=keys)
@@ -573,6 +642,12 @@ def _write(out: str, results: list, speed: list, mem: list, args) -> None:
                      f"{med['dp_cpu_s_per_epoch'] / med['non_dp_cpu_s_per_epoch']:.2f}x |")
     lines += ["", "| data | rows | phase | peak MB |", "|---|---|---|---|"]
     lines += [f"| {d} | {n} | {p} | {m:.0f} |" for d, n, p, m in mem]
+    lines += ["", f"Training half of the module: {diff['original_lines']} non-blank lines in "
+              f"TFX's, {diff['converted_lines']} in ours; {diff['removed']} removed, "
+              f"{diff['added']} added.", "", "| function | removed | added |", "|---|---|---|"]
+    for name in dict.fromkeys(list(diff["removed_by_function"]) + list(diff["added_by_function"])):
+        lines.append(f"| `{name}` | {diff['removed_by_function'].get(name, 0)} | "
+                     f"{diff['added_by_function'].get(name, 0)} |")
     with open(os.path.join(out, "dp_trainer_taxi.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     _plot(out, results)
@@ -589,6 +664,8 @@ def _plot(out: str, results: list) -> None:
         ax.plot([r["epsilon"] for r in dp], [r[metric] for r in dp], "o-", label="DPTrainer")
         ax.axhline(base[metric], color="gray", ls="--", label="non-DP")
         ax.set_xscale("log")
+        ax.set_xticks([r["epsilon"] for r in dp], [f"{r['epsilon']:g}" for r in dp])
+        ax.minorticks_off()
         ax.set_xlabel("ε (train part, δ = 1e-5)")
         ax.set_ylabel(metric)
         ax.set_title(f"taxi big-tipper {metric}")

@@ -10,8 +10,9 @@ Assumptions, stated once for every number this module returns:
 
 * **Sampling.** Each step is accounted as a *Poisson-sampled* Gaussian mechanism with sampling
   probability ``q = batch_size / num_examples`` (every example joins each batch independently with
-  probability q), and that is what :func:`sage_tfx.dp.keras_dpsgd.train_dp_keras` and the DP
-  Trainer run (``keras_dpsgd.poisson_batches``; noisy sum divided by the *expected* batch size).
+  probability q), and that is what :func:`sage_tfx.dp.keras_dpsgd.train_dp_keras`
+  (``keras_dpsgd.poisson_batches``) and the DP Trainer (Poisson step assignment in Beam,
+  ``sage_tfx.dp.poisson_batching``) run; the noisy sum is divided by the *expected* batch size.
   Shuffled fixed-size batches, which TF Privacy #483 reports accounted as Poisson, are no longer
   used for DP training.
 * **Steps.** ``ceil(epochs * num_examples / batch_size)`` steps are accounted. A trainer that drops

@@ -37,7 +37,10 @@ privacy guarantee; the fast path needs every trainable layer in the registry (``
 ``tf.random.normal`` (floating-point Gaussian; Mironov 2012's attack is out of scope, as in every
 TF Privacy model).
 
-What :func:`train_dp_keras` and the DP Trainer run is :func:`make_poisson_dp_model`: the same
+What :func:`train_dp_keras` runs (the in-memory DP-SGD of the Sage evaluation, the privacy
+audits and the adaptive experiments; the DP Trainer component has its own loop over Poisson
+batches built in Beam, ``components/dp_trainer/loop.py``, with the same accounting) is
+:func:`make_poisson_dp_model`: the same
 fast clipping, but every example joins every step independently with probability q
 (:func:`poisson_batches`: the sampled rows of a step, padded to one fixed shape and masked), the
 noise (``tf.random.Generator`` from OS entropy) is added to the clipped *sum* of the sampled rows

@@ -2,8 +2,8 @@
 
 The workload is small on purpose (it runs in tests): scikit-learn's bundled ``load_digits``
 (1,797 8×8 images), the binary task "digit ≥ 5", a 32-unit MLP. Two models are trained on the
-same rows: DP-SGD as the DP Trainer runs it (``keras_dpsgd.train_dp_keras``: Poisson sampling,
-fast clipping, charged ε at δ) and its non-DP twin (same layers, Adam, many epochs). Then
+same rows: DP-SGD with the DP Trainer's mechanism (``keras_dpsgd.train_dp_keras``: Poisson
+sampling, fast clipping, charged ε at δ) and its non-DP twin (same layers, Adam, many epochs). Then
 
 * :func:`canary_audit` — m canaries (held-out images with *flipped* labels), each inserted with
   probability 1/2; one training run; ``sage_tfx.dp.audit.one_run_audit`` turns the canaries'

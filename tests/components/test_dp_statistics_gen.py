@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from trainerdata import grant_artifact as _grant
+from trainerdata import grant as _grant
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from trainerdata import examples_artifact as _examples
-from trainerdata import grant_artifact as _grant
+from trainerdata import grant as _grant
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from test_dp_validator import _examples, _model, _plan, _props, _save_model, _trained_under
-from trainerdata import grant_artifact as _grant
+from trainerdata import grant as _grant
 
 pytestmark = pytest.mark.slow
 

@@ -7,8 +7,6 @@ DPTrainer (the wheel's wide-and-deep model, ``model_fn``) → LatestBlessedModel
 DPModelValidator → Pusher — runs once under LocalDagRunner on two years of blocks.
 """
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -21,18 +19,11 @@ WINDOW = 24
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    import tfx
-
     from sage_tfx.pipelines import taxi_pipeline as tp
+    from sage_tfx.streams.datasets import chicago_taxi_big_tipper_csv_path
     root = tmp_path_factory.mktemp("taxi")
-    csv = os.path.join(os.path.dirname(tfx.__file__), "examples", "chicago_taxi_pipeline",
-                       "data", "big_tipper_label", "data.csv")
-    url = f"sqlite:///{root}/ledger.db"
-    cli = [sys.executable, "-m", "sage_tfx.cli", "--ledger", url]
-    subprocess.run(cli + ["create-stream", STREAM, "--epsilon-g", "20", "--delta-g", "1e-4",
-                          "--granularity", "month"], check=True)
-    subprocess.run(cli + ["import", STREAM, csv, "--scheme", "time:trip_start_timestamp:month",
-                          "--block-root", str(root / "blocks")], check=True)
+    csv = chicago_taxi_big_tipper_csv_path()
+    url = tp.import_taxi_blocks(str(root), STREAM, epsilon_g=20.0, delta_g=1e-4)  # the CLI
     settings = dict(pipeline_name="taxi-dp", pipeline_root=str(root / "tfx"),
                     metadata_path=str(root / "mlmd.db"), ledger_url=url, stream=STREAM,
                     window_last=WINDOW, serving_model_dir=str(root / "serving"),
@@ -86,3 +77,15 @@ def test_the_pushed_model_serves_raw_trips(run):
     assert np.all((p >= 0) & (p <= 1))
     accuracy = np.mean((p > 0.5) == (np.array(labels) == 1))
     assert accuracy > 0.6, accuracy
+
+
+@pytest.mark.parametrize("args", [["--window", "0"], ["--train-epsilon", "x"],
+                                  ["--epochs", "0"], ["--train-epsilon", "-1"],
+                                  ["--train-epsilon", "nan"]])
+def test_the_runnable_pipeline_refuses_bad_arguments_before_any_work(tmp_path, args, capsys):
+    from sage_tfx.pipelines import taxi_pipeline as tp
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as done:
+        tp.main(["--out", str(out), *args])
+    assert done.value.code == 2 and "error" in capsys.readouterr().err
+    assert not out.exists()

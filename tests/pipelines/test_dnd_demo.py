@@ -45,7 +45,7 @@ def test_dnd_demo_refuses_bad_arguments(tmp_path, args):
 def test_the_long_curves_report_their_progress(capsys):
     from sage_tfx.dnd.eval import digits
 
-    runs = dnd_demo.curves(digits.load(), dnd_demo.configs(4.0, 1e-6), 3000, every=0.0)
+    runs = dnd_demo.curves(digits.load(), dnd_demo.configs(4.0, 1e-6, 3000), 3000, every=0.0)
     lines = [line for line in capsys.readouterr().out.splitlines() if "updates, accuracy" in line]
     for n in (1, 2, 3):  # every curve, at its points before the last (printed when it ends)
         mine = [line for line in lines if f"curve {n}/3: " in line]
