@@ -124,7 +124,7 @@ def test_each_update_adds_gaussian_noise_of_std_sigma_c_over_the_expected_batch(
     after = np.concatenate([v.numpy().ravel() for v in dp._vars])
     delta = (before - after).astype(np.float64)
     scale = clip * sigma * np.sqrt(steps) / expected        # the sum of 6 independent updates
-    assert stats.kstest(delta / scale, "norm").pvalue > 1e-3
+    assert stats.kstest(delta / scale, "norm").pvalue > 1e-6  # unseeded: 1e-6 false alarms
     assert abs(np.std(delta) / scale - 1) < 0.1             # ~1,250 coordinates: ±3 % (1 s.d.)
     updates, lo, hi = dp.record.read()
     assert updates == steps and lo == pytest.approx(clip * sigma) == hi
