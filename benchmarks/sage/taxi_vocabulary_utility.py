@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import csv
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,20 +27,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 MODULE = os.path.join(HERE, "taxi_vocabulary_modules.py")
 STREAM = "taxi"
-
-
-def _import(work: str) -> str:
-    import tfx
-    csv_path = os.path.join(os.path.dirname(tfx.__file__), "examples", "chicago_taxi_pipeline",
-                            "data", "big_tipper_label", "data.csv")
-    url = f"sqlite:///{work}/ledger.db"
-    cli = [sys.executable, "-m", "sage_tfx.cli", "--ledger", url]
-    subprocess.run(cli + ["create-stream", STREAM, "--epsilon-g", "1000", "--delta-g", "1e-3",
-                          "--granularity", "month"], check=True)
-    subprocess.run(cli + ["import", STREAM, csv_path, "--scheme",
-                          "time:trip_start_timestamp:month", "--block-root",
-                          os.path.join(work, "blocks")], check=True)
-    return url
 
 
 def _newest(store, type_name: str):
@@ -89,7 +74,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("SAGE_KEY_PROVIDER", f"file:{work}/kek.json")
     t0 = time.time()
     print(f"[{time.time() - t0:5.0f}s] importing the trips into monthly blocks", flush=True)
-    url = _import(work)
+    url = tp.import_taxi_blocks(work, STREAM, epsilon_g=1000.0, delta_g=1e-3)  # the CLI
     rows = []
     for mode in args.modes.split(","):
         for eps in [float(e) for e in args.epsilons.split(",")]:

@@ -182,7 +182,6 @@ def grant_artifact(mods, tmp_path, plan, *, mode="basic", name="grant", epsilon_
     return art, released
 
 
-
 def grant(mods, tmp_path, plan, **kwargs):
     """The SageGrant artifact of :func:`grant_artifact` alone."""
     return grant_artifact(mods, tmp_path, plan, **kwargs)[0]
